@@ -1,0 +1,1 @@
+"""The central side of cobald-remote: broker, provisioning, registry and TARDIS glue"""

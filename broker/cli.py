@@ -1,0 +1,189 @@
+"""
+The ``cobald-remote`` command line
+
+Subcommand groups: ``broker`` (embedded server, provisioning) and ``protocol``
+(wire-format tools). Each group lives with the code it drives; this module
+only wires them together and configures logging.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import logging
+import os
+import signal
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+import nats
+import nats.errors
+from nats.aio.client import Client
+
+from remote_agent.events import DEFAULT_MAX_SIZE, Namespace, SchemaError, decode, to_json
+
+from .errors import BrokerError
+from .provision import Topology, provision
+from .server import EmbeddedServer
+
+log = logging.getLogger(__name__)
+
+
+def default_store_dir() -> Path:
+    """Where ``broker serve`` keeps JetStream data unless told otherwise"""
+    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data_home) / "cobald-remote" / "nats"
+
+
+class CliError(Exception):
+    """A failure to report in one line and exit 1"""
+
+
+async def connect(url: str, creds: str | None = None) -> Client:
+    """Connect for a short-lived command: fail fast instead of retrying for minutes"""
+
+    async def quiet(err: Exception) -> None:  # the raised error says it once, clearly
+        log.debug("nats: %s", err)
+
+    try:
+        return await nats.connect(
+            url,
+            error_cb=quiet,
+            user_credentials=creds,
+            name="cobald-remote-cli",
+            connect_timeout=2,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.2,
+            allow_reconnect=False,
+        )
+    except (OSError, nats.errors.Error) as err:
+        raise CliError(f"cannot connect to {url}: {err}") from None
+
+
+def _topology(args: argparse.Namespace) -> Topology:
+    return Topology(namespace=Namespace(args.prefix), replicas=args.replicas)
+
+
+async def _init(args: argparse.Namespace) -> int:
+    nc = await connect(args.server, args.creds)
+    try:
+        actions = await provision(nc.jetstream(domain=args.domain), _topology(args))
+    finally:
+        await nc.close()
+    for name, action in actions.items():
+        print(f"{name}: {action}")
+    return 0
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server = EmbeddedServer(
+        args.store or default_store_dir(),
+        host=args.host,
+        port=args.port,
+        sync_always=args.sync_always,
+        binary=args.nats_server,
+    )
+    async with server:
+        nc = await connect(server.url)
+        try:
+            actions = await provision(nc.jetstream(), _topology(args))
+        finally:
+            await nc.close()
+        log.info("provisioned %s", ", ".join(f"{k} {v}" for k, v in actions.items()))
+        print(server.url, flush=True)
+        print(
+            f"nats-server pid {server.pid} serving {server.url}, store {server.store_dir}; "
+            "Ctrl-C stops it",
+            file=sys.stderr,
+            flush=True,
+        )
+        await stop.wait()
+    return 0
+
+
+def _decode(args: argparse.Namespace) -> int:
+    data = sys.stdin.buffer.read()
+    try:
+        message = decode(data, max_size=args.max_size)
+    except SchemaError as err:
+        print(f"cobald-remote: {err}", file=sys.stderr)
+        return 1
+    sys.stdout.buffer.write(to_json(message) + b"\n")
+    return 0
+
+
+def _add_bus_options(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--prefix", default=Namespace().prefix, help="first subject token")
+    parser.add_argument("--replicas", type=int, default=1, help="stream replicas (3 on a cluster)")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="cobald-remote",
+        description="Message-bus coordination between TARDIS/COBalD and their drones",
+    )
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    groups = parser.add_subparsers(dest="group", required=True, metavar="COMMAND")
+
+    broker = groups.add_parser("broker", help="the NATS broker: embedded server, provisioning")
+    broker_cmds = broker.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = broker_cmds.add_parser(
+        "serve", help="run the embedded nats-server with JetStream, provisioned, until interrupted"
+    )
+    serve.add_argument(
+        "--store", type=Path, help=f"JetStream store (default {default_store_dir()})"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    serve.add_argument("--port", type=int, default=-1, help="client port (default: a free one)")
+    serve.add_argument("--sync-always", action="store_true", help="fsync every write")
+    serve.add_argument("--nats-server", help="nats-server executable (default: from the wheel)")
+    _add_bus_options(serve)
+    serve.set_defaults(run=_serve)
+    init = broker_cmds.add_parser(
+        "init", help="create or update every stream and bucket; safe to repeat"
+    )
+    init.add_argument("--server", required=True, help="NATS URL, e.g. nats://127.0.0.1:4222")
+    init.add_argument("--creds", help="NATS credentials file")
+    init.add_argument("--domain", help="JetStream domain (leaf-node deployments)")
+    _add_bus_options(init)
+    init.set_defaults(run=_init)
+
+    protocol = groups.add_parser("protocol", help="wire-format tools")
+    protocol_cmds = protocol.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    dec = protocol_cmds.add_parser(
+        "decode", help="decode one message from stdin and print it as JSON"
+    )
+    dec.add_argument("--max-size", type=int, default=DEFAULT_MAX_SIZE, help="limit in bytes")
+    dec.set_defaults(run=_decode)
+
+    return parser
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(
+        level=logging.DEBUG
+        if args.verbose > 1
+        else logging.INFO
+        if args.verbose
+        else logging.WARNING,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        stream=sys.stderr,
+    )
+    try:
+        result = args.run(args)
+        if asyncio.iscoroutine(result):
+            result = asyncio.run(result)
+    except (CliError, BrokerError) as err:
+        print(f"cobald-remote: {err}", file=sys.stderr)
+        return 1
+    return int(result)
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,210 @@
+"""
+Idempotent provisioning of every stream and KV bucket cobald-remote needs
+
+Safe to run at every start: a missing stream is created, an existing one is
+compared field by field with what we want and updated in place only if it
+differs, and a conflict the server will not resolve (another stream already
+capturing our subjects, an immutable setting such as the storage type) is a
+:class:`ProvisioningError` that says what and where.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from dataclasses import dataclass, field
+from typing import Literal
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
+
+from remote_agent.events import DEFAULT_MAX_SIZE, Namespace
+
+from .errors import ProvisioningError
+
+log = logging.getLogger(__name__)
+
+Action = Literal["created", "updated", "unchanged"]
+
+#: server error codes worth translating (nats-server ``server/errors.json``)
+_SUBJECT_OVERLAP = 10065
+_JETSTREAM_DISABLED = (10039, 10076)
+
+
+@dataclass(frozen=True, slots=True)
+class Topology:
+    """
+    What the bus looks like: names, replication, retention
+
+    :param replicas: copies of every stream; 3 on a NATS cluster, 1 on one server
+    :param event_max_age_s: how long events stay in the stream (timeline and replay)
+    :param event_max_bytes: size cap of the event stream, ``-1`` for none
+    :param duplicate_window_s: how long JetStream remembers ``Nats-Msg-Id`` values;
+        later resends are dropped by the registry's per-drone sequence instead
+    :param max_message_bytes: largest message the streams accept
+    """
+
+    namespace: Namespace = field(default_factory=Namespace)
+    replicas: int = 1
+    event_max_age_s: float = 7 * 24 * 3600.0
+    event_max_bytes: int = -1
+    duplicate_window_s: float = 300.0
+    max_message_bytes: int = DEFAULT_MAX_SIZE
+
+    def event_stream(self) -> StreamConfig:
+        """Every drone event and every manager note, in one order"""
+        ns = self.namespace
+        return StreamConfig(
+            name=ns.event_stream,
+            description="cobald-remote drone lifecycle events and manager notes",
+            subjects=[ns.all_events, ns.all_manager_notes],
+            retention=RetentionPolicy.LIMITS,
+            discard=DiscardPolicy.OLD,
+            max_age=self.event_max_age_s,
+            max_bytes=self.event_max_bytes,
+            max_msg_size=self.max_message_bytes,
+            storage=StorageType.FILE,
+            num_replicas=self.replicas,
+            duplicate_window=self.duplicate_window_s,
+        )
+
+    def record_bucket(self) -> StreamConfig:
+        """
+        The handshake KV bucket, as the stream nats-py's ``create_key_value`` makes
+
+        One record per drone (history 1), compare-and-set writes only.
+        """
+        bucket = self.namespace.record_bucket
+        return StreamConfig(
+            name=f"KV_{bucket}",
+            description="cobald-remote drone handshake records",
+            subjects=[f"$KV.{bucket}.>"],
+            retention=RetentionPolicy.LIMITS,
+            discard=DiscardPolicy.NEW,
+            max_msgs_per_subject=1,
+            max_msg_size=self.max_message_bytes,
+            storage=StorageType.FILE,
+            num_replicas=self.replicas,
+            duplicate_window=120.0,
+            allow_rollup_hdrs=True,
+            allow_direct=True,
+            deny_delete=True,
+        )
+
+    def streams(self) -> list[StreamConfig]:
+        return [self.event_stream(), self.record_bucket()]
+
+
+#: the fields we set and therefore compare; everything else is the operator's
+_COMPARED = (
+    "subjects",
+    "retention",
+    "discard",
+    "max_age",
+    "max_bytes",
+    "max_msgs_per_subject",
+    "max_msg_size",
+    "storage",
+    "num_replicas",
+    "duplicate_window",
+    "allow_rollup_hdrs",
+    "allow_direct",
+    "deny_delete",
+)
+
+
+def _same(want: object, have: object) -> bool:
+    if want is None:  # we leave it to the server's default
+        return True
+    if isinstance(want, list) and isinstance(have, list):
+        return sorted(want) == sorted(have)
+    if isinstance(want, float) or isinstance(have, float):
+        # the server speaks nanoseconds, nats-py seconds; 0 and None both mean "unset"
+        return math.isclose(float(want or 0), float(have or 0), abs_tol=1e-6)  # type: ignore[arg-type]
+    return want == have
+
+
+def differences(want: StreamConfig, have: StreamConfig) -> list[str]:
+    """Names of the fields in which an existing stream differs from ``want``"""
+    return [name for name in _COMPARED if not _same(getattr(want, name), getattr(have, name))]
+
+
+def _explain(name: str, err: nats.js.errors.APIError) -> str:
+    if err.err_code == _SUBJECT_OVERLAP:
+        return (
+            f"its subjects overlap with another stream on the server ({err.description}); "
+            "remove or narrow that stream, or choose another prefix"
+        )
+    if err.err_code in _JETSTREAM_DISABLED:
+        return "the server has no JetStream enabled for this account"
+    return f"{err.description} (code {err.code}, err_code {err.err_code})"
+
+
+async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> Action:
+    """
+    Create the stream or update it in place; safe to call on every start
+
+    :raises ProvisioningError: if the server rejects ``config``
+    """
+    assert config.name is not None
+    name = config.name
+    try:
+        info = await js.stream_info(name)
+    except nats.js.errors.NotFoundError:
+        try:
+            await js.add_stream(config)
+        except nats.js.errors.APIError as err:
+            raise ProvisioningError(name, _explain(name, err)) from err
+        log.info("created stream %s", name, extra={"stream": name})
+        return "created"
+    except nats.js.errors.APIError as err:
+        raise ProvisioningError(name, _explain(name, err)) from err
+    changed = differences(config, info.config)
+    if not changed:
+        log.debug("stream %s is up to date", name)
+        return "unchanged"
+    try:
+        await js.update_stream(config)
+    except nats.js.errors.APIError as err:
+        raise ProvisioningError(
+            name,
+            f"the existing stream differs in {', '.join(changed)} and the server refused "
+            f"to update it: {_explain(name, err)}",
+        ) from err
+    log.info("updated stream %s (%s)", name, ", ".join(changed), extra={"stream": name})
+    return "updated"
+
+
+async def check_jetstream(js: JetStreamContext) -> None:
+    """
+    Fail early and clearly if the server has no JetStream
+
+    :raises ProvisioningError: if JetStream does not answer
+    """
+    try:
+        await js.account_info()
+    except (
+        nats.errors.NoRespondersError,
+        nats.errors.TimeoutError,
+        nats.js.errors.ServiceUnavailableError,  # what nats-py makes of "no responders"
+    ) as err:
+        raise ProvisioningError(
+            "JetStream",
+            "the server has no JetStream (start nats-server with -js or a jetstream {} block)",
+        ) from err
+    except nats.js.errors.APIError as err:
+        raise ProvisioningError("JetStream", _explain("JetStream", err)) from err
+
+
+async def provision(js: JetStreamContext, topology: Topology | None = None) -> dict[str, Action]:
+    """
+    Bring every stream and bucket of ``topology`` into place
+
+    :returns: what was done to each stream, by name
+    :raises ProvisioningError: on the first stream the server will not accept
+    """
+    topology = topology or Topology()
+    await check_jetstream(js)
+    return {config.name or "": await ensure_stream(js, config) for config in topology.streams()}

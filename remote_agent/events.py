@@ -1,0 +1,559 @@
+"""
+The wire contract between drone agents and the central side
+
+Every message on the bus is one of the tagged msgspec structs below, encoded as
+MessagePack. The ``kind`` field selects the type; ``v`` is the *major* schema
+version. Both sides import this module, and nothing else defines wire types.
+
+Rules (see ``docs/protocol.md``):
+
+* A new optional field gets a default and keeps ``v``; unknown fields are
+  ignored on decode, so older readers accept newer writers.
+* A new message type gets a new ``kind`` tag; a tag is never reused.
+* Anything else (renaming, retyping, removing a field) bumps ``v``; readers
+  reject a ``v`` they do not speak with :class:`SchemaError`.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import enum
+import re
+from dataclasses import dataclass
+from typing import Annotated, Any, Final, Generic, Literal, TypeVar
+
+import msgspec
+
+#: major version of the wire schema written by this code and the only one it reads
+SCHEMA_VERSION: Final = 1
+
+#: default limit on the size of one encoded message, in bytes
+DEFAULT_MAX_SIZE: Final = 64 * 1024
+
+#: default first subject token of everything cobald-remote publishes
+DEFAULT_PREFIX: Final = "cobald"
+
+_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
+
+#: a subject token: site names, drone uuids, prefixes (no dots, wildcards or whitespace)
+Token = Annotated[str, msgspec.Meta(pattern=_TOKEN_RE.pattern)]
+#: a timezone-aware point in time; encoded as the MessagePack timestamp extension (-1)
+UtcTime = Annotated[dt.datetime, msgspec.Meta(tz=True)]
+NonNegative = Annotated[int, msgspec.Meta(ge=0)]
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class SchemaError(ValueError):
+    """A message or subject that does not follow the wire contract"""
+
+
+def utcnow() -> dt.datetime:
+    """The current time as the timezone-aware UTC value every message carries"""
+    return dt.datetime.now(dt.UTC)
+
+
+# --------------------------------------------------------------------------- enums
+
+
+class DroneState(enum.StrEnum):
+    """Lifecycle states of a drone as its agent sees them"""
+
+    STARTING = "starting"  #: agent up, worker not yet started
+    WORKER_UP = "worker_up"  #: worker process (condor_master) running
+    STARTD_READY = "startd_ready"  #: the startd answers; no payload seen yet
+    IDLE = "idle"  #: ready, gate open, no payload
+    BUSY = "busy"  #: ready, at least one payload running
+    DRAINING = "draining"  #: gate closed, payloads still running
+    DRAINED = "drained"  #: gate closed, no payload; the drone is ending its job
+    RELEASED = "released"  #: the manager released the drone before it announced itself
+    EXITING = "exiting"  #: the agent is stopping
+
+
+class PayloadEnd(enum.StrEnum):
+    """How a payload ended, as HTCondor's JOB_EXIT hook reports it"""
+
+    EXIT = "exit"
+    REMOVE = "remove"
+    HOLD = "hold"
+    EVICT = "evict"
+    UNKNOWN = "unknown"  #: vanished from ``condor_who`` without a JOB_EXIT hook
+
+
+class Outcome(enum.StrEnum):
+    """What the agent actually did in answer to a command"""
+
+    DRAIN_ACCEPTED = "drain_accepted"  #: gate closed now; payloads may still run
+    ALREADY_DRAINING = "already_draining"  #: an earlier drain is in effect
+    DRAINED = "drained"  #: nothing runs any more; the drone is ending its job
+    RELEASED = "released"  #: release-if-idle: the drone was idle and is ending
+    BUSY = "busy"  #: release-if-idle refused: payloads are running
+    STATUS = "status"  #: a status query; see the snapshot
+    REFUSED = "refused"  #: the command cannot apply (see ``detail``)
+
+
+class RecordPhase(enum.StrEnum):
+    """Phases of a drone's handshake record in the KV bucket"""
+
+    UP = "up"  #: the agent claimed the drone; its gate may open
+    RELEASED = "released"  #: the manager won: no payload may ever start
+    DRAINING = "draining"  #: drain intent with a deadline
+    DRAINED = "drained"  #: the agent confirmed that nothing runs and the gate is shut
+    DEADLINE_EXPIRED = "deadline_expired"  #: the agent's drain deadline passed
+
+
+# --------------------------------------------------------------------------- parts
+
+
+class Payload(msgspec.Struct, frozen=True, kw_only=True):
+    """One payload (overlay job) running on the drone"""
+
+    job_id: str
+    slot: str = ""
+    started_at: UtcTime
+
+
+class DrainIntent(msgspec.Struct, frozen=True, kw_only=True):
+    """A request to drain by an absolute deadline (UTC)"""
+
+    deadline: UtcTime
+    reason: str = ""
+    request_id: str = ""
+    requested_at: UtcTime
+
+
+class Snapshot(msgspec.Struct, frozen=True, kw_only=True):
+    """Everything the agent knows about its drone; carried by heartbeats and replies"""
+
+    state: DroneState
+    since: UtcTime  #: when ``state`` was entered
+    gate_open: bool
+    slots: NonNegative = 0
+    payloads: list[Payload] = []
+    drain: DrainIntent | None = None
+    worker_pid: int | None = None
+    started_at: UtcTime  #: when this incarnation of the agent started
+
+
+# --------------------------------------------------------------------------- messages
+
+
+class Message(msgspec.Struct, frozen=True, kw_only=True, tag_field="kind"):
+    """Base of everything on the wire"""
+
+    v: int = SCHEMA_VERSION
+
+
+class Event(Message, frozen=True, kw_only=True):
+    """A fact published by one drone's agent on ``<prefix>.<site>.<drone>.evt.<kind>``"""
+
+    site: Token
+    drone: Token
+    #: id of this run of the agent; a restarted agent has a new one
+    incarnation: Token
+    #: per-drone sequence, monotonic across incarnations; orders and dedupes events
+    seq: NonNegative
+    at: UtcTime
+    #: dedupe id, also sent as the ``Nats-Msg-Id`` header
+    id: str
+
+
+class AgentStarted(Event, frozen=True, kw_only=True, tag="agent_started"):
+    agent_version: str
+    hostname: str = ""
+    pid: int
+    worker_command: list[str] = []
+
+
+class WorkerStarted(Event, frozen=True, kw_only=True, tag="worker_started"):
+    pid: int
+    command: list[str]
+
+
+class WorkerExited(Event, frozen=True, kw_only=True, tag="worker_exited"):
+    pid: int
+    exit_code: int | None = None  #: set when the worker exited
+    signal: int | None = None  #: set when a signal ended the worker
+
+
+class StartdReady(Event, frozen=True, kw_only=True, tag="startd_ready"):
+    slots: NonNegative
+    name: str = ""
+
+
+class PayloadStarted(Event, frozen=True, kw_only=True, tag="payload_started"):
+    job_id: str
+    slot: str = ""
+
+
+class PayloadFinished(Event, frozen=True, kw_only=True, tag="payload_finished"):
+    job_id: str
+    slot: str = ""
+    how: PayloadEnd
+    exit_code: int | None = None
+    duration_s: Seconds | None = None
+
+
+class GateOpened(Event, frozen=True, kw_only=True, tag="gate_opened"):
+    reason: str = ""
+
+
+class GateClosed(Event, frozen=True, kw_only=True, tag="gate_closed"):
+    reason: str = ""
+
+
+class DrainRequested(Event, frozen=True, kw_only=True, tag="drain_requested"):
+    intent: DrainIntent
+
+
+class DrainAccepted(Event, frozen=True, kw_only=True, tag="drain_accepted"):
+    intent: DrainIntent
+    payloads: NonNegative
+
+
+class DrainRefused(Event, frozen=True, kw_only=True, tag="drain_refused"):
+    request_id: str = ""
+    reason: str
+
+
+class Draining(Event, frozen=True, kw_only=True, tag="draining"):
+    payloads: NonNegative
+    deadline: UtcTime
+
+
+class Drained(Event, frozen=True, kw_only=True, tag="drained"):
+    pass
+
+
+class DrainDeadlineExpired(Event, frozen=True, kw_only=True, tag="drain_deadline_expired"):
+    payloads: NonNegative
+    #: what the agent does about the payloads still running (its configured policy)
+    action: Literal["kill", "wait"]
+
+
+class Released(Event, frozen=True, kw_only=True, tag="released"):
+    reason: str = ""
+
+
+class AgentExiting(Event, frozen=True, kw_only=True, tag="agent_exiting"):
+    exit_code: int
+    reason: str = ""
+
+
+class Heartbeat(Event, frozen=True, kw_only=True, tag="heartbeat"):
+    snapshot: Snapshot
+    interval_s: Seconds
+
+
+class Command(Message, frozen=True, kw_only=True):
+    """A request from the manager to one drone, sent to ``<prefix>.<site>.<drone>.cmd``"""
+
+    site: Token
+    drone: Token
+    request_id: str
+    at: UtcTime
+
+
+class DrainCommand(Command, frozen=True, kw_only=True, tag="drain"):
+    deadline: UtcTime
+    reason: str = ""
+
+
+class ReleaseIfIdleCommand(Command, frozen=True, kw_only=True, tag="release_if_idle"):
+    pass
+
+
+class StatusCommand(Command, frozen=True, kw_only=True, tag="status"):
+    pass
+
+
+class Reply(Message, frozen=True, kw_only=True, tag="reply"):
+    """The agent's answer to a command: what it actually did, and its state after it"""
+
+    site: Token
+    drone: Token
+    request_id: str
+    outcome: Outcome
+    detail: str = ""
+    snapshot: Snapshot
+
+
+class ErrorReply(Message, frozen=True, kw_only=True, tag="error"):
+    """The answer to a request that could not be understood; nothing was changed"""
+
+    error: str
+    request_id: str = ""
+
+
+class DroneRecord(Message, frozen=True, kw_only=True, tag="record"):
+    """
+    The value of a drone's key in the handshake KV bucket
+
+    Written with compare-and-set only, so that of "agent: up" and "manager:
+    released" exactly one wins.
+    """
+
+    site: Token
+    drone: Token
+    phase: RecordPhase
+    writer: Literal["agent", "manager"]
+    incarnation: str = ""
+    drain: DrainIntent | None = None
+    at: UtcTime
+    note: str = ""
+
+
+AnyEvent = (
+    AgentStarted
+    | WorkerStarted
+    | WorkerExited
+    | StartdReady
+    | PayloadStarted
+    | PayloadFinished
+    | GateOpened
+    | GateClosed
+    | DrainRequested
+    | DrainAccepted
+    | DrainRefused
+    | Draining
+    | Drained
+    | DrainDeadlineExpired
+    | Released
+    | AgentExiting
+    | Heartbeat
+)
+AnyCommand = DrainCommand | ReleaseIfIdleCommand | StatusCommand
+AnyReply = Reply | ErrorReply
+AnyMessage = AnyEvent | AnyCommand | AnyReply | DroneRecord
+
+EVENT_TYPES: Final[tuple[type[Event], ...]] = AnyEvent.__args__
+COMMAND_TYPES: Final[tuple[type[Command], ...]] = AnyCommand.__args__
+MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
+    *EVENT_TYPES,
+    *COMMAND_TYPES,
+    Reply,
+    ErrorReply,
+    DroneRecord,
+)
+
+
+def kind_of(message_type: type[Message]) -> str:
+    """The ``kind`` tag of a message type"""
+    tag = message_type.__struct_config__.tag
+    assert isinstance(tag, str)
+    return tag
+
+
+# --------------------------------------------------------------------------- codec
+
+_encoder = msgspec.msgpack.Encoder()
+
+
+def encode(message: Message) -> bytes:
+    """Encode ``message`` as MessagePack"""
+    return _encoder.encode(message)
+
+
+class _Header(msgspec.Struct):
+    """The fields needed to say *why* a message was rejected"""
+
+    v: int = SCHEMA_VERSION
+    kind: str = ""
+
+
+_header_decoder = msgspec.msgpack.Decoder(_Header)
+
+
+T = TypeVar("T", bound=Message)
+
+
+class _Codec(Generic[T]):
+    """A reusable strict decoder for one family of messages"""
+
+    def __init__(self, target: Any, what: str) -> None:  # a type or a union of types
+        self._decoder: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(target)
+        self.what = what
+
+    def decode(self, data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> T:
+        if len(data) > max_size:
+            raise SchemaError(
+                f"{self.what} of {len(data)} bytes exceeds the limit of {max_size} bytes"
+            )
+        try:
+            message = self._decoder.decode(data)
+        except msgspec.ValidationError as err:
+            _raise_version_error(data)
+            raise SchemaError(f"invalid {self.what}: {err}") from None
+        except msgspec.DecodeError as err:
+            raise SchemaError(f"malformed {self.what}: {err}") from None
+        version = message.v
+        if version != SCHEMA_VERSION:
+            raise SchemaError(_version_text(self.what, version))
+        return message
+
+
+def _version_text(what: str, version: object) -> str:
+    return f"unsupported {what} schema version {version!r} (this side speaks {SCHEMA_VERSION})"
+
+
+def _raise_version_error(data: bytes) -> None:
+    """Prefer "unknown version" over a field error when the version is the cause"""
+    try:
+        header = _header_decoder.decode(data)
+    except (msgspec.ValidationError, msgspec.DecodeError):
+        return
+    if header.v != SCHEMA_VERSION:
+        raise SchemaError(_version_text("message", header.v))
+
+
+_any = _Codec[AnyMessage](AnyMessage, "message")
+_events = _Codec[AnyEvent](AnyEvent, "event")
+_commands = _Codec[AnyCommand](AnyCommand, "command")
+_replies = _Codec[AnyReply](AnyReply, "reply")
+_records = _Codec[DroneRecord](DroneRecord, "drone record")
+
+
+def decode(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> AnyMessage:
+    """
+    Decode any message type
+
+    :raises SchemaError: for malformed bytes, wrong types, missing fields,
+        unknown kinds, an unsupported version, or more than ``max_size`` bytes
+    """
+    return _any.decode(data, max_size)
+
+
+def decode_event(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> AnyEvent:
+    """Decode an event; any other message is a :class:`SchemaError`"""
+    return _events.decode(data, max_size)
+
+
+def decode_command(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> AnyCommand:
+    """Decode a command; any other message is a :class:`SchemaError`"""
+    return _commands.decode(data, max_size)
+
+
+def decode_reply(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> AnyReply:
+    """Decode a command's reply; any other message is a :class:`SchemaError`"""
+    return _replies.decode(data, max_size)
+
+
+def decode_record(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> DroneRecord:
+    """Decode a handshake record; any other message is a :class:`SchemaError`"""
+    return _records.decode(data, max_size)
+
+
+def to_json(message: Message) -> bytes:
+    """The message as JSON, timestamps in RFC 3339; for people and tools, not the bus"""
+    return msgspec.json.encode(message)
+
+
+# --------------------------------------------------------------------------- subjects
+
+
+def check_token(value: str, what: str = "subject token") -> str:
+    """
+    Return ``value`` if it can be one subject token (and one KV key part)
+
+    :raises SchemaError: for empty values, dots, wildcards, whitespace, other
+        characters than ``A-Z a-z 0-9 _ -``, or more than 128 characters
+    """
+    if not _TOKEN_RE.match(value):
+        raise SchemaError(
+            f"invalid {what} {value!r}: use 1-128 of A-Z a-z 0-9 _ - "
+            "(no dots, wildcards or whitespace)"
+        )
+    return value
+
+
+@dataclass(frozen=True, slots=True)
+class Namespace:
+    """
+    Names of every subject, stream and bucket, derived from one prefix
+
+    Subjects are scoped per drone, so that NATS permissions can confine one
+    drone's credentials to ``<prefix>.<site>.<drone>.evt.>``, its command
+    subject and its own handshake key.
+    """
+
+    prefix: str = DEFAULT_PREFIX
+
+    def __post_init__(self) -> None:
+        check_token(self.prefix, "subject prefix")
+
+    @property
+    def event_stream(self) -> str:
+        """JetStream stream holding every drone event and TARDIS's own timeline"""
+        return f"{self.prefix.upper().replace('-', '_')}_EVENTS"
+
+    @property
+    def record_bucket(self) -> str:
+        """KV bucket holding one handshake record per drone"""
+        return f"{self.prefix}-drones"
+
+    @property
+    def all_events(self) -> str:
+        """Wildcard of every drone event"""
+        return f"{self.prefix}.*.*.evt.>"
+
+    @property
+    def all_manager_notes(self) -> str:
+        """Wildcard of every manager-side note (TARDIS's view of each drone)"""
+        return f"{self.prefix}.*.*.mgr.>"
+
+    def drone_root(self, site: str, drone: str) -> str:
+        """Prefix of everything about one drone, e.g. to read its timeline"""
+        return f"{self.prefix}.{check_token(site, 'site')}.{check_token(drone, 'drone uuid')}"
+
+    def event(self, site: str, drone: str, kind: str) -> str:
+        """Subject of one drone's event of ``kind``"""
+        return f"{self.drone_root(site, drone)}.evt.{check_token(kind, 'event kind')}"
+
+    def drone_events(self, site: str, drone: str) -> str:
+        """Wildcard of one drone's events (its publish permission)"""
+        return f"{self.drone_root(site, drone)}.evt.>"
+
+    def command(self, site: str, drone: str) -> str:
+        """Subject on which one drone's agent answers commands"""
+        return f"{self.drone_root(site, drone)}.cmd"
+
+    def manager_note(self, site: str, drone: str, kind: str) -> str:
+        """Subject of a manager-side note about one drone"""
+        return f"{self.drone_root(site, drone)}.mgr.{check_token(kind, 'note kind')}"
+
+    def record_key(self, site: str, drone: str) -> str:
+        """Key of one drone's handshake record in :attr:`record_bucket`"""
+        return f"{check_token(site, 'site')}.{check_token(drone, 'drone uuid')}"
+
+    def parse_event_subject(self, subject: str) -> tuple[str, str, str]:
+        """
+        Split an event subject into ``(site, drone, kind)``
+
+        :raises SchemaError: if ``subject`` is not an event subject of this namespace
+        """
+        parts = subject.split(".")
+        if len(parts) != 5 or parts[0] != self.prefix or parts[3] != "evt":
+            raise SchemaError(f"not an event subject of {self.prefix!r}: {subject!r}")
+        return parts[1], parts[2], parts[4]
+
+
+def check_sender(event: Event, subject: str, namespace: Namespace) -> None:
+    """
+    Ensure that ``event`` speaks for the drone whose subject it came on
+
+    Per-drone NATS permissions bind a drone's credentials to its subjects; this
+    check binds the message body to the subject, so a drone cannot speak for
+    another even through a mislabelled body.
+
+    :raises SchemaError: if site, drone or kind disagree with ``subject``
+    """
+    site, drone, kind = namespace.parse_event_subject(subject)
+    if (site, drone, kind) != (event.site, event.drone, kind_of(type(event))):
+        raise SchemaError(
+            f"event {kind_of(type(event))!r} for {event.site}/{event.drone} "
+            f"arrived on the subject of {site}/{drone} ({kind!r})"
+        )
+
+
+def dedupe_id(drone: str, incarnation: str, seq: int) -> str:
+    """The ``Nats-Msg-Id`` of a drone's event: stable across resends"""
+    return f"{drone}:{incarnation}:{seq}"
