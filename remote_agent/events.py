@@ -150,11 +150,14 @@ class Event(Message, frozen=True, kw_only=True):
     drone: Token
     #: id of this run of the agent; a restarted agent has a new one
     incarnation: Token
-    #: per-drone sequence, monotonic across incarnations; orders and dedupes events
+    #: per-drone sequence, strictly increasing across incarnations; orders and dedupes
     seq: NonNegative
     at: UtcTime
     #: dedupe id, also sent as the ``Nats-Msg-Id`` header
     id: str
+    #: the drone's whole state right after this event, so that the event with the
+    #: highest ``seq`` alone tells the truth whatever was lost, repeated or reordered
+    snapshot: Snapshot
 
 
 class AgentStarted(Event, frozen=True, kw_only=True, tag="agent_started"):
@@ -240,7 +243,8 @@ class AgentExiting(Event, frozen=True, kw_only=True, tag="agent_exiting"):
 
 
 class Heartbeat(Event, frozen=True, kw_only=True, tag="heartbeat"):
-    snapshot: Snapshot
+    """Sent every ``interval_s`` and as the agent's very last event"""
+
     interval_s: Seconds
 
 

@@ -36,6 +36,7 @@ def _head(seq: int) -> dict[str, object]:
         "seq": seq,
         "at": T0,
         "id": ev.dedupe_id(DRONE, INC, seq),
+        "snapshot": SNAPSHOT,
     }
 
 
@@ -81,7 +82,7 @@ EXAMPLES: list[ev.Message] = [
     ev.Released(**_head(14), reason="released before the agent came up"),  # type: ignore[arg-type]
     ev.WorkerExited(**_head(15), pid=4711, exit_code=0),  # type: ignore[arg-type]
     ev.AgentExiting(**_head(16), exit_code=0, reason="worker exited"),  # type: ignore[arg-type]
-    ev.Heartbeat(**_head(17), snapshot=SNAPSHOT, interval_s=30.0),  # type: ignore[arg-type]
+    ev.Heartbeat(**_head(17), interval_s=30.0),  # type: ignore[arg-type]
     ev.DrainCommand(**_CMD, deadline=T1, reason="demand dropped"),  # type: ignore[arg-type]
     ev.ReleaseIfIdleCommand(**_CMD),  # type: ignore[arg-type]
     ev.StatusCommand(**_CMD),  # type: ignore[arg-type]

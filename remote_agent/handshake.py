@@ -1,0 +1,306 @@
+"""
+The race-free release handshake on JetStream KV compare-and-set
+
+One record per drone (key ``<site>.<drone>`` in the bucket of
+:attr:`~remote_agent.events.Namespace.record_bucket`), written only with
+create-if-absent or update-with-expected-revision. JetStream serialises both
+through the stream leader, so of "agent: I am up" and "manager: released, it
+never came up" exactly one wins. Both sides use the operations below; nothing
+else writes the bucket. The rules are in ``docs/handshake.md``.
+
+Phase transitions (anything else is refused by :func:`_allowed`)::
+
+    (absent) --agent claim--> UP --drain--> DRAINING --agent--> DRAINED
+    (absent) --manager release--> RELEASED          \\--agent--> DEADLINE_EXPIRED
+    UP --agent claim (new incarnation)--> UP
+    UP --agent, idle release--> DRAINED
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Literal
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from .events import (
+    DrainIntent,
+    DroneRecord,
+    Namespace,
+    RecordPhase,
+    SchemaError,
+    decode_record,
+    encode,
+    utcnow,
+)
+
+log = logging.getLogger(__name__)
+
+Writer = Literal["agent", "manager"]
+_Decide = Callable[["Versioned | None"], DroneRecord | None]
+
+#: phases in which no payload may start and nothing will ever open the gate again
+CLOSED_PHASES = frozenset(
+    {RecordPhase.RELEASED, RecordPhase.DRAINING, RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED}
+)
+#: phases after which the drone's batch job may be removed (given the record alone)
+FINAL_PHASES = frozenset({RecordPhase.RELEASED, RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED})
+
+
+class HandshakeError(Exception):
+    """The handshake record could not be read or written"""
+
+
+@dataclass(frozen=True, slots=True)
+class Versioned:
+    """A record as stored, with the revision a compare-and-set must name"""
+
+    record: DroneRecord
+    revision: int
+
+
+class RecordStore:
+    """
+    Compare-and-set access to the handshake bucket
+
+    :param attempts: how often a conflicting or timed-out write is retried
+        after re-reading the record; a conflict means someone else wrote in
+        between, which the loop then takes into account
+    """
+
+    def __init__(self, kv: KeyValue, namespace: Namespace, attempts: int = 20) -> None:
+        self.kv = kv
+        self.namespace = namespace
+        self.attempts = attempts
+
+    @classmethod
+    async def open(cls, js: JetStreamContext, namespace: Namespace) -> RecordStore:
+        """Bind to the (provisioned) bucket of ``namespace``"""
+        try:
+            kv = await js.key_value(namespace.record_bucket)
+        except nats.js.errors.BucketNotFoundError as err:
+            raise HandshakeError(
+                f"handshake bucket {namespace.record_bucket!r} does not exist: "
+                "run 'cobald-remote broker init'"
+            ) from err
+        return cls(kv, namespace)
+
+    def key(self, site: str, drone: str) -> str:
+        return self.namespace.record_key(site, drone)
+
+    async def read(self, site: str, drone: str) -> Versioned | None:
+        """
+        The current record, or ``None`` if the drone has none
+
+        :raises HandshakeError: if the stored value is not a valid record
+        """
+        try:
+            entry = await self.kv.get(self.key(site, drone))
+        except nats.js.errors.KeyNotFoundError:  # also deleted or purged
+            return None
+        try:
+            record = decode_record(entry.value or b"")
+        except SchemaError as err:
+            raise HandshakeError(f"stored record of {site}/{drone} is invalid: {err}") from err
+        assert entry.revision is not None
+        return Versioned(record, entry.revision)
+
+    async def _write(self, record: DroneRecord, revision: int | None) -> Versioned | None:
+        """
+        Create (``revision is None``) or compare-and-set; ``None`` if someone else won
+
+        A write that timed out may still have been stored: the record is then
+        re-read and compared, so a retry never applies a change twice.
+        """
+        key = self.key(record.site, record.drone)
+        value = encode(record)
+        try:
+            if revision is None:
+                new = await self.kv.create(key, value)
+            else:
+                new = await self.kv.update(key, value, last=revision)
+        except nats.js.errors.KeyWrongLastSequenceError:
+            return None
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as err:
+            log.warning("write of %s timed out, re-reading: %s", key, err)
+            current = await self.read(record.site, record.drone)
+            if current is not None and current.record == record:
+                return current
+            return None
+        return Versioned(record, new)
+
+    async def _transition(
+        self,
+        site: str,
+        drone: str,
+        decide: _Decide,
+    ) -> Versioned:
+        """
+        Read, let ``decide`` choose the next record, compare-and-set; repeat on conflict
+
+        ``decide(current)`` returns the record to write, or ``None`` to keep
+        ``current`` as it is (the operation is then already done or refused).
+        """
+        for attempt in range(self.attempts):
+            current = await self.read(site, drone)
+            wanted = decide(current)
+            if wanted is None:
+                if current is None:
+                    raise HandshakeError(f"no record for {site}/{drone} and nothing to write")
+                return current
+            if current is not None and not _allowed(current.record.phase, wanted.phase):
+                raise HandshakeError(
+                    f"refusing {current.record.phase} -> {wanted.phase} for {site}/{drone}"
+                )
+            written = await self._write(wanted, None if current is None else current.revision)
+            if written is not None:
+                return written
+            log.debug("lost a compare-and-set on %s/%s (attempt %d)", site, drone, attempt + 1)
+            await asyncio.sleep(0.005 * attempt)
+        raise HandshakeError(f"gave up on {site}/{drone} after {self.attempts} conflicting writes")
+
+    # ----------------------------------------------------------------- agent side
+
+    async def claim(self, site: str, drone: str, incarnation: str) -> Versioned:
+        """
+        The agent announces itself before it lets any payload start
+
+        :returns: the record in effect. The agent may open its gate only if it
+            is ``UP`` with the agent's ``incarnation``; ``RELEASED`` means the
+            manager won and no payload may ever start; ``DRAINING`` and later
+            phases keep the gate shut.
+        """
+
+        def decide(current: Versioned | None) -> DroneRecord | None:
+            if current is None or current.record.phase is RecordPhase.UP:
+                if current is not None and current.record.incarnation == incarnation:
+                    return None
+                return DroneRecord(
+                    site=site,
+                    drone=drone,
+                    phase=RecordPhase.UP,
+                    writer="agent",
+                    incarnation=incarnation,
+                    at=utcnow(),
+                )
+            return None
+
+        result = await self._transition(site, drone, decide)
+        log.info("claim of %s/%s: %s", site, drone, result.record.phase, extra={"drone": drone})
+        return result
+
+    async def finish(
+        self,
+        site: str,
+        drone: str,
+        incarnation: str,
+        phase: Literal[RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED],
+        note: str = "",
+    ) -> Versioned:
+        """
+        The agent records that it is drained (idle, gate shut) or that its deadline passed
+
+        Keeps the drain intent. A released or drained record, or one already in
+        ``phase``, is left alone; ``DEADLINE_EXPIRED`` may still become ``DRAINED``
+        once the last payload has ended.
+        """
+
+        def decide(current: Versioned | None) -> DroneRecord | None:
+            if current is not None and current.record.phase in (
+                RecordPhase.RELEASED,
+                RecordPhase.DRAINED,
+                phase,
+            ):
+                return None
+            return DroneRecord(
+                site=site,
+                drone=drone,
+                phase=phase,
+                writer="agent",
+                incarnation=incarnation,
+                drain=current.record.drain if current is not None else None,
+                at=utcnow(),
+                note=note,
+            )
+
+        return await self._transition(site, drone, decide)
+
+    # --------------------------------------------------------------- manager side
+
+    async def release(self, site: str, drone: str, note: str = "") -> Versioned:
+        """
+        The manager releases a drone that has not announced itself
+
+        :returns: ``RELEASED`` by the manager if it won (no payload can ever
+            start; the batch job may be removed), otherwise the agent's record,
+            which means the agent won and the drone must be drained instead
+        """
+        record = DroneRecord(
+            site=site,
+            drone=drone,
+            phase=RecordPhase.RELEASED,
+            writer="manager",
+            at=utcnow(),
+            note=note,
+        )
+        for _ in range(self.attempts):
+            written = await self._write(record, None)
+            if written is not None:
+                log.info("released %s/%s before its agent came up", site, drone)
+                return written
+            current = await self.read(site, drone)
+            if current is not None:
+                return current
+        raise HandshakeError(f"cannot release {site}/{drone}: the record keeps vanishing")
+
+    async def request_drain(
+        self, site: str, drone: str, intent: DrainIntent, writer: Writer = "manager"
+    ) -> Versioned:
+        """
+        Record the intent to drain by ``intent.deadline``
+
+        Only an ``UP`` record becomes ``DRAINING``; an existing drain, a
+        release or a final phase is returned unchanged (idempotent). A drone
+        without record gets none: release it instead.
+        """
+
+        def decide(current: Versioned | None) -> DroneRecord | None:
+            if current is None:
+                raise HandshakeError(f"{site}/{drone} has not announced itself: release it")
+            if current.record.phase is not RecordPhase.UP:
+                return None
+            return DroneRecord(
+                site=site,
+                drone=drone,
+                phase=RecordPhase.DRAINING,
+                writer=writer,
+                incarnation=current.record.incarnation,
+                drain=intent,
+                at=utcnow(),
+            )
+
+        return await self._transition(site, drone, decide)
+
+
+_TRANSITIONS = {
+    RecordPhase.UP: {
+        RecordPhase.UP,
+        RecordPhase.DRAINING,
+        RecordPhase.DRAINED,
+        RecordPhase.DEADLINE_EXPIRED,
+    },
+    RecordPhase.DRAINING: {RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED},
+    RecordPhase.DEADLINE_EXPIRED: {RecordPhase.DRAINED},
+    RecordPhase.RELEASED: set(),
+    RecordPhase.DRAINED: set(),
+}
+
+
+def _allowed(old: RecordPhase, new: RecordPhase) -> bool:
+    return new in _TRANSITIONS[old]

@@ -1,0 +1,135 @@
+"""The compare-and-set record operations, against a real nats-server"""
+
+from __future__ import annotations
+
+import asyncio
+import datetime as dt
+import random
+
+import pytest
+from nats.js import JetStreamContext
+
+from broker.provision import provision
+from remote_agent.events import DrainIntent, Namespace, RecordPhase, encode, utcnow
+from remote_agent.handshake import HandshakeError, RecordStore
+
+NS = Namespace()
+SITE = "site1"
+
+
+@pytest.fixture
+async def store(js: JetStreamContext) -> RecordStore:
+    await provision(js)
+    return await RecordStore.open(js, NS)
+
+
+def _intent(minutes: float = 10) -> DrainIntent:
+    now = utcnow()
+    return DrainIntent(
+        deadline=now + dt.timedelta(minutes=minutes),
+        reason="test",
+        request_id="r1",
+        requested_at=now,
+    )
+
+
+async def test_claim_first_wins(store: RecordStore) -> None:
+    claimed = await store.claim(SITE, "d1", "inc1")
+    assert (claimed.record.phase, claimed.record.writer) == (RecordPhase.UP, "agent")
+    released = await store.release(SITE, "d1")
+    assert released == claimed  # the agent won: the manager must drain instead
+
+
+async def test_release_first_wins(store: RecordStore) -> None:
+    released = await store.release(SITE, "d1", note="demand dropped")
+    assert (released.record.phase, released.record.writer) == (RecordPhase.RELEASED, "manager")
+    assert await store.claim(SITE, "d1", "inc1") == released
+    assert await store.release(SITE, "d1") == released
+    assert await store.request_drain(SITE, "d1", _intent()) == released
+
+
+async def test_exactly_one_side_wins_every_race(store: RecordStore) -> None:
+    rng = random.Random(172)
+
+    # spread the start times so that the winner varies, with close calls in between
+    head_start = {f"race-{i}": rng.uniform(-0.02, 0.02) for i in range(300)}
+
+    async def agent(drone: str) -> RecordPhase:
+        await asyncio.sleep(max(0.0, head_start[drone]))
+        return (await store.claim(SITE, drone, "inc")).record.phase
+
+    async def manager(drone: str) -> RecordPhase:
+        await asyncio.sleep(max(0.0, -head_start[drone]))
+        return (await store.release(SITE, drone)).record.phase
+
+    drones = list(head_start)
+    results = await asyncio.gather(*(agent(d) for d in drones), *(manager(d) for d in drones))
+    claims, releases = results[: len(drones)], results[len(drones) :]
+    agent_won = manager_won = 0
+    for claim, release in zip(claims, releases, strict=True):
+        # both sides agree on the single winner
+        assert claim == release
+        agent_won += claim is RecordPhase.UP
+        manager_won += claim is RecordPhase.RELEASED
+    assert agent_won + manager_won == len(drones)
+    assert agent_won > 0 and manager_won > 0
+
+
+async def test_drain_and_finish(store: RecordStore) -> None:
+    await store.claim(SITE, "d1", "inc1")
+    intent = _intent()
+    draining = await store.request_drain(SITE, "d1", intent)
+    assert draining.record.phase is RecordPhase.DRAINING
+    assert draining.record.drain == intent
+    # idempotent: a repeated drain changes nothing, even with another deadline
+    assert await store.request_drain(SITE, "d1", _intent(5)) == draining
+    # a restarted agent finds the drain and keeps its gate shut
+    assert await store.claim(SITE, "d1", "inc2") == draining
+    expired = await store.finish(SITE, "d1", "inc2", RecordPhase.DEADLINE_EXPIRED)
+    assert (expired.record.phase, expired.record.drain) == (RecordPhase.DEADLINE_EXPIRED, intent)
+    drained = await store.finish(SITE, "d1", "inc2", RecordPhase.DRAINED)
+    assert drained.record.phase is RecordPhase.DRAINED
+    assert await store.finish(SITE, "d1", "inc2", RecordPhase.DRAINED) == drained
+    assert await store.finish(SITE, "d1", "inc2", RecordPhase.DEADLINE_EXPIRED) == drained
+    assert await store.release(SITE, "d1") == drained
+
+
+async def test_restarted_agent_reclaims(store: RecordStore) -> None:
+    first = await store.claim(SITE, "d1", "inc1")
+    assert await store.claim(SITE, "d1", "inc1") == first  # same incarnation: no write
+    second = await store.claim(SITE, "d1", "inc2")
+    assert second.revision > first.revision
+    assert second.record.incarnation == "inc2"
+
+
+async def test_drain_racing_a_reclaim_always_ends_draining(store: RecordStore) -> None:
+    for i in range(50):
+        drone = f"d{i}"
+        await store.claim(SITE, drone, "old")
+        claim, drain = await asyncio.gather(
+            store.claim(SITE, drone, "new"), store.request_drain(SITE, drone, _intent())
+        )
+        final = await store.read(SITE, drone)
+        assert final is not None and final.record.phase is RecordPhase.DRAINING
+        assert drain == final
+        assert claim.record.phase in (RecordPhase.UP, RecordPhase.DRAINING)
+
+
+async def test_drain_of_unannounced_drone_is_refused(store: RecordStore) -> None:
+    with pytest.raises(HandshakeError, match="has not announced itself"):
+        await store.request_drain(SITE, "ghost", _intent())
+    assert await store.read(SITE, "ghost") is None
+
+
+async def test_invalid_stored_value_is_an_error(store: RecordStore) -> None:
+    await store.kv.put(store.key(SITE, "bad"), b"\xc1garbage")
+    with pytest.raises(HandshakeError, match="stored record of site1/bad is invalid"):
+        await store.claim(SITE, "bad", "inc")
+    await store.kv.put(store.key(SITE, "bad"), encode(_intent()))
+    with pytest.raises(HandshakeError, match="invalid"):
+        await store.read(SITE, "bad")
+
+
+async def test_missing_bucket_is_a_clear_error(js: JetStreamContext) -> None:
+    with pytest.raises(HandshakeError, match="run 'cobald-remote broker init'"):
+        await RecordStore.open(js, NS)
