@@ -1,0 +1,116 @@
+"""
+The narrow seams inside the agent
+
+* :class:`Startd` is everything the agent asks of the local HTCondor startd.
+  The real implementation runs ``condor_*`` executables found on ``PATH``
+  (``remote_agent/htcondor.py``); tests put fake executables there that print
+  what the real tools print.
+* :class:`GateHandler` is what the gate socket (``remote_agent/gate.py``) asks
+  of the agent when a starter hook runs. Its methods are **synchronous** on
+  purpose: they run in the agent's event loop without awaiting, so a payload
+  start and a drain can never interleave; one of them happens first.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Protocol
+
+from .events import PayloadEnd
+
+
+class StartdError(Exception):
+    """The local startd could not be asked or did not do what was asked"""
+
+
+@dataclass(frozen=True, slots=True)
+class SlotInfo:
+    """One slot of the local startd as ``condor_who`` reports it"""
+
+    name: str  #: e.g. ``slot1_1@wn042.example.org``
+    state: str  #: HTCondor slot State, e.g. ``Unclaimed``, ``Claimed``, ``Drained``
+    activity: str  #: HTCondor slot Activity, e.g. ``Idle``, ``Busy``, ``Retiring``
+    job_id: str | None = None  #: ``<cluster>.<proc>`` of the job running there, if any
+
+
+@dataclass(frozen=True, slots=True)
+class DrainResult:
+    """What ``condor_drain`` on the local startd did"""
+
+    accepted: bool  #: exit 0: the startd accepted the request (not: finished it)
+    detail: str = ""  #: why not, from the tool's output and the slot ads
+
+
+class Startd(Protocol):
+    """What the agent needs from the startd it supervises"""
+
+    async def ready(self) -> bool:
+        """Whether the startd answers locally (``condor_who`` succeeds and lists slots)"""
+        ...
+
+    async def slots(self) -> list[SlotInfo]:
+        """
+        The startd's slots, asked locally (no central manager involved)
+
+        :raises StartdError: if the startd does not answer
+        """
+        ...
+
+    async def set_accepting(self, accepting: bool) -> None:
+        """
+        Flip the local attribute used in ``START`` so no new claims arrive (or again may)
+
+        :raises StartdError: if the attribute could not be set
+        """
+        ...
+
+    async def drain(self, reason: str, *, fast: bool = False) -> DrainResult:
+        """
+        Ask the local startd to drain and exit on completion (``condor_drain``)
+
+        ``fast=False`` is ``-graceful`` (payloads run to completion within
+        ``MaxJobRetirementTime``); ``fast=True`` is ``-fast`` (hard kill), used
+        only by the ``kill`` deadline policy.
+        """
+        ...
+
+
+@dataclass(frozen=True, slots=True)
+class JobStart:
+    """A payload about to start, from the job ad the starter passes to PREPARE_JOB"""
+
+    job_id: str  #: ``<ClusterId>.<ProcId>``
+    slot: str = ""
+    owner: str = ""
+
+
+@dataclass(frozen=True, slots=True)
+class GateDecision:
+    """The agent's answer to PREPARE_JOB"""
+
+    allow: bool
+    #: for a refusal: printed as ``HookStatusCode`` (3xx: the job goes back to idle)
+    status_code: int = 0
+    message: str = ""
+
+
+#: the refusal code of a closed gate: >= 300 sends the job back to idle, never on hold
+GATE_CLOSED_STATUS = 390
+#: the refusal code the hook uses when it cannot reach the agent at all
+AGENT_UNREACHABLE_STATUS = 391
+
+JobExitReason = Literal["exit", "remove", "hold", "evict"]
+
+
+class GateHandler(Protocol):
+    """The agent, as the gate socket sees it; every call is synchronous (see module doc)"""
+
+    def prepare_job(self, job: JobStart) -> GateDecision:
+        """Allow (and record as started) or refuse one payload"""
+        ...
+
+    def job_exited(
+        self, job_id: str, how: PayloadEnd, exit_code: int | None, duration_s: float | None
+    ) -> None:
+        """Record that a payload ended (JOB_EXIT hook)"""
+        ...
