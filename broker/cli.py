@@ -36,6 +36,11 @@ def default_store_dir() -> Path:
     return Path(data_home) / "cobald-remote" / "nats"
 
 
+def servers_of(url: str) -> list[str]:
+    """``nats://a:4222,nats://b:4222`` as the list nats-py wants (it does not split commas)"""
+    return [part.strip() for part in url.split(",") if part.strip()]
+
+
 class CliError(Exception):
     """A failure to report in one line and exit 1"""
 
@@ -48,7 +53,7 @@ async def connect(url: str, creds: str | None = None) -> Client:
 
     try:
         return await nats.connect(
-            url,
+            servers_of(url),
             error_cb=quiet,
             user_credentials=creds,
             name="cobald-remote-cli",

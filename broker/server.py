@@ -21,7 +21,7 @@ import sys
 import sysconfig
 import tempfile
 import time
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from types import TracebackType
 from typing import Self
@@ -88,9 +88,14 @@ class EmbeddedServer:
     :param jetstream: run with JetStream (only tests turn it off)
     :param sync_always: fsync every write (``sync_interval: always``), trading
         speed for not losing acknowledged data on power loss
-    :param config_file: an extra nats-server configuration file (``-c``)
+    :param config_file: a nats-server configuration file (``-c``); it then owns
+        the ``jetstream`` block (store directory included), and ``store_dir``
+        only holds our log and ports file
     :param binary: the ``nats-server`` executable, found by :func:`find_binary`
         if omitted
+    :param extra_args: more ``nats-server`` options; they override the config file
+    :param env: variables added to the server's environment (config files may
+        refer to them as ``$NAME``)
     """
 
     def __init__(
@@ -104,6 +109,7 @@ class EmbeddedServer:
         config_file: str | os.PathLike[str] | None = None,
         binary: str | os.PathLike[str] | None = None,
         extra_args: Sequence[str] = (),
+        env: Mapping[str, str] | None = None,
         ready_timeout_s: float = 20.0,
     ) -> None:
         self.store_dir = Path(store_dir).absolute()
@@ -114,6 +120,7 @@ class EmbeddedServer:
         self.config_file = Path(config_file) if config_file is not None else None
         self.binary = binary
         self.extra_args = tuple(extra_args)
+        self.env = dict(env) if env is not None else None
         self.ready_timeout_s = ready_timeout_s
         self.url = ""
         self.monitoring_url = ""
@@ -129,13 +136,17 @@ class EmbeddedServer:
         return self.store_dir / "nats-server.log"
 
     @property
+    def _stderr_path(self) -> Path:
+        return self.store_dir / "nats-server.stderr"
+
+    @property
     def _run_dir(self) -> Path:
         return self.store_dir / "run"
 
     def _command(self, binary: Path) -> list[str]:
         command = [str(binary), "-a", self.host, "-p", str(self.port), "-m", "-1"]
         command += ["--ports_file_dir", str(self._run_dir), "-l", str(self.log_path)]
-        if self.jetstream:
+        if self.jetstream and self.config_file is None:
             if self.sync_always:
                 conf = self._run_dir / "jetstream.conf"
                 store = json.dumps(str(self.store_dir))
@@ -143,7 +154,7 @@ class EmbeddedServer:
                 command += ["-c", str(conf)]
             else:
                 command += ["-js", "-sd", str(self.store_dir)]
-        if self.config_file is not None:
+        if self.config_file is not None:  # it owns JetStream: its store_dir, its sync_interval
             if self.sync_always:
                 raise ServerStartError("sync_always and config_file cannot be combined")
             command += ["-c", str(self.config_file)]
@@ -166,13 +177,16 @@ class EmbeddedServer:
             stale.unlink()
         command = self._command(binary)
         log.debug("starting %s", " ".join(command))
-        self._proc = await asyncio.create_subprocess_exec(
-            *command,
-            stdin=asyncio.subprocess.DEVNULL,
-            stdout=asyncio.subprocess.DEVNULL,
-            stderr=asyncio.subprocess.DEVNULL,
-            start_new_session=True,  # a Ctrl-C on our terminal is ours to forward
-        )
+        # what the server says before its log file is open (bad options) goes here
+        with self._stderr_path.open("wb") as stderr:
+            self._proc = await asyncio.create_subprocess_exec(
+                *command,
+                stdin=asyncio.subprocess.DEVNULL,
+                stdout=asyncio.subprocess.DEVNULL,
+                stderr=stderr,
+                env=None if self.env is None else {**os.environ, **self.env},
+                start_new_session=True,  # a Ctrl-C on our terminal is ours to forward
+            )
         try:
             await asyncio.wait_for(self._wait_ready(), self.ready_timeout_s)
         except BaseException as err:
@@ -241,10 +255,10 @@ class EmbeddedServer:
         return head.startswith(b"HTTP/1.") and b" 200 " in head.split(b"\r\n")[0] and b"ok" in body
 
     def _log_tail(self, lines: int = 5) -> str:
-        try:
-            text = self.log_path.read_text(errors="replace").strip().splitlines()
-        except OSError:
-            return "(no log)"
+        text: list[str] = []
+        for path in (self._stderr_path, self.log_path):
+            with contextlib.suppress(OSError):
+                text += path.read_text(errors="replace").strip().splitlines()
         return " | ".join(text[-lines:]) or "(empty log)"
 
     async def stop(self, timeout_s: float = 10.0) -> None:
