@@ -21,9 +21,11 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
+from remote_agent.cli import add_commands as add_agent_commands
 from remote_agent.events import DEFAULT_MAX_SIZE, Namespace, SchemaError, decode, to_json
 
 from .errors import BrokerError
+from .ops import add_commands as add_operator_commands
 from .provision import Topology, provision
 from .server import EmbeddedServer
 
@@ -165,6 +167,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dec.add_argument("--max-size", type=int, default=DEFAULT_MAX_SIZE, help="limit in bytes")
     dec.set_defaults(run=_decode)
+    add_agent_commands(groups)
+    add_operator_commands(groups)  # drain, release, status (broker/ops.py)
 
     return parser
 

@@ -306,6 +306,27 @@ class DroneRecord(Message, frozen=True, kw_only=True, tag="record"):
     note: str = ""
 
 
+class TardisState(Message, frozen=True, kw_only=True, tag="tardis_state"):
+    """
+    A manager note: TARDIS moved one drone into another state
+
+    Published by the TARDIS integration (``broker/tardis_adapter.py``) on
+    ``<prefix>.<site>.<drone>.mgr.tardis_state``, so that a drone's timeline
+    shows TARDIS's view beside the drone's own events. The registry never
+    reads notes: it consumes ``<prefix>.*.*.evt.>`` only.
+    """
+
+    site: Token
+    drone: Token
+    #: the TARDIS state entered, its class name, e.g. ``BootingState``
+    state: str
+    #: the drone's ``ResourceStatus`` as TARDIS held it then, e.g. ``Running``
+    resource_status: str = ""
+    at: UtcTime
+    #: dedupe id, also sent as the ``Nats-Msg-Id`` header
+    id: str = ""
+
+
 AnyEvent = (
     AgentStarted
     | WorkerStarted
@@ -327,7 +348,9 @@ AnyEvent = (
 )
 AnyCommand = DrainCommand | ReleaseIfIdleCommand | StatusCommand
 AnyReply = Reply | ErrorReply
-AnyMessage = AnyEvent | AnyCommand | AnyReply | DroneRecord
+#: notes the manager publishes about a drone (``<prefix>.<site>.<drone>.mgr.<kind>``)
+AnyNote = TardisState
+AnyMessage = AnyEvent | AnyCommand | AnyReply | DroneRecord | AnyNote
 
 EVENT_TYPES: Final[tuple[type[Event], ...]] = AnyEvent.__args__
 COMMAND_TYPES: Final[tuple[type[Command], ...]] = AnyCommand.__args__
@@ -337,6 +360,7 @@ MESSAGE_TYPES: Final[tuple[type[Message], ...]] = (
     Reply,
     ErrorReply,
     DroneRecord,
+    TardisState,
 )
 
 
@@ -414,6 +438,7 @@ _events = _Codec[AnyEvent](AnyEvent, "event")
 _commands = _Codec[AnyCommand](AnyCommand, "command")
 _replies = _Codec[AnyReply](AnyReply, "reply")
 _records = _Codec[DroneRecord](DroneRecord, "drone record")
+_notes = _Codec[AnyNote](AnyNote, "manager note")
 
 
 def decode(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> AnyMessage:
@@ -444,6 +469,11 @@ def decode_reply(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> AnyReply:
 def decode_record(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> DroneRecord:
     """Decode a handshake record; any other message is a :class:`SchemaError`"""
     return _records.decode(data, max_size)
+
+
+def decode_note(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> AnyNote:
+    """Decode a manager note; any other message is a :class:`SchemaError`"""
+    return _notes.decode(data, max_size)
 
 
 def to_json(message: Message) -> bytes:

@@ -99,6 +99,10 @@ GATE_CLOSED_STATUS = 390
 #: the refusal code the hook uses when it cannot reach the agent at all
 AGENT_UNREACHABLE_STATUS = 391
 
+#: how a ``condor_master`` ends once its startd drained with ``-exit-on-completion``:
+#: 0, or 99 when ``DAEMON_SHUTDOWN`` fired; either is the planned end of a drone
+SELF_EXIT_STATUSES = frozenset({0, 99})
+
 JobExitReason = Literal["exit", "remove", "hold", "evict"]
 
 

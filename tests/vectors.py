@@ -12,6 +12,7 @@ from __future__ import annotations
 import datetime as dt
 import sys
 from pathlib import Path
+from typing import TypeVar
 
 import msgspec
 
@@ -104,7 +105,23 @@ EXAMPLES: list[ev.Message] = [
         drain=INTENT,
         at=T0,
     ),
+    ev.TardisState(
+        site=SITE,
+        drone=DRONE,
+        state="CleanupState",
+        resource_status="Booting",
+        at=T0,
+        id="mgr-7f3a9c-3",
+    ),
 ]
+
+
+M = TypeVar("M", bound=ev.Message)
+
+
+def example(message_type: type[M]) -> M:
+    """The example of ``message_type``"""
+    return next(m for m in EXAMPLES if isinstance(m, message_type))
 
 
 def _vector_json(message: ev.Message) -> str:

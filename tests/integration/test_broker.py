@@ -12,7 +12,7 @@ from helpers import pid_exists
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
-from vectors import EXAMPLES
+from vectors import EXAMPLES, example
 
 from broker.errors import ProvisioningError, ServerStartError
 from broker.provision import Topology, provision
@@ -140,7 +140,7 @@ async def test_provisioning_updates_what_changed(js: JetStreamContext) -> None:
 async def test_kv_bucket_is_usable_with_compare_and_set(js: JetStreamContext) -> None:
     await provision(js)
     kv = await js.key_value(NS.record_bucket)
-    record = EXAMPLES[-1]
+    record = example(ev.DroneRecord)
     assert isinstance(record, ev.DroneRecord)
     key = NS.record_key(record.site, record.drone)
     revision = await kv.create(key, ev.encode(record))

@@ -10,7 +10,7 @@ from pathlib import Path
 
 import nats
 from helpers import pid_exists
-from vectors import EXAMPLES
+from vectors import EXAMPLES, example
 
 from remote_agent import events as ev
 
@@ -31,7 +31,7 @@ async def _run(*args: str, stdin: bytes = b"") -> tuple[int, str, str]:
 
 
 async def test_protocol_decode_prints_json() -> None:
-    message = EXAMPLES[-1]
+    message = example(ev.DroneRecord)
     code, out, err = await _run("protocol", "decode", stdin=ev.encode(message))
     assert (code, err) == (0, "")
     assert out.strip().encode() == ev.to_json(message)

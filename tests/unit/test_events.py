@@ -10,7 +10,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vectors import DRONE, EXAMPLES, SITE, T0
+from vectors import DRONE, EXAMPLES, SITE, T0, example
 
 from remote_agent import events as ev
 
@@ -44,7 +44,7 @@ def test_family_decoders_accept_only_their_family(message: ev.Message) -> None:
 
 
 def _drained(**changes: object) -> dict[str, object]:
-    raw: dict[str, object] = msgspec.to_builtins(EXAMPLES[12], builtin_types=(dt.datetime,))
+    raw: dict[str, object] = msgspec.to_builtins(example(ev.Drained), builtin_types=(dt.datetime,))
     assert raw["kind"] == "drained"
     raw.update(changes)
     return raw
@@ -86,7 +86,7 @@ def test_missing_field() -> None:
 
 def test_unknown_fields_are_ignored() -> None:
     raw = _drained(future_field={"nested": [1, 2]})
-    assert ev.decode(msgpack.packb(raw, datetime=True)) == EXAMPLES[12]
+    assert ev.decode(msgpack.packb(raw, datetime=True)) == example(ev.Drained)
 
 
 def test_size_limit() -> None:
@@ -96,7 +96,7 @@ def test_size_limit() -> None:
     big = msgpack.packb(_drained(padding="x" * 2_000_000), datetime=True)
     with pytest.raises(ev.SchemaError, match="exceeds the limit of 65536 bytes"):
         ev.decode_event(big)
-    assert ev.decode_event(big, max_size=len(big)) == EXAMPLES[12]
+    assert ev.decode_event(big, max_size=len(big)) == example(ev.Drained)
 
 
 _ANY = st.recursive(
@@ -207,7 +207,7 @@ def test_subjects() -> None:
 
 def test_a_drone_cannot_speak_for_another() -> None:
     ns = ev.Namespace()
-    drained = EXAMPLES[12]
+    drained = example(ev.Drained)
     assert isinstance(drained, ev.Drained)
     ev.check_sender(drained, ns.event(SITE, DRONE, "drained"), ns)
     for subject in (
@@ -220,5 +220,5 @@ def test_a_drone_cannot_speak_for_another() -> None:
 
 
 def test_times_are_msgpack_timestamps() -> None:
-    raw = msgpack.unpackb(ev.encode(EXAMPLES[12]), timestamp=0)
+    raw = msgpack.unpackb(ev.encode(example(ev.Drained)), timestamp=0)
     assert raw["at"] == msgpack.Timestamp.from_datetime(T0)

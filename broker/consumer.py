@@ -1,0 +1,773 @@
+"""
+Fast pull consumption of a JetStream consumer
+
+nats-py's ``PullSubscription.fetch()`` creates a task, a ``uuid4()`` and an
+``asyncio.wait_for`` for every message and tops out near 25k msg/s. This
+module drives the pull API itself (``docs/architecture.md``, "Consuming the
+event stream"): it subscribes one callback on a private inbox and publishes
+pull requests to ``$JS.API.CONSUMER.MSG.NEXT.<stream>.<consumer>`` with that
+inbox as reply subject, keeping one or two requests outstanding.
+
+* Messages with a ``Status`` header and no body are the server's control
+  messages: ``100`` idle heartbeat, ``404``/``408`` a request ended (no
+  messages, expired), ``409`` a request was cut short (consumer deleted,
+  leadership change, a limit hit). They adjust the count of messages still
+  owed and are never handed to the handler.
+* Pull requests die with the connection: :meth:`PullConsumer.reconnected`
+  (wire it to ``reconnected_cb``) re-issues them, and a watchdog re-issues
+  when neither messages nor heartbeats arrived for twice the heartbeat
+  interval (consumer leader changes, a lost request). After repeated silence
+  it asks the server whether the consumer still exists; a deleted consumer
+  ends :meth:`PullConsumer.run` with :class:`ConsumerGone`.
+* Every other message goes to a **synchronous** handler, which applies it and
+  returns what to tell the server: ack after apply, ``+TERM`` for a message
+  that can never be applied, ``-NAK`` to have it redelivered. A handler that
+  raises leaves the message unacknowledged, exactly like a crash: the server
+  redelivers it after ``ack_wait``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import inspect
+import json
+import logging
+import weakref
+from collections.abc import Awaitable, Callable, Mapping
+from dataclasses import dataclass, field
+from typing import ClassVar, Final
+
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
+
+from .errors import BrokerError
+
+log = logging.getLogger(__name__)
+
+#: JetStream API prefix without a domain; ``$JS.<domain>.API`` with one
+DEFAULT_API_PREFIX: Final = "$JS.API"
+#: pull batch of :func:`read_all`
+READ_ALL_BATCH: Final = 2000
+#: name of the manager's durable consumer on the event stream
+DEFAULT_DURABLE: Final = "cobald-registry"
+
+_STATUS: Final = "Status"
+_DESCRIPTION: Final = "Description"
+_PENDING_MESSAGES: Final = "Nats-Pending-Messages"
+_ACK: Final = b"+ACK"
+_NAK: Final = b"-NAK"
+_TERM: Final = b"+TERM"
+
+
+class ConsumerError(BrokerError):
+    """A consumer could not be created, or exists with another configuration"""
+
+
+class ConsumerGone(BrokerError):
+    """The consumer was deleted on the server (or lost with a restart)"""
+
+
+class Disposition(enum.Enum):
+    """What a handler tells the server about one message"""
+
+    ACK = "ack"  #: applied: never deliver it again
+    TERM = "term"  #: can never be applied (invalid): never deliver it again
+    NAK = "nak"  #: not applied now: deliver it again
+
+
+#: a handler applies one message, ``(subject, reply, data, headers)``, and says
+#: what to answer. It runs inside the connection's read loop, so it must not
+#: block; ``headers`` is ``None`` unless the consumer was asked for them.
+Handler = Callable[[str, str, bytes, "Mapping[str, str] | None"], Disposition]
+#: what the parser hands over for one message: subject, reply, payload, raw headers
+_RawCallback = Callable[[bytes, bytes, bytes, "bytes | None"], Awaitable[None]]
+
+
+def api_prefix(domain: str | None = None) -> str:
+    """The JetStream API prefix for ``domain`` (leaf-node deployments) or none"""
+    return f"$JS.{domain}.API" if domain else DEFAULT_API_PREFIX
+
+
+@dataclass(frozen=True, slots=True)
+class PullSettings:
+    """
+    How a :class:`PullConsumer` asks for messages
+
+    :param batch: messages per pull request; another request is issued when
+        fewer than half a batch are still owed, so at most two are outstanding
+    :param expires_s: lifetime of a pull request on the server
+    :param idle_heartbeat_s: the server sends a heartbeat this often while a
+        request waits; silence for twice as long makes the watchdog re-issue
+    :param checks_before_lookup: watchdog re-issues without any answer before
+        the consumer's existence is checked with the server
+    """
+
+    batch: int = 500
+    expires_s: float = 5.0
+    idle_heartbeat_s: float = 2.5
+    checks_before_lookup: int = 2
+
+    def __post_init__(self) -> None:
+        if self.batch < 1:
+            raise ValueError(f"batch must be at least 1, not {self.batch}")
+        if not (0 < self.idle_heartbeat_s < self.expires_s):
+            raise ValueError("need 0 < idle_heartbeat_s < expires_s")
+
+    def request(self) -> bytes:
+        return json.dumps(
+            {
+                "batch": self.batch,
+                "expires": int(self.expires_s * 1e9),
+                "idle_heartbeat": int(self.idle_heartbeat_s * 1e9),
+            }
+        ).encode()
+
+
+@dataclass(slots=True)
+class ConsumerStats:
+    """Counters of one :class:`PullConsumer` (read them, don't write them)"""
+
+    delivered: int = 0  #: messages handed to the handler
+    acked: int = 0
+    termed: int = 0
+    nacked: int = 0
+    failed: int = 0  #: handler raised; left unacknowledged
+    heartbeats: int = 0
+    requests: int = 0  #: pull requests sent
+    expired: int = 0  #: 404/408 answers
+    cut_short: int = 0  #: 409 answers
+    watchdog: int = 0  #: re-issues because of silence
+    statuses: dict[str, int] = field(default_factory=dict)
+
+
+def metadata(reply: str) -> tuple[int, int, float, int]:
+    """
+    ``(stream_seq, num_delivered, stored_time, num_pending)`` from a JetStream reply subject
+
+    ``stored_time`` is when the stream stored the message, epoch seconds.
+    Faster than nats-py's ``Msg.metadata`` (no datetime, no dataclass).
+
+    :raises ValueError: if ``reply`` is not a JetStream ack subject
+    """
+    tokens = reply.split(".")
+    n = len(tokens)
+    if n == 9:  # $JS.ACK.<stream>.<consumer>.<delivered>.<sseq>.<cseq>.<tm>.<pending>
+        return int(tokens[5]), int(tokens[4]), int(tokens[7]) / 1e9, int(tokens[8])
+    if n >= 11 and tokens[0] == "$JS" and tokens[1] == "ACK":  # with domain and account hash
+        return int(tokens[7]), int(tokens[6]), int(tokens[9]) / 1e9, int(tokens[10])
+    raise ValueError(f"not a JetStream reply subject: {reply!r}")
+
+
+def stored_time(reply: str) -> float:
+    """When the stream stored the message of ``reply``, epoch seconds (see :func:`metadata`)"""
+    tokens = reply.split(".")
+    if len(tokens) == 9:
+        return int(tokens[7]) / 1e9
+    return metadata(reply)[2]
+
+
+# ---------------------------------------------------------------------- provisioning
+
+
+def durable_config(
+    filter_subject: str,
+    name: str = DEFAULT_DURABLE,
+    *,
+    ack_wait_s: float = 30.0,
+    max_ack_pending: int = 20_000,
+    replicas: int | None = None,
+) -> ConsumerConfig:
+    """
+    The manager's durable pull consumer: explicit acks, starting with new messages
+
+    It starts at the moment it is first created; everything older comes from
+    the registry's rebuild, which also runs on every start. ``max_ack_pending``
+    is well above two pull batches so that acks in flight never stall delivery.
+    """
+    return ConsumerConfig(
+        durable_name=name,
+        name=name,
+        description="cobald-remote drone registry",
+        deliver_policy=DeliverPolicy.NEW,
+        ack_policy=AckPolicy.EXPLICIT,
+        ack_wait=ack_wait_s,
+        max_ack_pending=max_ack_pending,
+        filter_subject=filter_subject,
+        num_replicas=replicas,
+    )
+
+
+#: fields whose difference from the wanted config is a conflict, not drift
+_IDENTITY_FIELDS: Final = ("deliver_policy", "ack_policy", "filter_subject")
+
+
+async def ensure_consumer(
+    js: JetStreamContext, stream: str, config: ConsumerConfig
+) -> ConsumerInfo:
+    """
+    Create the durable consumer, or confirm the existing one; safe to call on every start
+
+    The server accepts a create with the same configuration as a no-op and
+    updates the fields it may update (``ack_wait``, ``max_ack_pending``, ...).
+
+    :raises ConsumerError: if a consumer of that name exists with another
+        delivery policy, ack policy or filter, or the server refuses it
+    """
+    name = config.durable_name or config.name or ""
+    try:
+        info = await js.consumer_info(stream, name)
+    except nats.js.errors.NotFoundError:
+        info = None
+    except nats.js.errors.APIError as err:
+        raise ConsumerError(f"cannot look up consumer {name!r} on {stream!r}: {err}") from err
+    if info is not None:
+        conflicts = [
+            f"{field_name} is {getattr(info.config, field_name)!r}, "
+            f"not {getattr(config, field_name)!r}"
+            for field_name in _IDENTITY_FIELDS
+            if getattr(info.config, field_name) != getattr(config, field_name)
+        ]
+        if conflicts:
+            raise ConsumerError(
+                f"consumer {name!r} on stream {stream!r} exists with another configuration "
+                f"({'; '.join(conflicts)}): delete it (nats consumer rm {stream} {name}) "
+                "or configure another consumer name"
+            )
+    try:
+        return await js.add_consumer(stream, config)
+    except nats.js.errors.APIError as err:
+        raise ConsumerError(
+            f"the server refused consumer {name!r} on stream {stream!r}: {err.description} "
+            f"(code {err.code}, err_code {err.err_code})"
+        ) from err
+
+
+# ---------------------------------------------------------------------- direct dispatch
+
+
+class _Direct:
+    """
+    Direct dispatch on one client: chosen subscriptions straight from the parser
+
+    nats-py turns every message into a ``Msg`` (parsing its headers with a
+    Python loop), queues it, and wakes the subscription's task; for stream
+    messages, which all carry ``Nats-Msg-Id``, that is half the cost of
+    receiving one. The parser hands each message to ``Client._process_msg(sid,
+    subject, reply, data, headers)``; wrapping that method on this client lets
+    the pull loop take its own inbox's messages as raw bytes, in order, inside
+    the read loop. Every other subscription keeps nats-py's normal path.
+
+    Acks take the matching short cut: ``PUB <reply> 4\\r\\n+ACK`` is queued
+    with ``Client._send_command`` and the flusher is kicked exactly as
+    ``Client.publish`` does it, without re-validating and re-encoding a
+    subject the server gave us.
+
+    This relies on private methods of nats-py, so :meth:`install` checks them:
+    if the installed nats-py does not have them as expected it returns
+    ``None`` and the pull loop uses a normal subscription callback instead.
+    """
+
+    _installed: ClassVar[weakref.WeakKeyDictionary[Client, _Direct]] = weakref.WeakKeyDictionary()
+
+    def __init__(self, nc: Client) -> None:
+        self.nc = nc
+        self.routes: dict[int, _RawCallback] = {}
+        self._stats = nc.stats
+        self._send_command = nc._send_command
+        self._flush_pending = nc._flush_pending
+
+    @classmethod
+    def install(cls, nc: Client) -> _Direct | None:
+        direct = cls._installed.get(nc)
+        if direct is not None:
+            return direct
+        expected = {
+            "_process_msg": ["sid", "subject", "reply", "data", "headers"],
+            "_send_command": ["cmd", "priority"],
+            "_flush_pending": ["force_flush"],
+        }
+        for name, parameters in expected.items():
+            method = getattr(nc, name, None)
+            if method is None or not inspect.iscoroutinefunction(method):
+                return None
+            try:
+                if list(inspect.signature(method).parameters) != parameters:
+                    return None
+            except (TypeError, ValueError):
+                return None
+        if getattr(nc, "_flush_queue", None) is None:
+            return None
+        direct = cls(nc)
+        original = nc._process_msg
+        routes = direct.routes
+        stats = direct._stats
+
+        async def process_msg(
+            sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+        ) -> None:
+            route = routes.get(sid)
+            if route is None:
+                await original(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+                return
+            stats["in_msgs"] += 1
+            stats["in_bytes"] += len(data)
+            await route(subject, reply, data, headers)
+
+        nc._process_msg = process_msg  # type: ignore[method-assign]
+        cls._installed[nc] = direct
+        return direct
+
+    async def answer(self, reply: bytes, command_tail: bytes) -> None:
+        """Publish an ack (``command_tail`` = `` <size>\\r\\n<body>\\r\\n``) to ``reply``"""
+        nc = self.nc
+        if nc.is_closed:
+            return  # never acknowledged: the server redelivers it
+        stats = self._stats
+        stats["out_msgs"] += 1
+        stats["out_bytes"] += len(command_tail) - 6  # " N\r\n" and "\r\n" around the body
+        await self._send_command(b"PUB " + reply + command_tail, False)
+        queue = nc._flush_queue
+        if queue is not None and queue.empty():
+            await self._flush_pending(False)
+
+
+_ACK_TAIL: Final = b" 4\r\n+ACK\r\n"
+_NAK_TAIL: Final = b" 4\r\n-NAK\r\n"
+_TERM_TAIL: Final = b" 5\r\n+TERM\r\n"
+
+
+def _parse_headers(raw: bytes) -> dict[str, str]:
+    """``NATS/1.0[ status[ description]]\\r\\nKey: value\\r\\n...`` as a dict"""
+    lines = raw.split(b"\r\n")
+    out: dict[str, str] = {}
+    first = lines[0]
+    if first.startswith(b"NATS/1.0 "):
+        status, _, description = first[9:].partition(b" ")
+        out[_STATUS] = status.decode("ascii", "replace").strip()
+        if description:
+            out[_DESCRIPTION] = description.decode("utf-8", "replace").strip()
+    for line in lines[1:]:
+        name, sep, value = line.partition(b":")
+        if sep:
+            out[name.strip().decode("ascii", "replace")] = value.strip().decode("utf-8", "replace")
+    return out
+
+
+# ---------------------------------------------------------------------- the pull loop
+
+
+class PullConsumer:
+    """
+    A callback-driven pull loop on one existing consumer
+
+    :param nc: a connected client (with ``reconnected_cb`` calling :meth:`reconnected`)
+    :param stream: the stream's name
+    :param consumer: the consumer's name (durable or ephemeral)
+    :param handler: applies one message and returns its :class:`Disposition`
+    :param acks: whether the consumer wants acks (``False`` for ``AckPolicy.NONE``)
+    :param headers: whether the handler needs the messages' headers (costs time)
+    :param direct: take messages straight from the protocol parser (see
+        :class:`_Direct`) when the installed nats-py allows it
+    """
+
+    def __init__(
+        self,
+        nc: Client,
+        stream: str,
+        consumer: str,
+        handler: Handler,
+        *,
+        acks: bool = True,
+        headers: bool = False,
+        settings: PullSettings | None = None,
+        api: str = DEFAULT_API_PREFIX,
+        direct: bool = True,
+    ) -> None:
+        self.nc = nc
+        self.stream = stream
+        self.consumer = consumer
+        self.handler = handler
+        self.acks = acks
+        self.headers = headers
+        self.direct = direct
+        self.settings = settings or PullSettings()
+        self.stats = ConsumerStats()
+        self._next_subject = f"{api}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
+        self._info_api = f"{api}.CONSUMER.INFO.{stream}.{consumer}"
+        self._request = self.settings.request()
+        self._low_water = self.settings.batch // 2
+        self._owed = 0
+        self._inbox = ""
+        self._sub: Subscription | None = None
+        self._direct: _Direct | None = None
+        self._gone: ConsumerGone | None = None
+        self._wake = asyncio.Event()
+        self._activity = 0  # bumped by every message and control message
+
+    @property
+    def is_direct(self) -> bool:
+        """Whether messages come straight from the protocol parser (the fast path)"""
+        return self._direct is not None
+
+    # ------------------------------------------------------------ lifecycle
+
+    async def start(self) -> None:
+        """Subscribe the private inbox and issue the first pull request"""
+        if self._sub is not None:
+            return
+        self._inbox = self.nc.new_inbox()
+        self._sub = await self.nc.subscribe(
+            self._inbox,
+            cb=self._on_message,
+            pending_msgs_limit=-1,  # at most 1.5 batches are ever owed
+            pending_bytes_limit=-1,
+        )
+        sid = getattr(self._sub, "_id", None)
+        direct = _Direct.install(self.nc) if self.direct and isinstance(sid, int) else None
+        if direct is not None:
+            assert isinstance(sid, int)
+            direct.routes[sid] = self._on_raw
+            self._direct = direct
+        elif self.direct:
+            log.warning("this nats-py does not allow direct dispatch; using the slower Msg path")
+        await self._pull()
+
+    async def stop(self) -> None:
+        """Stop asking for messages; messages owed to us are redelivered later"""
+        sub, self._sub = self._sub, None
+        self._wake.set()
+        if sub is not None:
+            if self._direct is not None:
+                self._direct.routes.pop(getattr(sub, "_id", -1), None)
+            if not self.nc.is_closed:
+                with contextlib.suppress(nats.errors.Error):
+                    await sub.unsubscribe()
+
+    async def reconnected(self) -> None:
+        """Re-issue the pull request after a reconnect (pull requests die with a connection)"""
+        if self._sub is None:
+            return
+        log.info("re-issuing pull on %s/%s after reconnect", self.stream, self.consumer)
+        self._owed = 0
+        await self._pull()
+
+    async def run(self, stop: asyncio.Event | None = None) -> None:
+        """
+        Consume until ``stop`` is set (or :meth:`stop` is called)
+
+        :raises ConsumerGone: when the consumer no longer exists on the server
+        """
+        await self.start()
+        stop = stop or asyncio.Event()
+        period = self.settings.idle_heartbeat_s
+        silent_checks = 0
+        seen = self._activity
+        try:
+            while not stop.is_set() and self._sub is not None:
+                if self._gone is not None:
+                    raise self._gone
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(_first(stop, self._wake), 2 * period)
+                self._wake.clear()
+                if self._gone is not None:
+                    raise self._gone
+                if self._activity != seen:
+                    seen = self._activity
+                    silent_checks = 0
+                    continue
+                if stop.is_set() or self._sub is None:
+                    break
+                # neither messages nor heartbeats for 2 x idle_heartbeat
+                silent_checks += 1
+                self.stats.watchdog += 1
+                if silent_checks > self.settings.checks_before_lookup:
+                    await self._check_exists()
+                if self.nc.is_connected:
+                    log.info(
+                        "no messages or heartbeats on %s/%s for %.1fs, re-issuing the pull",
+                        self.stream,
+                        self.consumer,
+                        2 * period,
+                    )
+                    self._owed = 0
+                    await self._pull()
+        finally:
+            await self.stop()
+
+    async def _check_exists(self) -> None:
+        try:
+            response = await self.nc.request(self._info_api, b"", timeout=2.0)
+        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
+            return  # no answer says nothing; try again later
+        try:
+            body = json.loads(response.data or b"{}")
+        except ValueError:
+            return
+        error = body.get("error") if isinstance(body, dict) else None
+        if isinstance(error, dict) and error.get("code") == 404:
+            raise ConsumerGone(
+                f"consumer {self.consumer!r} of stream {self.stream!r} does not exist any more"
+            )
+
+    # ------------------------------------------------------------ the hot path
+
+    async def _pull(self) -> None:
+        if self._sub is None or not self.nc.is_connected:
+            return
+        self._owed += self.settings.batch
+        self.stats.requests += 1
+        await self.nc.publish(self._next_subject, self._request, reply=self._inbox)
+
+    async def _on_raw(
+        self, subject: bytes, reply: bytes, data: bytes, headers: bytes | None
+    ) -> None:
+        """
+        One message straight from the parser (the fast path)
+
+        The same steps as :meth:`_deliver`, written out once more because this
+        runs for every message: one coroutine call less, and the ack queued
+        directly (see :class:`_Direct`).
+        """
+        self._activity += 1
+        if headers is not None and not data and headers.startswith(b"NATS/1.0 "):
+            parsed = _parse_headers(headers)
+            await self._on_status(parsed.get(_STATUS, ""), parsed)
+            return
+        if self._sub is None:
+            return  # stopped: leave it unacknowledged
+        self._owed -= 1
+        if self._owed <= self._low_water:
+            await self._pull()
+        stats = self.stats
+        stats.delivered += 1
+        try:
+            disposition = self.handler(
+                subject.decode(),
+                reply.decode(),
+                data,
+                _parse_headers(headers) if self.headers and headers else None,
+            )
+        except Exception:
+            stats.failed += 1
+            log.exception(
+                "handler failed on %r (stream %s): left unacknowledged for redelivery",
+                subject,
+                self.stream,
+            )
+            return
+        if not self.acks:
+            return
+        if disposition is Disposition.ACK:
+            stats.acked += 1
+            tail = _ACK_TAIL
+        elif disposition is Disposition.TERM:
+            stats.termed += 1
+            tail = _TERM_TAIL
+        else:
+            stats.nacked += 1
+            tail = _NAK_TAIL
+        direct = self._direct
+        assert direct is not None
+        await direct.answer(reply, tail)
+
+    async def _on_message(self, msg: Msg) -> None:
+        """One message through nats-py's subscription callback (the portable path)"""
+        self._activity += 1
+        headers = msg.headers
+        if headers is not None and not msg.data:
+            status = headers.get(_STATUS)
+            if status is not None:
+                await self._on_status(status, headers)
+                return
+        await self._deliver(msg.subject, msg.reply, msg.data, headers if self.headers else None)
+
+    async def _deliver(
+        self, subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
+    ) -> None:
+        if self._sub is None:
+            return  # stopped: leave it unacknowledged
+        self._owed -= 1
+        if self._owed <= self._low_water:
+            await self._pull()
+        stats = self.stats
+        stats.delivered += 1
+        try:
+            disposition = self.handler(subject, reply, data, headers)
+        except Exception:
+            stats.failed += 1
+            log.exception(
+                "handler failed on %s (stream %s): left unacknowledged for redelivery",
+                subject,
+                self.stream,
+            )
+            return
+        if not self.acks:
+            return
+        # Msg.ack() is exactly this publish (an empty body acks, too) plus a check
+        # that the same Msg is not acked twice, which cannot happen here
+        if disposition is Disposition.ACK:
+            stats.acked += 1
+            await self.nc.publish(reply, _ACK)
+        elif disposition is Disposition.TERM:
+            stats.termed += 1
+            await self.nc.publish(reply, _TERM)
+        else:
+            stats.nacked += 1
+            await self.nc.publish(reply, _NAK)
+
+    async def _on_status(self, status: str, headers: Mapping[str, str]) -> None:
+        stats = self.stats
+        stats.statuses[status] = stats.statuses.get(status, 0) + 1
+        if status == "100":
+            stats.heartbeats += 1
+            return
+        if status not in ("404", "408", "409"):
+            # 503 "no responders": the consumer is not there (deleted, or lost
+            # with a restart), or JetStream is not up yet. Asking again at once
+            # would spin; this is silence, and the watchdog takes it from here.
+            self._activity -= 1
+            self._owed = 0
+            if stats.statuses[status] == 1 or stats.statuses[status] % 100 == 0:
+                log.info(
+                    "pull on %s/%s answered %s %s",
+                    self.stream,
+                    self.consumer,
+                    status,
+                    headers.get(_DESCRIPTION, ""),
+                )
+            return
+        # the request ended or was cut short: it owes no more than it says
+        pending = headers.get(_PENDING_MESSAGES)
+        self._owed -= int(pending) if pending is not None else self.settings.batch
+        self._owed = max(self._owed, 0)
+        if status == "409":
+            stats.cut_short += 1
+            description = headers.get(_DESCRIPTION, "")
+            log.info("pull on %s/%s cut short: %s", self.stream, self.consumer, description)
+            if "deleted" in description.lower():
+                self._gone = ConsumerGone(
+                    f"consumer {self.consumer!r} of stream {self.stream!r} was deleted"
+                )
+                self._wake.set()
+                return
+        else:
+            stats.expired += 1
+        if self._owed <= self._low_water:
+            await self._pull()
+
+
+async def _first(*events: asyncio.Event) -> None:
+    """Wait until any of ``events`` is set"""
+    waiters = [asyncio.ensure_future(event.wait()) for event in events]
+    try:
+        await asyncio.wait(waiters, return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        for waiter in waiters:
+            waiter.cancel()
+
+
+async def read_all(
+    nc: Client,
+    js: JetStreamContext,
+    stream: str,
+    config: ConsumerConfig,
+    handler: Callable[[str, str, bytes, Mapping[str, str] | None], object],
+    *,
+    headers: bool = False,
+    settings: PullSettings | None = None,
+    api: str = DEFAULT_API_PREFIX,
+    timeout_s: float | None = None,
+) -> int:
+    """
+    Read every message an ephemeral ``AckPolicy.NONE`` consumer has at its creation
+
+    Creates the consumer from ``config``, hands each message to ``handler``
+    until as many as the consumer reported pending at creation were read,
+    then deletes it. Messages stored later are read too if they arrive first;
+    the caller must tolerate that (the registry does, by ``seq``).
+
+    :returns: the number of messages read
+    :raises ConsumerError: if the consumer cannot be created
+    :raises TimeoutError: if the messages do not all arrive within ``timeout_s``
+        (default: 120 s, plus a second for every 10,000 messages)
+    """
+    config = _ephemeral(config)
+    try:
+        info = await js.add_consumer(stream, config)
+    except nats.js.errors.APIError as err:
+        raise ConsumerError(f"cannot read {stream!r}: {err.description}") from err
+    wanted = info.num_pending or 0
+    if timeout_s is None:
+        timeout_s = 120.0 + wanted / 10_000
+    if wanted == 0:
+        await _delete_quietly(js, stream, info.name)
+        return 0
+    done = asyncio.Event()
+    count = 0
+
+    def handle(
+        subject: str, reply: str, data: bytes, msg_headers: Mapping[str, str] | None
+    ) -> Disposition:
+        nonlocal count
+        handler(subject, reply, data, msg_headers)
+        count += 1
+        if count >= wanted:
+            done.set()
+        return Disposition.ACK
+
+    # AckNone and a known end: large batches save round trips
+    settings = settings or PullSettings(batch=max(1, min(wanted, READ_ALL_BATCH)))
+    pull = PullConsumer(
+        nc, stream, info.name, handle, acks=False, headers=headers, settings=settings, api=api
+    )
+    runner = asyncio.create_task(pull.run(done))
+    try:
+        await asyncio.wait_for(_first_done(done, runner), timeout_s)
+        if runner.done() and not done.is_set():
+            runner.result()  # raises what ended it
+    except TimeoutError:
+        raise TimeoutError(
+            f"read {count} of {wanted} messages of {stream!r} in {timeout_s:.0f}s"
+        ) from None
+    finally:
+        done.set()
+        runner.cancel()
+        with contextlib.suppress(asyncio.CancelledError, BrokerError):
+            await runner
+        await _delete_quietly(js, stream, info.name)
+    return count
+
+
+async def _first_done(done: asyncio.Event, task: asyncio.Task[None]) -> None:
+    waiter = asyncio.ensure_future(done.wait())
+    try:
+        await asyncio.wait([waiter, task], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        waiter.cancel()
+
+
+def _ephemeral(config: ConsumerConfig) -> ConsumerConfig:
+    return ConsumerConfig(
+        description=config.description,
+        deliver_policy=config.deliver_policy,
+        opt_start_seq=config.opt_start_seq,
+        opt_start_time=config.opt_start_time,
+        ack_policy=AckPolicy.NONE,
+        filter_subject=config.filter_subject,
+        filter_subjects=config.filter_subjects,
+        inactive_threshold=config.inactive_threshold or 60.0,
+        mem_storage=True,
+        num_replicas=1,
+    )
+
+
+async def _delete_quietly(js: JetStreamContext, stream: str, name: str) -> None:
+    with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+        await js.delete_consumer(stream, name)

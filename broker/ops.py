@@ -1,0 +1,353 @@
+"""
+Operator commands: ``cobald-remote drain``, ``release`` and ``status``
+
+They use the same control API as the TARDIS integration (:mod:`broker.control`)
+and the same registry rebuild as the manager service (:func:`broker.service.rebuild`),
+so what an operator sees and does is what the manager sees and does.
+``broker/cli.py`` only wires :func:`add_commands` into the command line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import msgspec
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+
+from remote_agent.events import Namespace, SchemaError, check_token
+from remote_agent.handshake import HandshakeError, RecordStore
+
+from .consumer import api_prefix
+from .control import (
+    DEFAULT_DRAIN_S,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    Control,
+    DrainOutcome,
+    DrainResult,
+    ReleaseOutcome,
+    ReleaseResult,
+)
+from .errors import BrokerError
+from .registry import DEFAULT_LOST_AFTER_S, DroneView, Registry
+from .service import rebuild
+
+#: exit status when the intent is recorded but the agent did not confirm it
+EXIT_UNCONFIRMED = 3
+
+
+class OperatorError(BrokerError):
+    """An operator command that cannot be carried out (printed in one line, exit 1)"""
+
+
+def site_of(drone: str) -> str:
+    """
+    The site part of a TARDIS drone uuid: everything before its last ``-``
+
+    TARDIS names drones ``<site name in lower case>-<10 hex digits>``.
+
+    :raises OperatorError: if ``drone`` has no ``-`` to split at
+    """
+    site, dash, _ = drone.rpartition("-")
+    if not dash or not site:
+        raise OperatorError(
+            f"cannot tell the site of drone {drone!r} (TARDIS uuids are <site>-<10 hex>): "
+            "give --site"
+        )
+    return site
+
+
+def _target(args: argparse.Namespace) -> tuple[str, str]:
+    try:
+        drone = check_token(args.drone, "drone uuid")
+        site = check_token(args.site or site_of(drone), "site")
+    except SchemaError as err:
+        raise OperatorError(str(err)) from None
+    return site, drone
+
+
+async def _connect(args: argparse.Namespace) -> Client:
+    async def quiet(err: Exception) -> None:
+        pass
+
+    servers = [part.strip() for part in args.server.split(",") if part.strip()]
+    try:
+        return await nats.connect(
+            servers,
+            error_cb=quiet,
+            user_credentials=args.creds,
+            name="cobald-remote-ops",
+            connect_timeout=2,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.2,
+            allow_reconnect=False,
+        )
+    except (OSError, nats.errors.Error) as err:
+        raise OperatorError(f"cannot connect to {args.server}: {err}") from None
+
+
+async def _control(nc: Client, args: argparse.Namespace) -> Control:
+    namespace = Namespace(args.prefix)
+    try:
+        store = await RecordStore.open(nc.jetstream(domain=args.domain), namespace)
+    except HandshakeError as err:
+        raise OperatorError(str(err)) from None
+    except nats.errors.Error as err:
+        raise OperatorError(f"cannot open the handshake bucket: {err}") from None
+    return Control(nc, store, Registry(namespace), request_timeout_s=args.timeout)
+
+
+def _print_json(value: object) -> None:
+    sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
+
+
+def _drain_line(site: str, drone: str, result: DrainResult) -> str:
+    text = f"{site}/{drone}: drain {result.outcome}"
+    if result.intent is not None:
+        text += f", deadline {result.intent.deadline.isoformat(timespec='seconds')}"
+    if result.detail:
+        text += f": {result.detail}"
+    return text
+
+
+def _drain_status(result: DrainResult) -> int:
+    if result.outcome is DrainOutcome.NOT_ANNOUNCED:
+        return 1
+    if result.outcome in (DrainOutcome.UNANSWERED, DrainOutcome.REFUSED):
+        return EXIT_UNCONFIRMED
+    return 0
+
+
+async def drain(args: argparse.Namespace) -> int:
+    """``cobald-remote drain DRONE``: record the drain intent, then tell the agent"""
+    site, drone = _target(args)
+    if args.deadline < 0:
+        raise OperatorError("--deadline must not be negative")
+    nc = await _connect(args)
+    try:
+        control = await _control(nc, args)
+        deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=args.deadline)
+        try:
+            result = await control.drain(site, drone, deadline, args.reason)
+        except HandshakeError as err:
+            raise OperatorError(str(err)) from None
+    finally:
+        await nc.close()
+    if args.json:
+        _print_json({"site": site, "drone": drone, "result": result})
+    else:
+        print(_drain_line(site, drone, result))
+    return _drain_status(result)
+
+
+async def release(args: argparse.Namespace) -> int:
+    """``cobald-remote release DRONE``: win the race with the agent, or drain it"""
+    site, drone = _target(args)
+    nc = await _connect(args)
+    try:
+        control = await _control(nc, args)
+        try:
+            result: ReleaseResult = await control.release(
+                site, drone, note=args.reason or "operator release", reason=args.reason
+            )
+        except HandshakeError as err:
+            raise OperatorError(str(err)) from None
+    finally:
+        await nc.close()
+    if args.json:
+        _print_json({"site": site, "drone": drone, "result": result})
+    elif result.outcome is ReleaseOutcome.RELEASED:
+        print(f"{site}/{drone}: released: {result.detail}; its batch job may be removed")
+    else:
+        assert result.drain is not None
+        print(f"{site}/{drone}: the agent had come up; " + _drain_line(site, drone, result.drain))
+    if result.drain is not None:
+        return _drain_status(result.drain)
+    return 0
+
+
+# ---------------------------------------------------------------------- status
+
+
+def _age(seconds: float | None) -> str:
+    if seconds is None:
+        return "-"
+    seconds = max(seconds, 0.0)
+    for unit, size in (("d", 86400), ("h", 3600), ("m", 60)):
+        if seconds >= size:
+            return f"{seconds / size:.0f}{unit}"
+    return f"{seconds:.0f}s"
+
+
+def _row(view: DroneView, now: float, lost_after_s: float) -> dict[str, Any]:
+    record = view.record
+    return {
+        "site": view.site,
+        "drone": view.drone,
+        "state": str(view.state) if view.state is not None else None,
+        "gate_open": view.snapshot.gate_open if view.snapshot is not None else None,
+        "payloads": [msgspec.to_builtins(p) for p in view.payloads],
+        "last_event": view.kind or None,
+        "seq": view.seq,
+        "last_fact_age_s": view.last_fact_age_s(now),
+        "last_event_received": _iso(view.received_time),
+        "last_heartbeat_received": _iso(view.heartbeat_time),
+        "lost": view.is_lost(now, lost_after_s),
+        "record_phase": str(record.phase) if record is not None else None,
+        "record_writer": record.writer if record is not None else None,
+        "record_revision": record.revision if record is not None else None,
+        "drain_deadline": record.drain.deadline.isoformat()
+        if record is not None and record.drain is not None
+        else None,
+    }
+
+
+def _iso(epoch: float | None) -> str | None:
+    if epoch is None:
+        return None
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds")
+
+
+def _table(rows: Sequence[dict[str, Any]]) -> str:
+    header = ("DRONE", "SITE", "STATE", "PAYLOADS", "LAST FACT", "LOST", "RECORD")
+    cells = [
+        (
+            row["drone"],
+            row["site"],
+            row["state"] or "-",
+            str(len(row["payloads"])),
+            _age(row["last_fact_age_s"]),
+            "lost" if row["lost"] else "-",
+            row["record_phase"] or "-",
+        )
+        for row in rows
+    ]
+    table = [header, *cells]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in table
+    )
+
+
+async def status(args: argparse.Namespace) -> int:
+    """``cobald-remote status [DRONE]``: every drone's state, as the manager rebuilds it"""
+    namespace = Namespace(args.prefix)
+    registry = Registry(namespace, lost_after_s=args.lost_after)
+    nc = await _connect(args)
+    try:
+        try:
+            js = nc.jetstream(domain=args.domain)
+            await rebuild(nc, js, registry, api=api_prefix(args.domain))
+        except nats.js.errors.NotFoundError as err:
+            raise OperatorError(
+                f"stream or bucket missing ({err.description}): run 'cobald-remote broker init'"
+            ) from None
+        except (nats.errors.Error, TimeoutError) as err:
+            raise OperatorError(f"cannot read the event stream: {err}") from None
+    finally:
+        await nc.close()
+    now = time.time()
+    views = sorted(registry.views().values(), key=lambda v: (v.site, v.drone))
+    if args.site:
+        views = [v for v in views if v.site == args.site]
+    if args.drone:
+        views = [v for v in views if v.drone == args.drone]
+        if not views:
+            raise OperatorError(f"no drone {args.drone!r} known on {args.server}")
+    rows = [_row(view, now, args.lost_after) for view in views]
+    if args.json:
+        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+    elif rows:
+        print(_table(rows))
+    else:
+        print("no drones known", file=sys.stderr)
+    return 0
+
+
+# ---------------------------------------------------------------------- wiring
+
+
+def _common(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--server", required=True, help="NATS URL(s), comma-separated")
+    parser.add_argument("--creds", help="NATS credentials file of the manager")
+    parser.add_argument("--domain", help="JetStream domain (leaf-node deployments)")
+    parser.add_argument("--prefix", default=Namespace().prefix, help="first subject token")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+
+
+def add_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``drain``, ``release`` and ``status`` to the ``cobald-remote`` command line"""
+    drain_cmd = groups.add_parser(
+        "drain",
+        help="drain a drone: record the intent, tell its agent; payloads finish",
+        description="Record a drain intent in the drone's handshake record and ask its agent "
+        f"to drain. Exit 0 when the drain is in effect, 1 on errors, {EXIT_UNCONFIRMED} when "
+        "the intent is recorded but the agent did not confirm it (it acts on it when it "
+        "reconnects).",
+    )
+    drain_cmd.add_argument("drone", help="drone uuid, e.g. site1-0123456789")
+    drain_cmd.add_argument("--site", help="site (default: the uuid before its last '-')")
+    drain_cmd.add_argument(
+        "--deadline",
+        type=float,
+        default=DEFAULT_DRAIN_S,
+        metavar="SECONDS",
+        help=f"seconds from now until the drain deadline (default {DEFAULT_DRAIN_S:.0f})",
+    )
+    drain_cmd.add_argument("--reason", default="operator drain", help="why (kept in the record)")
+    drain_cmd.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help="wait this long for the agent's answer",
+    )
+    _common(drain_cmd)
+    drain_cmd.set_defaults(run=drain)
+
+    release_cmd = groups.add_parser(
+        "release",
+        help="release a drone that has not come up; drain it if its agent already has",
+        description="Release the drone through its handshake record. If the manager wins, "
+        "no payload can ever start and the batch job may be removed; if the agent came up "
+        "first, the drone is drained instead (exit codes as for drain).",
+    )
+    release_cmd.add_argument("drone", help="drone uuid, e.g. site1-0123456789")
+    release_cmd.add_argument("--site", help="site (default: the uuid before its last '-')")
+    release_cmd.add_argument("--reason", default="", help="why (kept in the record)")
+    release_cmd.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help="wait this long for the agent's answer if it has to be drained",
+    )
+    _common(release_cmd)
+    release_cmd.set_defaults(run=release)
+
+    status_cmd = groups.add_parser(
+        "status",
+        help="table of drones: state, payloads, age of the last fact, lost, record phase",
+        description="Rebuild the registry from the event stream and the handshake bucket "
+        "(read-only, no durable consumer) and print every drone, or one.",
+    )
+    status_cmd.add_argument("drone", nargs="?", help="only this drone")
+    status_cmd.add_argument("--site", help="only this site")
+    status_cmd.add_argument(
+        "--lost-after",
+        type=float,
+        default=DEFAULT_LOST_AFTER_S,
+        metavar="SECONDS",
+        help=f"no sign of life for this long = lost (default {DEFAULT_LOST_AFTER_S:.0f})",
+    )
+    _common(status_cmd)
+    status_cmd.set_defaults(run=status)

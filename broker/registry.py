@@ -1,0 +1,524 @@
+"""
+The drone registry: the manager's latest knowledge of every drone (pure state, no I/O)
+
+Every event carries the whole snapshot it led to, so the registry keeps, per
+drone, only the event with the highest ``seq`` and the times that say how old
+each fact is. Anything with a lower or equal ``seq`` is stale or a duplicate
+and is counted and dropped; lost, repeated or reordered deliveries therefore
+converge to the same state. Handshake records from the KV bucket are merged
+by revision in the same way.
+
+Times are seconds since the epoch (UTC) and come from the caller: the
+consumer passes the time at which JetStream *stored* each message, which is
+the same whether the event is consumed live or replayed after a restart, so a
+rebuilt registry equals the one that was lost.
+
+Readers on other threads (the TARDIS integration) call :meth:`Registry.view`
+and :meth:`Registry.views`: every :class:`DroneView` is immutable and is
+replaced, never changed, with one dictionary store, which CPython performs
+atomically; :meth:`Registry.views` returns a copy taken in one step.
+"""
+
+from __future__ import annotations
+
+import enum
+import logging
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from types import MappingProxyType
+from typing import Final
+
+import msgspec
+
+from remote_agent.events import (
+    DEFAULT_MAX_SIZE,
+    EVENT_TYPES,
+    SCHEMA_VERSION,
+    AnyEvent,
+    DrainIntent,
+    DroneRecord,
+    DroneState,
+    Heartbeat,
+    Namespace,
+    Payload,
+    RecordPhase,
+    SchemaError,
+    Snapshot,
+    decode_event,
+    decode_record,
+    kind_of,
+)
+
+log = logging.getLogger(__name__)
+
+#: default time without any event after which a drone counts as lost: three
+#: heartbeats of the agent's default 30 s interval
+DEFAULT_LOST_AFTER_S: Final = 90.0
+
+_KINDS: Final = {event_type: kind_of(event_type) for event_type in EVENT_TYPES}
+_decode = msgspec.msgpack.Decoder(AnyEvent).decode
+
+
+class _Head(msgspec.Struct):
+    """Just the ``seq`` of an event: skipping the rest is much cheaper than decoding it"""
+
+    seq: int = -1
+
+
+_decode_head = msgspec.msgpack.Decoder(_Head).decode
+
+
+class Applied(enum.StrEnum):
+    """What :meth:`Registry.apply` did with one event"""
+
+    APPLIED = "applied"  #: newer than anything known: the drone's state is now this event's
+    DUPLICATE = "duplicate"  #: same ``seq`` as the newest known event
+    STALE = "stale"  #: older ``seq`` than the newest known event
+    REJECTED = "rejected"  #: invalid; see the counted reason
+
+
+class Rejection(enum.StrEnum):
+    """Why an event or record was rejected (the label of its counter)"""
+
+    OVERSIZED = "oversized"  #: larger than the configured limit
+    MALFORMED = "malformed"  #: not a valid message of the schema (type, field, version)
+    SUBJECT = "subject"  #: arrived on a subject that is not an event subject of ours
+    SENDER = "sender"  #: the body speaks for another drone or kind than its subject
+    RECORD = "record"  #: a KV value that is not a valid record for its key
+
+
+class RecordView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """The drone's handshake record as last seen in the KV bucket"""
+
+    phase: RecordPhase
+    writer: str
+    revision: int
+    incarnation: str = ""
+    drain: DrainIntent | None = None
+    at: float  #: when the writer wrote it (its clock), epoch seconds
+    #: when the bucket stored it, epoch seconds; ``None`` until the KV watch
+    #: confirms a record that the manager merged from its own read or write
+    stored: float | None = None
+    note: str = ""
+
+
+class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """
+    Everything the manager knows about one drone, with the age of each fact
+
+    Immutable: the registry replaces a drone's view, it never changes one.
+    All ``*_time`` fields are epoch seconds (UTC); ``None`` means "never".
+    """
+
+    site: str
+    drone: str
+    #: the newest applied event (the highest ``seq``); ``None`` if only the record is known
+    event: AnyEvent | None = None
+    #: when the newest event reached the bus
+    received_time: float | None = None
+    #: ``seq`` of the newest heartbeat, when it reached the bus, and its interval;
+    #: kept even if the heartbeat arrived after a newer event
+    heartbeat_seq: int | None = None
+    heartbeat_time: float | None = None
+    heartbeat_interval_s: float | None = None
+    record: RecordView | None = None
+    #: set by :meth:`Registry.mark_lost`, cleared by the next event
+    lost: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.site, self.drone)
+
+    @property
+    def seq(self) -> int | None:
+        """``seq`` of the newest event"""
+        return self.event.seq if self.event is not None else None
+
+    @property
+    def kind(self) -> str:
+        """``kind`` of the newest event (``""`` if none)"""
+        return _KINDS[type(self.event)] if self.event is not None else ""
+
+    @property
+    def incarnation(self) -> str:
+        """The agent run that sent the newest event"""
+        return self.event.incarnation if self.event is not None else ""
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        """The drone's state right after its newest event"""
+        return self.event.snapshot if self.event is not None else None
+
+    @property
+    def event_time(self) -> float | None:
+        """The agent's clock when it recorded the newest event, epoch seconds"""
+        return self.event.at.timestamp() if self.event is not None else None
+
+    @property
+    def state(self) -> DroneState | None:
+        return self.snapshot.state if self.snapshot is not None else None
+
+    @property
+    def payloads(self) -> list[Payload]:
+        return list(self.snapshot.payloads) if self.snapshot is not None else []
+
+    @property
+    def phase(self) -> RecordPhase | None:
+        return self.record.phase if self.record is not None else None
+
+    @property
+    def last_seen(self) -> float | None:
+        """
+        The newest sign of life of the agent: its newest event, or a record it wrote
+
+        A record written by the manager says nothing about the agent.
+        """
+        times = [self.received_time, self.heartbeat_time]
+        if self.record is not None and self.record.writer == "agent":
+            times.append(self.record.stored)
+        known = [t for t in times if t is not None]
+        return max(known) if known else None
+
+    def last_fact_age_s(self, now: float) -> float | None:
+        """Seconds since the newest fact of any kind (event or record)"""
+        times = [self.received_time, self.record.stored if self.record else None]
+        known = [t for t in times if t is not None]
+        return now - max(known) if known else None
+
+    def is_lost(self, now: float, lost_after_s: float) -> bool:
+        """
+        Whether no sign of life came for ``lost_after_s`` seconds before ``now``
+
+        A drone never heard from (no event, no record of its agent) is not
+        lost: it is unknown, and has to be released, not given up on.
+        """
+        seen = self.last_seen
+        return seen is not None and now - seen >= lost_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """Counters since the registry was created (Prometheus counters, by label)"""
+
+    applied: int
+    duplicate: int
+    stale: int
+    rejected: Mapping[str, int]
+    records_applied: int
+    records_ignored: int
+    drones: int
+    lost: int
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
+
+
+class Registry:
+    """
+    Latest state per drone, fed with events and handshake records
+
+    :param namespace: subjects the events must arrive on
+    :param lost_after_s: seconds without any sign of life after which
+        :meth:`mark_lost` marks a drone lost
+    :param max_message_bytes: larger messages are rejected unread
+    """
+
+    def __init__(
+        self,
+        namespace: Namespace | None = None,
+        *,
+        lost_after_s: float = DEFAULT_LOST_AFTER_S,
+        max_message_bytes: int = DEFAULT_MAX_SIZE,
+    ) -> None:
+        if not (lost_after_s > 0 and math.isfinite(lost_after_s)):
+            raise ValueError(f"lost_after_s must be a positive number, not {lost_after_s!r}")
+        self.namespace = namespace or Namespace()
+        self.lost_after_s = lost_after_s
+        self.max_message_bytes = max_message_bytes
+        self._views: dict[tuple[str, str], DroneView] = {}
+        self._prefix = self.namespace.prefix
+        self.applied = 0
+        self.duplicate = 0
+        self.stale = 0
+        self.rejected: dict[str, int] = dict.fromkeys(Rejection, 0)
+        self.records_applied = 0
+        self.records_ignored = 0
+
+    # ------------------------------------------------------------------ readers
+
+    def view(self, site: str, drone: str) -> DroneView | None:
+        """The current view of one drone, or ``None`` if nothing is known about it"""
+        return self._views.get((site, drone))
+
+    def views(self) -> Mapping[tuple[str, str], DroneView]:
+        """A consistent, read-only copy of every view, keyed by ``(site, drone)``"""
+        return MappingProxyType(self._views.copy())  # dict.copy() runs under the GIL
+
+    def __len__(self) -> int:
+        return len(self._views)
+
+    def metrics(self) -> Metrics:
+        views = self._views.copy()
+        return Metrics(
+            applied=self.applied,
+            duplicate=self.duplicate,
+            stale=self.stale,
+            rejected=MappingProxyType({str(k): v for k, v in self.rejected.items()}),
+            records_applied=self.records_applied,
+            records_ignored=self.records_ignored,
+            drones=len(views),
+            lost=sum(view.lost for view in views.values()),
+        )
+
+    # ------------------------------------------------------------------ events
+
+    def reject(self, reason: Rejection, subject: str, error: object) -> Applied:
+        """Count and log a rejected message; nothing else changes"""
+        self.rejected[reason] += 1
+        log.warning("rejected %s on %s: %s", reason, subject, error, extra={"subject": subject})
+        return Applied.REJECTED
+
+    def apply_message(self, data: bytes, subject: str, received_time: float) -> Applied:
+        """
+        Decode, check and apply one event as it came off the stream
+
+        Never raises for bad input: an invalid message is counted under its
+        :class:`Rejection` reason, logged, and changes no state.
+        """
+        if len(data) > self.max_message_bytes:
+            return self.reject(
+                Rejection.OVERSIZED,
+                subject,
+                f"{len(data)} bytes exceed the limit of {self.max_message_bytes} bytes",
+            )
+        try:
+            # the same strict decoder as events.decode_event, without its wrapper;
+            # anything it does not accept goes through decode_event for the reason
+            event = _decode(data)
+            if event.v != SCHEMA_VERSION:
+                raise msgspec.ValidationError
+        except (msgspec.ValidationError, msgspec.DecodeError):
+            try:
+                event = decode_event(data, self.max_message_bytes)
+            except SchemaError as err:
+                return self.reject(Rejection.MALFORMED, subject, err)
+        return self.apply(event, subject, received_time)
+
+    def replay_message(self, data: bytes, subject: str, received_time: float) -> Applied:
+        """
+        :meth:`apply_message` for a replay, which is mostly events already superseded
+
+        An event whose ``seq`` is not newer than the newest event known for the
+        drone of its subject (nor, for a heartbeat, than its newest heartbeat)
+        is counted as stale or duplicate *without* being decoded and validated
+        in full: it could not change anything. Everything else goes through
+        :meth:`apply_message`.
+        """
+        parts = subject.split(".")
+        if len(parts) == 5:
+            old = self._views.get((parts[1], parts[2]))
+            if old is not None and old.event is not None:
+                try:
+                    seq = _decode_head(data).seq
+                except (msgspec.ValidationError, msgspec.DecodeError):
+                    seq = -1
+                known = old.event.seq
+                newest_beat = old.heartbeat_seq if old.heartbeat_seq is not None else -1
+                if 0 <= seq <= known and (parts[4] != "heartbeat" or seq <= newest_beat):
+                    if seq == known:
+                        self.duplicate += 1
+                        return Applied.DUPLICATE
+                    self.stale += 1
+                    return Applied.STALE
+        return self.apply_message(data, subject, received_time)
+
+    def apply(self, event: AnyEvent, subject: str, received_time: float) -> Applied:
+        """
+        Apply one decoded event that arrived on ``subject``
+
+        :param received_time: when the event reached the bus (epoch seconds)
+        :returns: whether it changed the drone's state, and if not, why not
+        """
+        # the sender check of events.check_sender, inlined: this runs per message
+        parts = subject.split(".")
+        if len(parts) != 5 or parts[0] != self._prefix or parts[3] != "evt":
+            return self.reject(Rejection.SUBJECT, subject, "not an event subject")
+        site = event.site
+        drone = event.drone
+        kind = _KINDS[type(event)]
+        if parts[1] != site or parts[2] != drone or parts[4] != kind:
+            return self.reject(
+                Rejection.SENDER,
+                subject,
+                f"event {kind!r} for {site}/{drone} arrived on the subject of "
+                f"{parts[1]}/{parts[2]} ({parts[4]!r})",
+            )
+        key = (site, drone)
+        old = self._views.get(key)
+        seq = event.seq
+        heartbeat = isinstance(event, Heartbeat)
+        if old is not None:
+            newest = old.event
+            if newest is not None and seq <= newest.seq:
+                if seq == newest.seq:
+                    self.duplicate += 1
+                    return Applied.DUPLICATE
+                self.stale += 1
+                if heartbeat and (old.heartbeat_seq is None or seq > old.heartbeat_seq):
+                    # the newest heartbeat is a fact of its own, whatever order it came in
+                    self._views[key] = msgspec.structs.replace(
+                        old,
+                        heartbeat_seq=seq,
+                        heartbeat_time=received_time,
+                        heartbeat_interval_s=event.interval_s,  # type: ignore[union-attr]
+                    )
+                return Applied.STALE
+            if heartbeat:
+                self._views[key] = DroneView(
+                    site=site,
+                    drone=drone,
+                    event=event,
+                    received_time=received_time,
+                    heartbeat_seq=seq,
+                    heartbeat_time=received_time,
+                    heartbeat_interval_s=event.interval_s,  # type: ignore[union-attr]
+                    record=old.record,
+                )
+            else:
+                self._views[key] = DroneView(
+                    site=site,
+                    drone=drone,
+                    event=event,
+                    received_time=received_time,
+                    heartbeat_seq=old.heartbeat_seq,
+                    heartbeat_time=old.heartbeat_time,
+                    heartbeat_interval_s=old.heartbeat_interval_s,
+                    record=old.record,
+                )
+        elif heartbeat:
+            self._views[key] = DroneView(
+                site=site,
+                drone=drone,
+                event=event,
+                received_time=received_time,
+                heartbeat_seq=seq,
+                heartbeat_time=received_time,
+                heartbeat_interval_s=event.interval_s,  # type: ignore[union-attr]
+            )
+        else:
+            self._views[key] = DroneView(
+                site=site, drone=drone, event=event, received_time=received_time
+            )
+        self.applied += 1
+        return Applied.APPLIED
+
+    # ------------------------------------------------------------------ records
+
+    def _record_key(self, key: str) -> tuple[str, str] | None:
+        site, dot, drone = key.partition(".")
+        if not dot or "." in drone:
+            return None
+        return (site, drone)
+
+    def apply_record_message(
+        self, key: str, data: bytes, revision: int, stored_time: float
+    ) -> Applied:
+        """
+        Merge one value of the handshake bucket (from a KV watch)
+
+        Ignores revisions not newer than the known one. A value that is not a
+        valid record, or one whose site or drone disagree with its key, is
+        rejected and counted as :attr:`Rejection.RECORD`.
+        """
+        target = self._record_key(key)
+        if target is None:
+            return self.reject(Rejection.RECORD, key, "not a <site>.<drone> key")
+        try:
+            record = decode_record(data, self.max_message_bytes)
+        except SchemaError as err:
+            return self.reject(Rejection.RECORD, key, err)
+        if (record.site, record.drone) != target:
+            return self.reject(
+                Rejection.RECORD, key, f"record of {record.site}/{record.drone} under key {key!r}"
+            )
+        return self.apply_record(record, revision, stored_time)
+
+    def apply_record(
+        self, record: DroneRecord, revision: int, stored_time: float | None
+    ) -> Applied:
+        """
+        Merge a decoded handshake record at ``revision`` (the KV revision)
+
+        :param stored_time: when the bucket stored it (from the KV watch), or
+            ``None`` for a record the manager just read or wrote itself
+        """
+        key = (record.site, record.drone)
+        old = self._views.get(key)
+        if old is not None and old.record is not None and old.record.revision >= revision:
+            if old.record.revision == revision and old.record.stored is None and stored_time:
+                confirmed = msgspec.structs.replace(old.record, stored=stored_time)
+                self._views[key] = msgspec.structs.replace(old, record=confirmed)
+            self.records_ignored += 1
+            return Applied.DUPLICATE if old.record.revision == revision else Applied.STALE
+        new_record = RecordView(
+            phase=record.phase,
+            writer=record.writer,
+            revision=revision,
+            incarnation=record.incarnation,
+            drain=record.drain,
+            at=record.at.timestamp(),
+            stored=stored_time,
+            note=record.note,
+        )
+        if old is None:
+            old = DroneView(site=record.site, drone=record.drone)
+        self._views[key] = msgspec.structs.replace(old, record=new_record)
+        self.records_applied += 1
+        return Applied.APPLIED
+
+    def forget_record(self, key: str, revision: int) -> None:
+        """A KV delete or purge of ``key`` at ``revision``: the drone has no record any more"""
+        target = self._record_key(key)
+        old = self._views.get(target) if target is not None else None
+        if old is None or old.record is None or old.record.revision >= revision:
+            return
+        assert target is not None
+        if old.event is None:
+            del self._views[target]
+        else:
+            self._views[target] = msgspec.structs.replace(old, record=None)
+        self.records_applied += 1
+
+    # ------------------------------------------------------------------ liveness
+
+    def mark_lost(self, now: float) -> list[DroneView]:
+        """
+        Mark every drone without a sign of life for :attr:`lost_after_s` as lost
+
+        :param now: the current time, epoch seconds
+        :returns: the views of the drones that became lost with this call
+        """
+        newly: list[DroneView] = []
+        limit = self.lost_after_s
+        for key, view in list(self._views.items()):
+            lost = view.is_lost(now, limit)
+            if lost != view.lost:
+                updated = msgspec.structs.replace(view, lost=lost)
+                self._views[key] = updated
+                if lost:
+                    newly.append(updated)
+                    log.warning(
+                        "drone %s/%s lost: no sign of life for %.0fs",
+                        view.site,
+                        view.drone,
+                        now - (view.last_seen or now),
+                        extra={"drone": view.drone, "site": view.site},
+                    )
+        return newly
+
+
+def finished(view: DroneView) -> bool:
+    """Whether the drone's agent said its very last word (its state is ``exiting``)"""
+    return view.state is DroneState.EXITING

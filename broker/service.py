@@ -1,0 +1,545 @@
+"""
+The manager side as one long-running service
+
+:class:`ManagerService` owns the connection, the durable consumer on the
+event stream, the watch on the handshake bucket, the registry and the
+periodic lost-marking. Its :meth:`~ManagerService.run` never returns and never
+raises (COBalD aborts the daemon on either): connection and server failures
+are logged and retried.
+
+:func:`rebuild` restores a registry after a restart from the stream and the
+bucket (``docs/architecture.md``, "Rebuilding the registry"):
+
+1. read the newest heartbeat of every drone (a ``LAST_PER_SUBJECT``
+   consumer on ``<prefix>.*.*.evt.heartbeat``) and apply it;
+2. replay every event from the oldest of those heartbeats that belongs to a
+   drone still active (not ``exiting``, heard from within the replay
+   horizon) up to the stream's end at the start, applying by ``seq`` so that
+   older events are dropped;
+3. load every handshake record.
+
+The durable consumer then carries on from its last acknowledgement; what it
+delivers again is dropped by ``seq``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import gc
+import logging
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
+
+from remote_agent.events import Namespace
+from remote_agent.handshake import RecordStore
+
+from .consumer import (
+    DEFAULT_DURABLE,
+    ConsumerGone,
+    Disposition,
+    Handler,
+    PullConsumer,
+    PullSettings,
+    api_prefix,
+    durable_config,
+    ensure_consumer,
+    metadata,
+    read_all,
+    stored_time,
+)
+from .control import DEFAULT_REQUEST_TIMEOUT_S, Control
+from .errors import BrokerError
+from .registry import DEFAULT_LOST_AFTER_S, Applied, Registry, finished
+
+log = logging.getLogger(__name__)
+
+_KV_OPERATION = "KV-Operation"
+_KV_MARKER = "Nats-Marker-Reason"
+_KV_REMOVALS = frozenset({"DEL", "PURGE"})
+_MARKER_REMOVALS = frozenset({"MaxAge", "Purge", "Remove"})
+
+
+def event_handler(registry: Registry) -> Handler:
+    """
+    The consumer's handler: apply each event to ``registry``, then say ack or term
+
+    The event's time of arrival is the time the stream stored it (from the
+    reply subject), so a replay after a restart sees the same times.
+    Rejected events are termed: redelivering them could never help.
+    """
+    apply = registry.apply_message
+    rejected = Applied.REJECTED
+    ack = Disposition.ACK
+    term = Disposition.TERM
+
+    def handle(
+        subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
+    ) -> Disposition:
+        try:
+            received = stored_time(reply)
+        except ValueError:
+            received = time.time()
+        return term if apply(data, subject, received) is rejected else ack
+
+    return handle
+
+
+# ---------------------------------------------------------------------- records
+
+
+class RecordFeed:
+    """
+    Applies handshake-bucket messages to the registry, remembering how far it got
+
+    :param prefix: ``$KV.<bucket>.``; the rest of each subject is the key
+    """
+
+    def __init__(self, registry: Registry, bucket: str) -> None:
+        self.registry = registry
+        self.prefix = f"$KV.{bucket}."
+        self.next_seq = 1
+
+    def __call__(
+        self, subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
+    ) -> Disposition:
+        seq, _, stored, _ = metadata(reply)
+        self.next_seq = max(self.next_seq, seq + 1)
+        key = subject.removeprefix(self.prefix)
+        if headers and (
+            headers.get(_KV_OPERATION) in _KV_REMOVALS
+            or headers.get(_KV_MARKER) in _MARKER_REMOVALS
+        ):
+            self.registry.forget_record(key, seq)
+        else:
+            self.registry.apply_record_message(key, data, seq, stored)
+        return Disposition.ACK
+
+
+def _record_stream(namespace: Namespace) -> str:
+    return f"KV_{namespace.record_bucket}"
+
+
+async def load_records(
+    nc: Client, js: JetStreamContext, registry: Registry, *, api: str = "$JS.API"
+) -> RecordFeed:
+    """
+    Load every handshake record into ``registry``
+
+    :returns: the feed, whose ``next_seq`` is where a watch for later changes starts
+    """
+    ns = registry.namespace
+    stream = _record_stream(ns)
+    feed = RecordFeed(registry, ns.record_bucket)
+    last = (await js.stream_info(stream)).state.last_seq
+    await read_all(
+        nc,
+        js,
+        stream,
+        ConsumerConfig(
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            filter_subject=f"$KV.{ns.record_bucket}.>",
+        ),
+        feed,
+        headers=True,
+        api=api,
+    )
+    feed.next_seq = max(feed.next_seq, last + 1)
+    return feed
+
+
+async def watch_records(
+    nc: Client,
+    js: JetStreamContext,
+    feed: RecordFeed,
+    stop: asyncio.Event,
+    *,
+    api: str = "$JS.API",
+    settings: PullSettings | None = None,
+    on_pull: list[PullConsumer] | None = None,
+) -> None:
+    """
+    Apply every later change of the handshake bucket until ``stop`` is set
+
+    An ephemeral ``AckPolicy.NONE`` consumer from ``feed.next_seq``; when the
+    server loses it (a restart, a long disconnect) it is created again from
+    where the feed got to.
+    """
+    ns = feed.registry.namespace
+    stream = _record_stream(ns)
+    settings = settings or PullSettings(batch=200, expires_s=5.0, idle_heartbeat_s=1.0)
+    while not stop.is_set():
+        try:
+            info = await js.add_consumer(
+                stream,
+                ConsumerConfig(
+                    deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                    opt_start_seq=feed.next_seq,
+                    ack_policy=AckPolicy.NONE,
+                    filter_subject=f"$KV.{ns.record_bucket}.>",
+                    inactive_threshold=30.0,
+                    mem_storage=True,
+                    num_replicas=1,
+                ),
+            )
+        except (nats.errors.Error, TimeoutError) as err:  # JetStream not back yet
+            log.info("cannot watch the handshake bucket yet (%s); retrying", err)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), settings.idle_heartbeat_s)
+            continue
+        pull = PullConsumer(
+            nc, stream, info.name, feed, acks=False, headers=True, settings=settings, api=api
+        )
+        if on_pull is not None:
+            on_pull.append(pull)
+        try:
+            await pull.run(stop)
+        except ConsumerGone as err:
+            log.info("record watch lost its consumer (%s); creating it again", err)
+        finally:
+            if on_pull is not None:
+                on_pull.remove(pull)
+            if stop.is_set():
+                with contextlib.suppress(nats.errors.Error, TimeoutError):
+                    await js.delete_consumer(stream, info.name)
+
+
+# ---------------------------------------------------------------------- rebuild
+
+
+@dataclass(frozen=True, slots=True)
+class RebuildReport:
+    """What :func:`rebuild` read, and from where"""
+
+    heartbeats: int  #: newest heartbeats read (one per drone that ever sent one)
+    replayed: int  #: events replayed after them
+    records: int  #: handshake records loaded
+    start_seq: int  #: stream sequence the replay started at (0: no replay)
+    last_seq: int  #: the event stream's last sequence when the rebuild started
+    skipped: int  #: drones whose replay was skipped (exited, or silent beyond the horizon)
+    seconds: float  #: in all; then by step
+    heartbeat_s: float
+    replay_s: float
+    records_s: float
+    record_next_seq: int = field(default=1)  #: where a record watch continues
+
+
+async def rebuild(
+    nc: Client,
+    js: JetStreamContext,
+    registry: Registry,
+    *,
+    replay_horizon_s: float | None = None,
+    now: float | None = None,
+    api: str = "$JS.API",
+    pause_gc: bool = True,
+) -> tuple[RebuildReport, RecordFeed]:
+    """
+    Restore ``registry`` from the event stream and the handshake bucket
+
+    Safe to run into a registry that already holds state: everything merges
+    by ``seq`` and revision.
+
+    :param replay_horizon_s: drones whose newest heartbeat is older than this
+        are not replayed (they are long lost; their view is their last
+        heartbeat); default ``2 * lost_after_s``, which bounds the replay
+        to that much of the stream's traffic
+    :param now: the current time, epoch seconds
+    :param pause_gc: pause Python's cyclic garbage collector while reading.
+        The rebuild allocates hundreds of thousands of acyclic objects that
+        all stay alive, and every collection would scan the growing heap
+        again (measured: half the decoding time at 100,000 drones). Nothing
+        else is changed; the collector is re-enabled afterwards if it was on.
+    :returns: what was read, and the record feed to continue watching with
+    """
+    collecting = pause_gc and gc.isenabled()
+    if collecting:
+        gc.disable()
+    try:
+        return await _rebuild(nc, js, registry, replay_horizon_s, now, api)
+    finally:
+        if collecting:
+            gc.enable()
+
+
+async def _rebuild(
+    nc: Client,
+    js: JetStreamContext,
+    registry: Registry,
+    replay_horizon_s: float | None,
+    now: float | None,
+    api: str,
+) -> tuple[RebuildReport, RecordFeed]:
+    started = time.perf_counter()
+    ns = registry.namespace
+    stream = ns.event_stream
+    now = time.time() if now is None else now
+    horizon = now - (
+        replay_horizon_s if replay_horizon_s is not None else 2 * registry.lost_after_s
+    )
+    last_seq = (await js.stream_info(stream)).state.last_seq
+
+    newest: dict[tuple[str, str], int] = {}
+    apply = registry.apply_message
+
+    def on_heartbeat(
+        subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
+    ) -> None:
+        seq, _, stored, _ = metadata(reply)
+        if apply(data, subject, stored) is not Applied.REJECTED:
+            parts = subject.split(".")
+            newest[(parts[1], parts[2])] = seq
+
+    heartbeats = await read_all(
+        nc,
+        js,
+        stream,
+        ConsumerConfig(
+            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
+            filter_subject=f"{ns.prefix}.*.*.evt.heartbeat",
+        ),
+        on_heartbeat,
+        api=api,
+    )
+    active: list[int] = []
+    skipped = 0
+    for key, seq in newest.items():
+        view = registry.view(*key)
+        if view is None or finished(view) or (view.heartbeat_time or 0.0) < horizon:
+            skipped += 1
+        else:
+            active.append(seq)
+    # with nobody active, replay what came after the newest heartbeat: drones
+    # that started since then and have not sent a heartbeat yet
+    start = min(active) + 1 if active else max(newest.values(), default=0) + 1
+
+    heartbeats_done = time.perf_counter()
+    replayed = 0
+    if start <= last_seq:
+        replay = registry.replay_message
+
+        def on_event(
+            subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
+        ) -> None:
+            replay(data, subject, stored_time(reply))
+
+        replayed = await read_all(
+            nc,
+            js,
+            stream,
+            ConsumerConfig(
+                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
+                opt_start_seq=start,
+                filter_subject=ns.all_events,
+            ),
+            on_event,
+            api=api,
+        )
+    else:
+        start = 0
+    replay_done = time.perf_counter()
+    feed = await load_records(nc, js, registry, api=api)
+    done = time.perf_counter()
+    report = RebuildReport(
+        heartbeats=heartbeats,
+        replayed=replayed,
+        records=registry.records_applied,
+        start_seq=start,
+        last_seq=last_seq,
+        skipped=skipped,
+        seconds=done - started,
+        heartbeat_s=heartbeats_done - started,
+        replay_s=replay_done - heartbeats_done,
+        records_s=done - replay_done,
+        record_next_seq=feed.next_seq,
+    )
+    log.info(
+        "registry rebuilt in %.2fs: %d drones from %d heartbeats, %d replayed events "
+        "(from seq %d to %d), %d records",
+        report.seconds,
+        len(registry),
+        heartbeats,
+        replayed,
+        start,
+        last_seq,
+        report.records,
+    )
+    return report, feed
+
+
+# ---------------------------------------------------------------------- the service
+
+
+@dataclass(frozen=True, slots=True)
+class ManagerSettings:
+    """
+    How the manager connects and consumes
+
+    :param servers: NATS URLs (several for a cluster)
+    :param creds: NATS credentials file of the manager
+    :param domain: JetStream domain (leaf-node deployments)
+    :param durable: name of the durable consumer on the event stream
+    :param lost_after_s: seconds without a sign of life after which a drone is lost
+    :param lost_check_s: how often drones are checked for being lost
+    :param retry_s: wait before reconnecting after the connection or the consumer failed
+    :param request_timeout_s: how long commands wait for an agent's answer
+    :param replay_horizon_s: see :func:`rebuild`
+    """
+
+    servers: Sequence[str] = ("nats://127.0.0.1:4222",)
+    creds: str | None = None
+    namespace: Namespace = field(default_factory=Namespace)
+    domain: str | None = None
+    durable: str = DEFAULT_DURABLE
+    ack_wait_s: float = 30.0
+    lost_after_s: float = DEFAULT_LOST_AFTER_S
+    lost_check_s: float = 5.0
+    retry_s: float = 5.0
+    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    replay_horizon_s: float | None = None
+    pull: PullSettings = field(default_factory=PullSettings)
+
+
+class ManagerService:
+    """
+    The registry kept current from the bus, and the control API over it
+
+    ``await service.run()`` runs until :meth:`stop` (inside COBalD: forever).
+    :attr:`registry` is usable from the start (empty until the first
+    rebuild); :attr:`control` once :attr:`ready` is set.
+    """
+
+    def __init__(self, settings: ManagerSettings, registry: Registry | None = None) -> None:
+        self.settings = settings
+        if registry is None:
+            registry = Registry(settings.namespace, lost_after_s=settings.lost_after_s)
+        self.registry = registry
+        self.control: Control | None = None
+        self.ready = asyncio.Event()
+        self.last_rebuild: RebuildReport | None = None
+        self.failures = 0
+        self._stop = asyncio.Event()
+        self._pulls: list[PullConsumer] = []
+        self._api = api_prefix(settings.domain)
+
+    def stop(self) -> None:
+        """Ask :meth:`run` to end (tests and the CLI; COBalD never stops it)"""
+        self._stop.set()
+
+    async def run(self) -> None:
+        """Connect, rebuild, consume; on any failure log, wait and start over. Never raises."""
+        while not self._stop.is_set():
+            try:
+                await self._session()
+            except asyncio.CancelledError:
+                raise
+            except Exception as err:  # never let one failure end the service
+                self.failures += 1
+                log.warning(
+                    "manager session failed, retrying in %.0fs: %s",
+                    self.settings.retry_s,
+                    _describe(err),
+                    exc_info=not isinstance(err, BrokerError | nats.errors.Error | OSError),
+                )
+            finally:
+                self.ready.clear()
+                self.control = None
+            if not self._stop.is_set():
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop.wait(), self.settings.retry_s)
+
+    async def _session(self) -> None:
+        settings = self.settings
+        nc = await nats.connect(
+            list(settings.servers),
+            name="cobald-remote-manager",
+            user_credentials=settings.creds,
+            # fail the first connect after a few tries (the loop retries it, and
+            # can be stopped meanwhile); once connected, reconnect forever
+            max_reconnect_attempts=3,
+            reconnect_time_wait=1.0,
+            connect_timeout=5,
+            reconnected_cb=self._reconnected,
+            disconnected_cb=self._disconnected,
+            error_cb=self._error,
+        )
+        nc.options["max_reconnect_attempts"] = -1  # read on every reconnect (-1: forever)
+        try:
+            js = nc.jetstream(domain=settings.domain)
+            ns = self.registry.namespace
+            config = durable_config(ns.all_events, settings.durable, ack_wait_s=settings.ack_wait_s)
+            # create the durable before the rebuild reads the stream's end, so
+            # no event falls between the two
+            await ensure_consumer(js, ns.event_stream, config)
+            report, feed = await rebuild(
+                nc,
+                js,
+                self.registry,
+                replay_horizon_s=settings.replay_horizon_s,
+                api=self._api,
+            )
+            self.last_rebuild = report
+            store = await RecordStore.open(js, ns)
+            self.control = Control(
+                nc, store, self.registry, request_timeout_s=settings.request_timeout_s
+            )
+            consumer = PullConsumer(
+                nc,
+                ns.event_stream,
+                settings.durable,
+                event_handler(self.registry),
+                settings=settings.pull,
+                api=self._api,
+            )
+            self._pulls.append(consumer)
+            self.ready.set()
+            try:
+                async with asyncio.TaskGroup() as tg:
+                    tasks = [
+                        tg.create_task(consumer.run(self._stop)),
+                        tg.create_task(
+                            watch_records(
+                                nc, js, feed, self._stop, api=self._api, on_pull=self._pulls
+                            )
+                        ),
+                        tg.create_task(self._mark_lost()),
+                    ]
+                    await self._stop.wait()
+                    for task in tasks:
+                        task.cancel()
+            finally:
+                self._pulls.clear()
+        finally:
+            with contextlib.suppress(Exception):
+                await nc.close()
+
+    async def _mark_lost(self) -> None:
+        while not self._stop.is_set():
+            self.registry.mark_lost(time.time())
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._stop.wait(), self.settings.lost_check_s)
+
+    async def _reconnected(self) -> None:
+        log.info("reconnected to NATS")
+        for pull in list(self._pulls):
+            await pull.reconnected()
+
+    async def _disconnected(self) -> None:
+        log.warning("disconnected from NATS; reconnecting")
+
+    async def _error(self, err: Exception) -> None:
+        log.debug("nats: %r", err)
+
+
+def _describe(err: BaseException) -> str:
+    if isinstance(err, BaseExceptionGroup):
+        return "; ".join(_describe(e) for e in err.exceptions)
+    return f"{type(err).__name__}: {err}"

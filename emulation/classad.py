@@ -1,0 +1,468 @@
+"""
+Just enough of the ClassAd language for the emulated startd
+
+Written independently of ``remote_agent/classad.py`` on purpose: the emulator
+checks the product, so it must not share the product's parser.
+
+Supported: literals (integers, reals, strings, ``true``/``false``/``undefined``/
+``error``), attribute references (``MY.`` and ``TARGET.`` scopes), ``!``, unary
+``-``, ``* / %``, ``+ -``, comparisons, ``==``/``!=`` (case-insensitive on
+strings), ``=?=``/``=!=`` (``is``/``isnt``), ``&&``, ``||``, ``?:``, and the
+functions ``time()``, ``ifThenElse``, ``isUndefined``, ``isError``. Logic is
+three-valued as in HTCondor: ``undefined && false`` is ``false``.
+"""
+
+from __future__ import annotations
+
+import re
+import time
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from typing import Union
+
+
+class _Undefined:
+    def __repr__(self) -> str:
+        return "undefined"
+
+
+class _Error:
+    def __repr__(self) -> str:
+        return "error"
+
+
+UNDEFINED = _Undefined()
+ERROR = _Error()
+Value = Union[bool, int, float, str, _Undefined, _Error]  # noqa: UP007 (runtime alias)
+
+
+class ClassAdSyntaxError(ValueError):
+    """An expression the emulator cannot parse"""
+
+
+_TOKEN_RE = re.compile(
+    r"""\s*(?:
+        (?P<real>\d+\.\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)
+      | (?P<int>\d+)
+      | (?P<str>"(?:[^"\\]|\\.)*")
+      | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)
+      | (?P<op>=\?=|=!=|==|!=|<=|>=|&&|\|\||[-+*/%<>!?:(),])
+    )""",
+    re.VERBOSE,
+)
+
+
+def _tokens(text: str) -> list[tuple[str, str]]:
+    out: list[tuple[str, str]] = []
+    pos = 0
+    text = text.rstrip()
+    while pos < len(text):
+        match = _TOKEN_RE.match(text, pos)
+        if not match or match.end() == pos:
+            raise ClassAdSyntaxError(f"cannot parse {text!r} at {text[pos:]!r}")
+        kind = match.lastgroup or ""
+        out.append((kind, match.group(kind)))
+        pos = match.end()
+    return out
+
+
+class Node:
+    """A parsed expression"""
+
+    def eval(self, scope: Scope) -> Value:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class Literal(Node):
+    value: Value
+
+    def eval(self, scope: Scope) -> Value:
+        return self.value
+
+
+@dataclass(frozen=True)
+class Attr(Node):
+    name: str
+
+    def eval(self, scope: Scope) -> Value:
+        return scope.lookup(self.name)
+
+
+@dataclass(frozen=True)
+class Unary(Node):
+    op: str
+    operand: Node
+
+    def eval(self, scope: Scope) -> Value:
+        value = self.operand.eval(scope)
+        if value is ERROR or value is UNDEFINED:
+            return value
+        if self.op == "!":
+            return (not value) if isinstance(value, bool) else ERROR
+        if isinstance(value, bool) or not isinstance(value, int | float):
+            return ERROR
+        return -value if self.op == "-" else value
+
+
+@dataclass(frozen=True)
+class Binary(Node):
+    op: str
+    left: Node
+    right: Node
+
+    def eval(self, scope: Scope) -> Value:
+        if self.op == "&&":
+            return _and(self.left.eval(scope), lambda: self.right.eval(scope))
+        if self.op == "||":
+            return _or(self.left.eval(scope), lambda: self.right.eval(scope))
+        left, right = self.left.eval(scope), self.right.eval(scope)
+        if self.op in ("=?=", "=!="):
+            same = type(left) is type(right) and left == right
+            return same if self.op == "=?=" else not same
+        if left is ERROR or right is ERROR:
+            return ERROR
+        if left is UNDEFINED or right is UNDEFINED:
+            return UNDEFINED
+        return _compare_or_compute(self.op, left, right)
+
+
+@dataclass(frozen=True)
+class Conditional(Node):
+    test: Node
+    then: Node
+    otherwise: Node
+
+    def eval(self, scope: Scope) -> Value:
+        test = self.test.eval(scope)
+        if test is UNDEFINED or test is ERROR:
+            return test
+        if not isinstance(test, bool):
+            return ERROR
+        return self.then.eval(scope) if test else self.otherwise.eval(scope)
+
+
+@dataclass(frozen=True)
+class Call(Node):
+    name: str
+    args: tuple[Node, ...]
+
+    def eval(self, scope: Scope) -> Value:
+        name = self.name.casefold()
+        if name == "time" and not self.args:
+            return int(time.time())
+        if name == "ifthenelse" and len(self.args) == 3:
+            return Conditional(*self.args).eval(scope)
+        if name == "isundefined" and len(self.args) == 1:
+            return self.args[0].eval(scope) is UNDEFINED
+        if name == "iserror" and len(self.args) == 1:
+            return self.args[0].eval(scope) is ERROR
+        return ERROR
+
+
+def _and(left: Value, right: Callable[[], Value]) -> Value:
+    if left is False:
+        return False
+    if left is ERROR or not (isinstance(left, bool) or left is UNDEFINED):
+        return ERROR
+    value = right()
+    if value is False:
+        return False
+    if value is ERROR or not (isinstance(value, bool) or value is UNDEFINED):
+        return ERROR
+    return UNDEFINED if UNDEFINED in (left, value) else True
+
+
+def _or(left: Value, right: Callable[[], Value]) -> Value:
+    if left is True:
+        return True
+    if left is ERROR or not (isinstance(left, bool) or left is UNDEFINED):
+        return ERROR
+    value = right()
+    if value is True:
+        return True
+    if value is ERROR or not (isinstance(value, bool) or value is UNDEFINED):
+        return ERROR
+    return UNDEFINED if UNDEFINED in (left, value) else False
+
+
+def _compare_or_compute(op: str, left: Value, right: Value) -> Value:
+    if isinstance(left, str) and isinstance(right, str):
+        a, b = left.casefold(), right.casefold()
+        comparisons = {"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b}
+        if op in comparisons:
+            return comparisons[op]
+        return (a >= b) if op == ">=" else ERROR
+    if isinstance(left, bool) and isinstance(right, bool) and op in ("==", "!="):
+        return (left == right) if op == "==" else (left != right)
+    numeric = (int, float)
+    if (
+        isinstance(left, bool)
+        or isinstance(right, bool)
+        or not isinstance(left, numeric)
+        or not isinstance(right, numeric)
+    ):
+        return ERROR
+    if op == "==":
+        return left == right
+    if op == "!=":
+        return left != right
+    if op == "<":
+        return left < right
+    if op == "<=":
+        return left <= right
+    if op == ">":
+        return left > right
+    if op == ">=":
+        return left >= right
+    if op == "+":
+        return left + right
+    if op == "-":
+        return left - right
+    if op == "*":
+        return left * right
+    if right == 0:
+        return ERROR
+    if op == "/":
+        return left // right if isinstance(left, int) and isinstance(right, int) else left / right
+    return left % right
+
+
+class _Parser:
+    _LEVELS = (("||",), ("&&",), ("==", "!=", "=?=", "=!="), ("<", "<=", ">", ">="))
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.tokens = _tokens(text)
+        self.pos = 0
+
+    def peek(self) -> tuple[str, str] | None:
+        return self.tokens[self.pos] if self.pos < len(self.tokens) else None
+
+    def take(self, value: str | None = None) -> tuple[str, str]:
+        token = self.peek()
+        if token is None or (value is not None and token[1] != value):
+            raise ClassAdSyntaxError(f"expected {value or 'more'} in {self.text!r}")
+        self.pos += 1
+        return token
+
+    def at_op(self, *ops: str) -> str | None:
+        token = self.peek()
+        if token and token[0] in ("op", "name") and token[1].casefold() in ops:
+            return token[1].casefold()
+        return None
+
+    def parse(self) -> Node:
+        node = self.conditional()
+        if self.peek() is not None:
+            raise ClassAdSyntaxError(f"unexpected {self.peek()} in {self.text!r}")
+        return node
+
+    def conditional(self) -> Node:
+        test = self.binary(0)
+        if self.at_op("?"):
+            self.take("?")
+            then = self.conditional()
+            self.take(":")
+            return Conditional(test, then, self.conditional())
+        return test
+
+    def binary(self, level: int) -> Node:
+        if level == len(self._LEVELS):
+            return self.additive()
+        node = self.binary(level + 1)
+        ops = self._LEVELS[level] + (("is", "isnt") if level == 2 else ())
+        while op := self.at_op(*ops):
+            self.pos += 1
+            op = {"is": "=?=", "isnt": "=!="}.get(op, op)
+            node = Binary(op, node, self.binary(level + 1))
+        return node
+
+    def additive(self) -> Node:
+        node = self.multiplicative()
+        while op := self.at_op("+", "-"):
+            self.pos += 1
+            node = Binary(op, node, self.multiplicative())
+        return node
+
+    def multiplicative(self) -> Node:
+        node = self.unary()
+        while op := self.at_op("*", "/", "%"):
+            self.pos += 1
+            node = Binary(op, node, self.unary())
+        return node
+
+    def unary(self) -> Node:
+        if op := self.at_op("!", "-", "+"):
+            self.pos += 1
+            return Unary(op, self.unary())
+        return self.primary()
+
+    def primary(self) -> Node:
+        kind, text = self.take()
+        if kind == "int":
+            return Literal(int(text))
+        if kind == "real":
+            return Literal(float(text))
+        if kind == "str":
+            return Literal(_unescape(text[1:-1]))
+        if kind == "op" and text == "(":
+            node = self.conditional()
+            self.take(")")
+            return node
+        if kind == "name":
+            folded = text.casefold()
+            keywords: dict[str, Value] = {
+                "true": True,
+                "false": False,
+                "undefined": UNDEFINED,
+                "error": ERROR,
+            }
+            if folded in keywords:
+                return Literal(keywords[folded])
+            if self.at_op("("):
+                self.take("(")
+                args: list[Node] = []
+                while not self.at_op(")"):
+                    args.append(self.conditional())
+                    if not self.at_op(")"):
+                        self.take(",")
+                self.take(")")
+                return Call(text, tuple(args))
+            return Attr(text)
+        raise ClassAdSyntaxError(f"unexpected {text!r} in {self.text!r}")
+
+
+def _unescape(body: str) -> str:
+    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
+
+
+def parse(text: str) -> Node:
+    """
+    One expression
+
+    :raises ClassAdSyntaxError: not in the supported subset
+    """
+    return _Parser(text).parse()
+
+
+class Scope:
+    """Attribute lookup for evaluation: ``MY`` attributes, then ``TARGET`` for ``TARGET.x``"""
+
+    def __init__(
+        self, my: Mapping[str, Node], target: Mapping[str, Node] | None = None, depth: int = 0
+    ) -> None:
+        self.my = {k.casefold(): v for k, v in my.items()}
+        self.target = {k.casefold(): v for k, v in (target or {}).items()}
+        self.depth = depth
+
+    def lookup(self, name: str) -> Value:
+        if self.depth > 20:
+            return ERROR
+        folded = name.casefold()
+        table = self.my
+        if folded.startswith("my."):
+            folded = folded[3:]
+        elif folded.startswith("target."):
+            folded, table = folded[7:], self.target
+        node = table.get(folded)
+        if node is None and table is self.my:
+            node = self.target.get(folded)
+        if node is None:
+            return UNDEFINED
+        return node.eval(self._child())
+
+    def _child(self) -> Scope:
+        child = Scope.__new__(Scope)
+        child.my, child.target, child.depth = self.my, self.target, self.depth + 1
+        return child
+
+
+def evaluate(
+    expression: str | Node, my: Mapping[str, Node], target: Mapping[str, Node] | None = None
+) -> Value:
+    """``expression`` in the context of ad ``my`` (and ``target``); ``ERROR`` if unparsable"""
+    try:
+        node = parse(expression) if isinstance(expression, str) else expression
+    except ClassAdSyntaxError:
+        return ERROR
+    return node.eval(Scope(my, target))
+
+
+def literal(value: Value) -> Node:
+    """A Python value as an expression node"""
+    return Literal(value)
+
+
+def unparse_value(value: Value) -> str:
+    """A value as HTCondor prints it in ``-long`` output"""
+    if value is UNDEFINED:
+        return "undefined"
+    if value is ERROR:
+        return "error"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, str):
+        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    return repr(value) if isinstance(value, float) else str(value)
+
+
+class Ad:
+    """
+    A ClassAd: attribute name (case-insensitive) -> expression, printed in ``-long`` form
+
+    ``source`` keeps each expression's text as given, so that expressions that
+    are not literals print as written.
+    """
+
+    def __init__(self) -> None:
+        self.nodes: dict[str, Node] = {}
+        self.names: dict[str, str] = {}
+        self.source: dict[str, str] = {}
+
+    def set(self, name: str, value: Value) -> None:
+        self.nodes[name.casefold()] = Literal(value)
+        self.names[name.casefold()] = name
+        self.source[name.casefold()] = unparse_value(value)
+
+    def set_expr(self, name: str, text: str) -> None:
+        """
+        :raises ClassAdSyntaxError: ``text`` is not in the supported subset
+        """
+        self.nodes[name.casefold()] = parse(text)
+        self.names[name.casefold()] = name
+        self.source[name.casefold()] = text.strip()
+
+    def remove(self, name: str) -> None:
+        for table in (self.nodes, self.names, self.source):
+            table.pop(name.casefold(), None)
+
+    def get(self, name: str) -> Value:
+        node = self.nodes.get(name.casefold())
+        return UNDEFINED if node is None else node.eval(Scope(self.nodes))
+
+    def update(self, other: Ad) -> None:
+        self.nodes.update(other.nodes)
+        self.names.update(other.names)
+        self.source.update(other.source)
+
+    def long(self) -> str:
+        """``Attr = value`` lines sorted case-insensitively, as ``sPrintAdAttrs`` does"""
+        return "".join(f"{self.names[key]} = {self.source[key]}\n" for key in sorted(self.names))
+
+    @classmethod
+    def from_long(cls, text: str) -> Ad:
+        """
+        An ad from ``Attr = expr`` lines
+
+        :raises ClassAdSyntaxError: a line is not an assignment or its expression does not parse
+        """
+        ad = cls()
+        for line in text.splitlines():
+            if not line.strip() or line.lstrip().startswith("#"):
+                continue
+            name, sep, expr = line.partition("=")
+            if not sep or not re.fullmatch(r"\s*[A-Za-z_][A-Za-z0-9_]*\s*", name):
+                raise ClassAdSyntaxError(f"not an attribute assignment: {line!r}")
+            ad.set_expr(name.strip(), expr)
+        return ad

@@ -1,0 +1,171 @@
+"""
+Driving an emulated execution point: the control socket protocol and a client
+
+The emulated master listens on :func:`~emulation.paths.control_socket_path` of
+its state directory. A client connects, writes one JSON object and a newline,
+and reads one JSON object and a newline back. Operations (``op``):
+
+==================  ===============================================  ==============================
+op                  fields                                           reply (besides ``ok``)
+==================  ===============================================  ==============================
+``offer``           ``job_id`` ("12.0"), ``duration_s``,              ``outcome``: ``started``,
+                    ``exit_code`` (0), ``owner``                      ``idle``, ``held``,
+                                                                     ``rejected`` (``reason``),
+                                                                     ``vacated``; ``slot``
+``status``                                                           slots, drain, gate extras
+``restart_startd``                                                   (only when no job runs)
+``shutdown``        ``fast`` (bool)                                  like SIGTERM / SIGQUIT
+``ready_ad``,       (used by the fake ``condor_who``,
+``slot_ads``,       ``condor_drain`` and
+``locate``,         ``condor_update_machine_ad``)
+``drain``,
+``cancel_drain``,
+``update_machine_ad``
+==================  ===============================================  ==============================
+
+An ``offer`` is answered once the PREPARE_JOB hook has decided; the payload
+then runs on in the emulator. What happened is in the ground truth file
+(``groundtruth.py``). From a shell::
+
+    python -m emulation offer STATE_DIR 12.0 30
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+from .groundtruth import read_ground_truth
+from .paths import GROUND_TRUTH_FILE, control_socket_path
+
+
+class EmulatorUnavailable(Exception):
+    """Nobody answers on the control socket"""
+
+
+def request_sync(path: Path, request: dict[str, Any], timeout_s: float = 20.0) -> dict[str, Any]:
+    """
+    One request, blocking (for the fake tools)
+
+    :raises EmulatorUnavailable: no socket, nobody listening, or no answer in time
+    """
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect(str(path))
+            sock.sendall(json.dumps(request).encode() + b"\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError as err:
+        raise EmulatorUnavailable(f"{path}: {err}") from err
+    try:
+        reply = json.loads(data)
+    except json.JSONDecodeError as err:
+        raise EmulatorUnavailable(f"{path}: bad reply {data[:200]!r}") from err
+    if not isinstance(reply, dict):
+        raise EmulatorUnavailable(f"{path}: bad reply {reply!r}")
+    return reply
+
+
+class EmulatorControl:
+    """Asynchronous client of one emulated execution point, for tests and the demo"""
+
+    def __init__(self, state_dir: Path) -> None:
+        self.state_dir = Path(state_dir)
+        self.socket = control_socket_path(self.state_dir)
+
+    async def request(self, op: str, *, timeout_s: float = 120.0, **fields: Any) -> dict[str, Any]:
+        """
+        :raises EmulatorUnavailable: no emulated master answers
+        """
+        try:
+            async with asyncio.timeout(timeout_s):
+                reader, writer = await asyncio.open_unix_connection(str(self.socket))
+                try:
+                    writer.write(json.dumps({"op": op, **fields}).encode() + b"\n")
+                    await writer.drain()
+                    line = await reader.readline()
+                finally:
+                    writer.close()
+        except (OSError, TimeoutError) as err:
+            raise EmulatorUnavailable(f"{self.socket}: {err}") from err
+        if not line:
+            raise EmulatorUnavailable(f"{self.socket}: no reply to {op}")
+        reply: dict[str, Any] = json.loads(line)
+        return reply
+
+    async def offer(
+        self,
+        job_id: str,
+        duration_s: float,
+        *,
+        exit_code: int = 0,
+        owner: str = "emulated",
+        timeout_s: float = 120.0,
+    ) -> dict[str, Any]:
+        """Offer a job; the reply says whether it started (see the module doc)"""
+        return await self.request(
+            "offer",
+            job_id=job_id,
+            duration_s=duration_s,
+            exit_code=exit_code,
+            owner=owner,
+            timeout_s=timeout_s,
+        )
+
+    async def status(self) -> dict[str, Any]:
+        return await self.request("status")
+
+    async def wait_ready(self, timeout_s: float = 60.0) -> dict[str, Any]:
+        """
+        Wait until the emulated startd answers
+
+        :raises TimeoutError: not within ``timeout_s``
+        """
+        async with asyncio.timeout(timeout_s):
+            while True:
+                try:
+                    status = await self.status()
+                    if status.get("startd_ready"):
+                        return status
+                except EmulatorUnavailable:
+                    pass
+                await asyncio.sleep(0.05)
+
+    def ground_truth(self) -> list[dict[str, Any]]:
+        return read_ground_truth(self.state_dir / GROUND_TRUTH_FILE)
+
+    async def wait_for(
+        self,
+        event: str,
+        *,
+        timeout_s: float = 60.0,
+        where: Callable[[dict[str, Any]], bool] | None = None,
+        **fields: Any,
+    ) -> dict[str, Any]:
+        """
+        The first ground-truth ``event`` whose fields match (and ``where`` holds)
+
+        :raises TimeoutError: none within ``timeout_s``
+        """
+        deadline = time.monotonic() + timeout_s
+        while True:
+            for entry in self.ground_truth():
+                if entry.get("event") != event:
+                    continue
+                if any(entry.get(key) != value for key, value in fields.items()):
+                    continue
+                if where is None or where(entry):
+                    return entry
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"no {event} {fields} within {timeout_s:g}s")
+            await asyncio.sleep(0.05)

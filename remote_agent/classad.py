@@ -1,0 +1,174 @@
+"""
+Reading and writing HTCondor's long-form ClassAds (``Attr = value`` lines)
+
+HTCondor hands ads to job hooks on stdin and prints them with ``-long``: one
+``Attr = value`` line per attribute, ads separated by blank lines. This module
+reads exactly that, leniently (a line that is not an assignment is skipped, a
+value that is not a literal is kept as its expression text), and quotes
+strings for the lines a hook prints back. It evaluates nothing.
+
+It is deliberately small and free of heavy imports: the job hooks import it on
+every payload start (see ``docs/htcondor.md``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterator, Mapping
+
+#: an attribute assignment; names may carry a scope (``MY.Foo``) or dots
+_LINE_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*=\s*(.*?)\s*$")
+_INT_RE = re.compile(r"^[+-]?\d+$")
+_REAL_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
+_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "/": "/"}
+
+
+class Expr(str):
+    """A value that is not a literal, kept as its ClassAd expression text"""
+
+    __slots__ = ()
+
+
+#: a parsed value; ``None`` is ClassAd ``undefined``
+Value = str | int | float | bool | Expr | None
+
+
+class ClassAd(Mapping[str, Value]):
+    """One ad; attribute names are case-insensitive, as in HTCondor"""
+
+    def __init__(self, items: Mapping[str, Value] | None = None) -> None:
+        self._items: dict[str, tuple[str, Value]] = {}
+        for name, value in (items or {}).items():
+            self[name] = value
+
+    def __setitem__(self, name: str, value: Value) -> None:
+        self._items[name.casefold()] = (name, value)
+
+    def __getitem__(self, name: str) -> Value:
+        return self._items[name.casefold()][1]
+
+    def __contains__(self, name: object) -> bool:
+        return isinstance(name, str) and name.casefold() in self._items
+
+    def __iter__(self) -> Iterator[str]:
+        return (name for name, _ in self._items.values())
+
+    def __len__(self) -> int:
+        return len(self._items)
+
+    def __repr__(self) -> str:
+        return f"ClassAd({dict(self.items())!r})"
+
+    def string(self, name: str) -> str | None:
+        """The attribute as a string, if it is one"""
+        value = self.get(name)
+        return value if isinstance(value, str) and not isinstance(value, Expr) else None
+
+    def integer(self, name: str) -> int | None:
+        """The attribute as an integer (also from an integral real or a digit string)"""
+        value = self.get(name)
+        if isinstance(value, bool) or value is None:
+            return None
+        if isinstance(value, int):
+            return value
+        if isinstance(value, float):
+            return int(value) if value.is_integer() else None
+        if _INT_RE.match(value.strip()):
+            return int(value)
+        return None
+
+    def real(self, name: str) -> float | None:
+        """The attribute as a number"""
+        value = self.get(name)
+        if isinstance(value, bool) or value is None:
+            return None
+        if isinstance(value, int | float):
+            return float(value)
+        try:
+            return float(value)
+        except ValueError:
+            return None
+
+    def boolean(self, name: str) -> bool | None:
+        """The attribute as a boolean (``true``/``false``, case-insensitive)"""
+        value = self.get(name)
+        return value if isinstance(value, bool) else None
+
+
+def _unquote(text: str) -> str | None:
+    """The string literal ``"..."`` as its value, or ``None`` if it is not exactly one"""
+    if len(text) < 2 or text[0] != '"' or text[-1] != '"':
+        return None
+    out: list[str] = []
+    index, end = 1, len(text) - 1
+    while index < end:
+        char = text[index]
+        if char == '"':
+            return None  # an unescaped quote: an expression such as "a" + "b"
+        if char == "\\" and index + 1 < end:
+            nxt = text[index + 1]
+            out.append(_ESCAPES.get(nxt, "\\" + nxt))
+            index += 2
+            continue
+        out.append(char)
+        index += 1
+    return "".join(out)
+
+
+def parse_value(text: str) -> Value:
+    """One value as HTCondor prints it; anything that is not a literal becomes :class:`Expr`"""
+    text = text.strip()
+    folded = text.casefold()
+    if folded == "true":
+        return True
+    if folded == "false":
+        return False
+    if folded == "undefined":
+        return None
+    if _INT_RE.match(text):
+        return int(text)
+    if _REAL_RE.match(text):
+        return float(text)
+    unquoted = _unquote(text)
+    if unquoted is not None:
+        return unquoted
+    return Expr(text)
+
+
+def parse_ads(text: str) -> list[ClassAd]:
+    """
+    All ads in ``text``; blank lines separate ads
+
+    Lines that are not ``Attr = value`` (banners, ``[``/``]`` of the new syntax,
+    comments) are skipped, so a garbled line loses one attribute, not the ad.
+    """
+    ads: list[ClassAd] = []
+    current = ClassAd()
+    for line in text.splitlines():
+        if not line.strip():
+            if current:
+                ads.append(current)
+                current = ClassAd()
+            continue
+        match = _LINE_RE.match(line)
+        if match:
+            current[match.group(1)] = parse_value(match.group(2))
+    if current:
+        ads.append(current)
+    return ads
+
+
+def parse_ad(text: str) -> ClassAd:
+    """One ad from ``text``, ignoring blank lines (as a hook's stdin is one ad)"""
+    ad = ClassAd()
+    for found in parse_ads(text):
+        for name, value in found.items():
+            ad[name] = value
+    return ad
+
+
+def quote(text: str) -> str:
+    """``text`` as a ClassAd string literal on one line"""
+    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
+    escaped = escaped.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
+    return f'"{escaped}"'

@@ -1,0 +1,107 @@
+"""
+``cobald-remote agent ...``: the drone job's entry point
+
+``agent run [options] -- WORKER_COMMAND...`` runs the :class:`~remote_agent.agent.Agent`
+around the worker; ``agent hook ...`` (from :mod:`remote_agent.hooks`) are the
+commands the startd's job hooks run. ``broker/cli.py`` adds this group to the
+``cobald-remote`` parser with :func:`add_commands`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import importlib.util
+import logging
+import sys
+from typing import Any
+
+from .errors import AgentError, SettingsError
+from .logs import JsonLines
+from .settings import Settings, add_options, from_args
+
+log = logging.getLogger(__name__)
+
+#: exit code for a configuration the agent cannot run with (as argparse uses)
+EXIT_USAGE = 2
+#: exit code when the agent itself fails (spool locked, gate socket unusable, ...)
+EXIT_AGENT_ERROR = 1
+
+
+def add_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``agent`` group (``run`` and, if installed, ``hook ...``)"""
+    agent = groups.add_parser("agent", help="the drone agent: run it around the drone's worker")
+    commands = agent.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    run = commands.add_parser(
+        "run",
+        help="supervise WORKER_COMMAND, publish the drone's lifecycle, obey commands",
+        usage="cobald-remote agent run [options] -- WORKER_COMMAND...",
+        description="Run the drone agent around WORKER_COMMAND (normally condor_master -f). "
+        "Options default to the environment variables in brackets; see docs/agent.md.",
+    )
+    add_options(run)
+    run.add_argument(
+        "--log-format", choices=["json", "text"], default="json", help="log lines (default json)"
+    )
+    run.add_argument(
+        "--log-level",
+        choices=["debug", "info", "warning", "error"],
+        default="info",
+        help="least severity logged (default info)",
+    )
+    run.add_argument("worker", nargs=argparse.REMAINDER, metavar="-- WORKER_COMMAND...")
+    run.set_defaults(run=run_agent)
+    if importlib.util.find_spec("remote_agent.hooks") is not None:
+        from .hooks import add_hook_commands
+
+        add_hook_commands(commands)
+
+
+def _configure_logging(args: argparse.Namespace) -> None:
+    root = logging.getLogger()
+    root.setLevel(getattr(logging, args.log_level.upper()))
+    if args.log_format == "json":
+        for handler in root.handlers or [logging.StreamHandler(sys.stderr)]:
+            handler.setFormatter(JsonLines())
+            if handler not in root.handlers:
+                root.addHandler(handler)
+
+
+def run_agent(args: argparse.Namespace) -> int:
+    """``agent run``: the exit code is the worker's (see docs/agent.md for the others)"""
+    _configure_logging(args)
+    try:
+        settings = from_args(args)
+    except SettingsError as err:
+        print(f"cobald-remote agent: {err}", file=sys.stderr)
+        return EXIT_USAGE
+    try:
+        return asyncio.run(serve(settings))
+    except AgentError as err:
+        print(f"cobald-remote agent: {err}", file=sys.stderr)
+        return EXIT_AGENT_ERROR
+
+
+async def serve(settings: Settings) -> int:
+    """Run the agent with the real startd (unless ``--no-startd``) and the gate socket"""
+    from .agent import Agent
+
+    startd: Any = None
+    if settings.startd:
+        # the HTCondor side lives in its own module; imported only when it is used
+        from .htcondor import CondorStartd
+
+        startd = CondorStartd()
+    agent = Agent(settings, startd=startd)
+    if importlib.util.find_spec("remote_agent.gate") is None:
+        return await agent.run(handle_signals=True)
+    from .gate import GateServer
+
+    gate = GateServer(settings.gate_socket, agent)
+    # the worker's daemons, their starters and the hooks inherit where the gate is
+    agent.worker_env.update(gate.environment())
+    await gate.start()
+    try:
+        return await agent.run(handle_signals=True)
+    finally:
+        await gate.close()

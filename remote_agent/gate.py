@@ -1,0 +1,511 @@
+"""
+The local gate: a Unix socket on which the agent answers HTCondor's job hooks
+
+The starter runs ``HOOK_PREPARE_JOB`` before every payload and ``HOOK_JOB_EXIT``
+after it (``deploy/htcondor/``). Both hooks are short-lived processes
+(:mod:`remote_agent.hooks`) that ask the agent over this socket. The agent
+answers in its own event loop, with the *synchronous* :class:`GateHandler`
+methods, so a payload start and a drain are serialized: one of them happens
+first (``remote_agent/interfaces.py``).
+
+Wire format (local IPC between the hook and the agent of one installation, not
+bus schema): the hook connects, writes **one** MessagePack map, half-closes
+(``shutdown(SHUT_WR)``) and reads **one** map back. Requests and replies are the
+msgspec structs below, tagged by ``op``. A request larger than
+:data:`MAX_REQUEST_BYTES`, one that does not decode, or one of an unknown
+version gets a :class:`GateErrorReply`, is logged and counted in
+:attr:`GateServer.counts`, and reaches no handler.
+
+How a hook finds the socket without configuration (``docs/htcondor.md``):
+
+1. ``--socket PATH`` on the hook's command line (tests, unusual setups);
+2. the environment variable :data:`GATE_ENV`, which the agent exports to its
+   worker (``condor_master``); the master's daemons, the starters and their
+   hooks inherit it;
+3. the deterministic fallback :func:`fallback_gate_path`: the agent also links
+   ``/tmp/cobald-remote-gate-<agent pid>.sock`` to its socket, and the hook walks
+   its own ancestors (hook -> starter -> startd -> master -> agent) looking for
+   such a link owned by the ancestor's user.
+
+The hook side (:func:`ask`) uses only blocking sockets: importing asyncio would
+add ~50 ms to every payload start, so the server imports it lazily.
+"""
+
+from __future__ import annotations
+
+import collections
+import contextlib
+import logging
+import os
+import socket
+import stat
+import sys
+import time
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import TYPE_CHECKING, Annotated, Final
+
+import msgspec
+
+from .errors import AgentError
+from .events import PayloadEnd
+from .interfaces import GATE_CLOSED_STATUS, GateDecision, GateHandler, JobStart
+
+if TYPE_CHECKING:
+    import asyncio
+
+log = logging.getLogger(__name__)
+
+#: environment variable naming the gate socket; exported by the agent to its worker
+GATE_ENV: Final = "COBALD_REMOTE_GATE"
+#: environment variable naming the Python that runs the hooks (the agent's own)
+PYTHON_ENV: Final = "COBALD_REMOTE_PYTHON"
+#: version of the request/reply format below
+GATE_PROTOCOL_VERSION: Final = 1
+#: the largest request the server reads, in bytes (a request is ~100 bytes)
+MAX_REQUEST_BYTES: Final = 4096
+#: the largest reply the hook reads, in bytes
+MAX_REPLY_BYTES: Final = 4096
+#: how long the server waits for a connected hook to send its request, in seconds
+REQUEST_TIMEOUT_S: Final = 5.0
+#: directory of the fallback links; fixed, because TMPDIR differs inside a starter
+FALLBACK_DIR: Final = Path("/tmp")
+#: longest path ``AF_UNIX`` accepts on Linux (``sun_path`` is 108 bytes with the NUL)
+MAX_SOCKET_PATH: Final = 107
+
+JobIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]+$")]
+ShortText = Annotated[str, msgspec.Meta(max_length=256)]
+Seconds = Annotated[float, msgspec.Meta(ge=0)]
+
+
+class GateError(AgentError):
+    """The gate socket could not be served"""
+
+
+class GateUnavailable(Exception):
+    """The hook could not get an answer from the agent (no socket, timeout, bad reply)"""
+
+
+# --------------------------------------------------------------------------- protocol
+
+
+class GateRequest(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
+    """What a hook asks; ``v`` is :data:`GATE_PROTOCOL_VERSION`"""
+
+    v: int = GATE_PROTOCOL_VERSION
+
+
+class PrepareJobRequest(GateRequest, frozen=True, kw_only=True, tag="prepare_job"):
+    """HOOK_PREPARE_JOB: may this payload start?"""
+
+    job_id: JobIdText
+    slot: ShortText = ""
+    owner: ShortText = ""
+
+
+class JobExitRequest(GateRequest, frozen=True, kw_only=True, tag="job_exit"):
+    """HOOK_JOB_EXIT: this payload ended"""
+
+    job_id: JobIdText
+    how: PayloadEnd
+    #: the payload's exit code; negative: killed by that signal; None: unknown
+    exit_code: int | None = None
+    duration_s: Seconds | None = None
+
+
+class GateReply(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
+    """What the agent answers"""
+
+
+class GateDecisionReply(GateReply, frozen=True, kw_only=True, tag="decision"):
+    """The answer to :class:`PrepareJobRequest`"""
+
+    allow: bool
+    #: for a refusal: the ``HookStatusCode`` to print (always >= 300)
+    status_code: int = 0
+    message: ShortText = ""
+
+
+class GateAck(GateReply, frozen=True, kw_only=True, tag="ack"):
+    """The answer to :class:`JobExitRequest`"""
+
+
+class GateErrorReply(GateReply, frozen=True, kw_only=True, tag="error"):
+    """The request was not acted upon"""
+
+    error: ShortText
+
+
+AnyGateRequest = PrepareJobRequest | JobExitRequest
+AnyGateReply = GateDecisionReply | GateAck | GateErrorReply
+
+_encoder = msgspec.msgpack.Encoder()
+_request_decoder = msgspec.msgpack.Decoder(AnyGateRequest)
+_reply_decoder = msgspec.msgpack.Decoder(AnyGateReply)
+
+
+def encode(message: AnyGateRequest | AnyGateReply) -> bytes:
+    """One request or reply as MessagePack"""
+    return _encoder.encode(message)
+
+
+def decode_request(data: bytes) -> AnyGateRequest:
+    """
+    A request from the wire, strictly
+
+    :raises msgspec.DecodeError: not MessagePack, or not a valid request
+    :raises ValueError: a version this code does not speak
+    """
+    request = _request_decoder.decode(data)
+    if request.v != GATE_PROTOCOL_VERSION:
+        raise ValueError(f"unsupported gate protocol version {request.v}")
+    return request
+
+
+def decode_reply(data: bytes) -> AnyGateReply:
+    """
+    A reply from the wire
+
+    :raises msgspec.DecodeError: not MessagePack, or not a valid reply
+    """
+    return _reply_decoder.decode(data)
+
+
+def _short(text: str, limit: int = 200) -> str:
+    """One line of at most ``limit`` characters, for messages that travel on"""
+    line = " ".join(text.split())
+    return line if len(line) <= limit else line[: limit - 3] + "..."
+
+
+# --------------------------------------------------------------------------- finding the socket
+
+
+def fallback_gate_path(pid: int) -> Path:
+    """The link a hook finds by walking its ancestors, for the agent with ``pid``"""
+    return FALLBACK_DIR / f"cobald-remote-gate-{pid}.sock"
+
+
+def worker_environment(path: Path) -> dict[str, str]:
+    """The variables the agent adds to its worker's environment so that hooks find it"""
+    return {GATE_ENV: str(path), PYTHON_ENV: sys.executable}
+
+
+def _parent_pid(pid: int) -> int | None:
+    try:
+        with open(f"/proc/{pid}/stat", "rb") as stream:
+            data = stream.read()
+    except OSError:
+        return None
+    # the command name (field 2) may contain spaces and parentheses: split after the last ')'
+    fields = data[data.rfind(b")") + 2 :].split()
+    try:
+        return int(fields[1])
+    except (IndexError, ValueError):
+        return None
+
+
+def _ancestors(pid: int, limit: int = 32) -> Iterator[int]:
+    current: int | None = pid
+    for _ in range(limit):
+        current = _parent_pid(current) if current else None
+        if not current or current <= 1:
+            return
+        yield current
+
+
+def find_gate_path(environ: Mapping[str, str] = os.environ, pid: int | None = None) -> Path | None:
+    """
+    Where the agent's gate socket is, as seen by a hook; ``None`` if nowhere
+
+    Tries :data:`GATE_ENV`, then the fallback link of each ancestor of ``pid``
+    (default: this process). A fallback link counts only if it is owned by the
+    user that runs the ancestor it names, so another local user cannot plant one.
+    """
+    named = environ.get(GATE_ENV, "").strip()
+    if named:
+        return Path(named)
+    for ancestor in _ancestors(pid if pid is not None else os.getpid()):
+        candidate = fallback_gate_path(ancestor)
+        try:
+            link = candidate.lstat()
+            owner = os.stat(f"/proc/{ancestor}").st_uid
+        except OSError:
+            continue
+        if link.st_uid == owner and (stat.S_ISLNK(link.st_mode) or stat.S_ISSOCK(link.st_mode)):
+            return candidate
+    return None
+
+
+# --------------------------------------------------------------------------- hook side
+
+
+def ask(path: Path, request: AnyGateRequest, timeout_s: float) -> AnyGateReply:
+    """
+    Send one request to the gate at ``path`` and wait at most ``timeout_s`` for the reply
+
+    Blocking on purpose (see the module doc).
+
+    :raises GateUnavailable: no socket, nobody listening, timeout, or a reply
+        that does not decode
+    """
+    deadline = time.monotonic() + timeout_s
+
+    def remaining() -> float:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            raise TimeoutError(f"no answer within {timeout_s:g}s")
+        return left
+
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(remaining())
+            sock.connect(os.fspath(path))
+            sock.settimeout(remaining())
+            sock.sendall(encode(request))
+            sock.shutdown(socket.SHUT_WR)
+            chunks: list[bytes] = []
+            size = 0
+            while True:
+                sock.settimeout(remaining())
+                chunk = sock.recv(MAX_REPLY_BYTES + 1)
+                if not chunk:
+                    break
+                chunks.append(chunk)
+                size += len(chunk)
+                if size > MAX_REPLY_BYTES:
+                    raise GateUnavailable(f"reply from {path} larger than {MAX_REPLY_BYTES} bytes")
+    except (OSError, TimeoutError) as err:
+        raise GateUnavailable(f"cannot ask the agent at {path}: {err}") from err
+    try:
+        return decode_reply(b"".join(chunks))
+    except msgspec.DecodeError as err:
+        raise GateUnavailable(f"invalid reply from {path}: {err}") from err
+
+
+# --------------------------------------------------------------------------- agent side
+
+
+def _peer(writer: asyncio.StreamWriter) -> dict[str, int]:
+    """pid/uid/gid of the connected hook (Linux ``SO_PEERCRED``), for the log"""
+    sock = writer.get_extra_info("socket")
+    if sock is None or not hasattr(socket, "SO_PEERCRED"):
+        return {}
+    try:
+        raw = sock.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED, 12)
+    except OSError:
+        return {}
+    pid, uid, gid = (int.from_bytes(raw[i : i + 4], sys.byteorder) for i in (0, 4, 8))
+    return {"peer_pid": pid, "peer_uid": uid, "peer_gid": gid}
+
+
+class GateServer:
+    """
+    Serve the gate socket at ``path`` for ``handler``
+
+    ``mode`` is applied to the socket file. The default lets any local user
+    connect, because the hooks run as the *job's* user, which differs from the
+    agent's when the startd runs as root; access is then confined by the
+    directories on the way to ``path`` (a drone's 0700 scratch directory keeps
+    other users out). Whoever can connect can only ask questions and report
+    payload ends: the startd, not the gate, starts payloads.
+
+    Counters in :attr:`counts`: ``prepare_job``, ``allowed``, ``refused``,
+    ``job_exit``, and the errors ``oversized``, ``malformed``, ``timeout``,
+    ``handler_error``, ``reply_failed``.
+    """
+
+    def __init__(
+        self,
+        path: Path,
+        handler: GateHandler,
+        *,
+        mode: int = 0o666,
+        fallback_link: bool = True,
+        request_timeout_s: float = REQUEST_TIMEOUT_S,
+    ) -> None:
+        self.path = Path(path)
+        self.handler = handler
+        self.mode = mode
+        self.request_timeout_s = request_timeout_s
+        self.counts: collections.Counter[str] = collections.Counter()
+        self._fallback = fallback_gate_path(os.getpid()) if fallback_link else None
+        self._server: asyncio.Server | None = None
+        self._inode: tuple[int, int] | None = None
+
+    def environment(self) -> dict[str, str]:
+        """What the worker's environment needs so that hooks find this gate"""
+        return worker_environment(self.path)
+
+    async def start(self) -> None:
+        """
+        Bind the socket (replacing a stale one) and start answering
+
+        :raises GateError: the path is too long for ``AF_UNIX``, is in use by a
+            live gate, or is something other than a socket
+        """
+        import asyncio
+
+        if len(os.fsencode(self.path)) > MAX_SOCKET_PATH:
+            raise GateError(
+                f"gate socket path {self.path} is longer than {MAX_SOCKET_PATH} bytes;"
+                f" use a shorter one such as {fallback_gate_path(os.getpid())}"
+            )
+        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        self._remove_stale(self.path)
+        try:
+            self._server = await asyncio.start_unix_server(self._serve, path=os.fspath(self.path))
+            os.chmod(self.path, self.mode)
+        except OSError as err:
+            raise GateError(f"cannot serve the gate at {self.path}: {err}") from err
+        info = self.path.stat()
+        self._inode = (info.st_dev, info.st_ino)
+        self._link_fallback()
+        log.info("gate listening on %s", self.path, extra={"fallback": str(self._fallback)})
+
+    async def close(self) -> None:
+        """Stop answering and remove the socket file and the fallback link"""
+        if self._server is not None:
+            self._server.close()
+            await self._server.wait_closed()
+            self._server = None
+        try:
+            info = self.path.stat()
+            if (info.st_dev, info.st_ino) == self._inode:
+                self.path.unlink()
+        except OSError:
+            pass
+        if self._fallback is not None:
+            try:
+                if self._fallback.is_symlink() and Path(os.readlink(self._fallback)) == self.path:
+                    self._fallback.unlink()
+            except OSError:
+                pass
+
+    def _remove_stale(self, path: Path) -> None:
+        try:
+            info = path.lstat()
+        except FileNotFoundError:
+            return
+        if not stat.S_ISSOCK(info.st_mode):
+            raise GateError(f"{path} exists and is not a socket; not replacing it")
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+            probe.settimeout(1.0)
+            try:
+                probe.connect(os.fspath(path))
+            except OSError:
+                log.info("removing stale gate socket %s", path)
+                path.unlink()
+                return
+        raise GateError(f"another process already serves a gate at {path}")
+
+    @staticmethod
+    def _sweep_stale_links() -> None:
+        """Remove our fallback links left by agents that were killed (their PID is gone)"""
+        for link in FALLBACK_DIR.glob("cobald-remote-gate-*.sock"):
+            try:
+                pid = int(link.name.removeprefix("cobald-remote-gate-").removesuffix(".sock"))
+                if link.lstat().st_uid != os.getuid() or pid <= 0:
+                    continue
+                os.kill(pid, 0)
+            except ProcessLookupError:
+                with contextlib.suppress(OSError):
+                    link.unlink()
+            except (ValueError, OSError):
+                continue
+
+    def _link_fallback(self) -> None:
+        link = self._fallback
+        if link is None or link == self.path:
+            return
+        self._sweep_stale_links()
+        try:
+            if link.is_symlink() or link.exists():
+                if link.lstat().st_uid != os.getuid():
+                    log.warning("fallback gate link %s belongs to someone else; not using it", link)
+                    return
+                link.unlink()
+            link.symlink_to(self.path)
+        except OSError as err:
+            log.warning("cannot create the fallback gate link %s: %s", link, err)
+
+    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        import asyncio
+
+        peer = _peer(writer)
+        try:
+            reply = await self._answer(reader, peer)
+            writer.write(encode(reply))
+            await writer.drain()
+        except (OSError, asyncio.IncompleteReadError) as err:
+            self.counts["reply_failed"] += 1
+            log.warning("gate reply not delivered: %s", err, extra=peer)
+        finally:
+            writer.close()
+            with contextlib.suppress(OSError):
+                await writer.wait_closed()
+
+    async def _answer(self, reader: asyncio.StreamReader, peer: dict[str, int]) -> AnyGateReply:
+        import asyncio
+
+        data = bytearray()
+        try:
+            async with asyncio.timeout(self.request_timeout_s):
+                while len(data) <= MAX_REQUEST_BYTES:
+                    chunk = await reader.read(MAX_REQUEST_BYTES + 1 - len(data))
+                    if not chunk:
+                        break
+                    data += chunk
+        except TimeoutError:
+            self.counts["timeout"] += 1
+            log.warning("gate request not complete within %gs", self.request_timeout_s, extra=peer)
+            return GateErrorReply(error=f"request not complete within {self.request_timeout_s:g}s")
+        if len(data) > MAX_REQUEST_BYTES:
+            self.counts["oversized"] += 1
+            log.warning("gate request over %d bytes rejected", MAX_REQUEST_BYTES, extra=peer)
+            return GateErrorReply(error=f"request larger than {MAX_REQUEST_BYTES} bytes")
+        try:
+            request = decode_request(bytes(data))
+        except (msgspec.DecodeError, ValueError) as err:
+            self.counts["malformed"] += 1
+            log.warning("malformed gate request rejected: %s", err, extra=peer)
+            return GateErrorReply(error=_short(f"malformed request: {err}"))
+        # from here to the reply nothing awaits: the handler decides in one step of the loop
+        return self._dispatch(request, peer)
+
+    def _dispatch(self, request: AnyGateRequest, peer: dict[str, int]) -> AnyGateReply:
+        extra = {**peer, "job": request.job_id}
+        try:
+            if isinstance(request, PrepareJobRequest):
+                self.counts["prepare_job"] += 1
+                decision = self.handler.prepare_job(
+                    JobStart(job_id=request.job_id, slot=request.slot, owner=request.owner)
+                )
+                return self._decision_reply(decision, extra)
+            self.counts["job_exit"] += 1
+            self.handler.job_exited(
+                request.job_id, request.how, request.exit_code, request.duration_s
+            )
+            log.info("payload %s ended (%s)", request.job_id, request.how, extra=extra)
+            return GateAck()
+        except Exception as err:
+            self.counts["handler_error"] += 1
+            log.exception("the agent failed to answer a gate request", extra=extra)
+            return GateErrorReply(error=_short(f"agent error: {type(err).__name__}: {err}"))
+
+    def _decision_reply(
+        self, decision: GateDecision, extra: dict[str, object]
+    ) -> GateDecisionReply:
+        if decision.allow:
+            self.counts["allowed"] += 1
+            log.info("payload %s allowed", extra["job"], extra=extra)
+            return GateDecisionReply(allow=True, message=_short(decision.message))
+        status = decision.status_code
+        if status < 300:
+            # 1-299 would put the user's job on hold: never let a refusal do that
+            log.warning("refusal code %d is not benign; using %d", status, GATE_CLOSED_STATUS)
+            status = GATE_CLOSED_STATUS
+        self.counts["refused"] += 1
+        log.info("payload %s refused (%d)", extra["job"], status, extra=extra)
+        return GateDecisionReply(
+            allow=False, status_code=status, message=_short(decision.message or "refused")
+        )

@@ -1,0 +1,256 @@
+"""
+The agent's connection to NATS and its single, ordered event publisher
+
+One task publishes the spool's events oldest first, one at a time, each with
+``Nats-Msg-Id`` set to the event's id, and removes an event from the spool
+only after JetStream acknowledged it. When the broker is unreachable the task
+waits for the connection to come back and retries the same event with the
+same id: if an earlier attempt was stored after all, JetStream answers
+``duplicate`` and stores nothing (``shared/reference/nats.md`` §2). So events
+reach the stream in order, none is lost while the agent lives, and none is
+stored twice within the stream's dedupe window.
+
+The connection retries forever (``max_reconnect_attempts=-1``), also for the
+first connect, so an agent started while the broker is down catches up once
+it is reachable.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from .spool import Spool, SpooledEvent
+
+log = logging.getLogger(__name__)
+
+#: errors after which the same event is tried again (the broker is away or busy)
+_TRANSIENT = (
+    nats.errors.TimeoutError,
+    nats.errors.NoRespondersError,
+    nats.errors.ConnectionClosedError,
+    nats.errors.ConnectionReconnectingError,
+    nats.errors.OutboundBufferLimitError,
+    nats.errors.StaleConnectionError,
+    nats.js.errors.NoStreamResponseError,  # no stream captures the subject (not provisioned)
+    nats.js.errors.ServiceUnavailableError,
+    nats.js.errors.ServerError,
+    asyncio.TimeoutError,
+    OSError,
+)
+
+
+class Publisher:
+    """
+    The connection and the publishing task; run :meth:`run` as a task
+
+    :param spool: the events to publish, oldest first
+    :param servers: NATS URLs
+    :param name: client name shown by the server (``connz``)
+    :param creds: NATS credentials file
+    :param inbox_prefix: prefix of reply subjects, so per-drone permissions can
+        allow exactly this drone's inboxes
+    :param publish_timeout_s: seconds to wait for one PubAck
+    :param reconnect_wait_s: seconds between connection attempts
+    """
+
+    def __init__(
+        self,
+        spool: Spool,
+        servers: Sequence[str],
+        *,
+        name: str = "cobald-remote-agent",
+        creds: Path | None = None,
+        inbox_prefix: str = "_INBOX",
+        publish_timeout_s: float = 5.0,
+        reconnect_wait_s: float = 2.0,
+    ) -> None:
+        self.spool = spool
+        self.servers = list(servers)
+        self.name = name
+        self.creds = creds
+        self.inbox_prefix = inbox_prefix
+        self.publish_timeout_s = publish_timeout_s
+        self.reconnect_wait_s = reconnect_wait_s
+        #: set while the client is connected
+        self.connected = asyncio.Event()
+        self._nc: Client | None = None
+        self._js: JetStreamContext | None = None
+        self._wake = asyncio.Event()
+        self._empty = asyncio.Event()
+        self._listeners: list[Callable[[], None]] = []
+        self._connect_errors = 0
+        #: events acknowledged (including duplicates), duplicates, events rejected for good
+        self.published = 0
+        self.duplicates = 0
+        self.rejected = 0
+        self.retries = 0
+
+    @property
+    def nc(self) -> Client | None:
+        """The client, once the first connect succeeded"""
+        return self._nc
+
+    @property
+    def js(self) -> JetStreamContext | None:
+        return self._js
+
+    def on_connect(self, listener: Callable[[], None]) -> None:
+        """Call ``listener`` (synchronously) after the first connect and every reconnect"""
+        self._listeners.append(listener)
+
+    def wake(self) -> None:
+        """Tell the publishing task that the spool has a new event"""
+        self._empty.clear()
+        self._wake.set()
+
+    # ------------------------------------------------------------------ connection
+
+    async def _error(self, err: Exception) -> None:
+        self._connect_errors += 1
+        # one line per outage at warning level, the rest at debug: a drone can wait for hours
+        quiet = self.connected.is_set() or self._connect_errors % 100
+        if self._connect_errors == 1 or not quiet:
+            log.warning("nats: %s (%d errors so far)", err, self._connect_errors)
+        else:
+            log.debug("nats: %s", err)
+
+    async def _disconnected(self) -> None:
+        if self.connected.is_set():
+            log.warning("disconnected from the broker; events wait in the spool")
+        self.connected.clear()
+
+    async def _reconnected(self) -> None:
+        url = self._nc.connected_url.netloc if self._nc and self._nc.connected_url else "?"
+        log.info("reconnected to %s; %d events to catch up", url, len(self.spool))
+        self._connected()
+
+    async def _closed(self) -> None:
+        self.connected.clear()
+
+    def _connected(self) -> None:
+        self._connect_errors = 0
+        self.connected.set()
+        self._wake.set()
+        for listener in self._listeners:
+            listener()
+
+    async def connect(self) -> Client:
+        """Connect, retrying for as long as it takes"""
+        nc = await nats.connect(
+            self.servers,
+            name=self.name,
+            user_credentials=str(self.creds) if self.creds else None,
+            inbox_prefix=self.inbox_prefix,
+            max_reconnect_attempts=-1,
+            reconnect_time_wait=self.reconnect_wait_s,
+            connect_timeout=2,
+            error_cb=self._error,
+            disconnected_cb=self._disconnected,
+            reconnected_cb=self._reconnected,
+            closed_cb=self._closed,
+        )
+        self._nc = nc
+        self._js = nc.jetstream(timeout=self.publish_timeout_s)
+        log.info("connected to %s", nc.connected_url.netloc if nc.connected_url else "?")
+        self._connected()
+        return nc
+
+    # ------------------------------------------------------------------ publishing
+
+    async def run(self) -> None:
+        """Connect, then publish the spool's events in order, forever"""
+        while True:
+            try:
+                await self.connect()
+                break
+            except Exception as err:  # nats-py retries I/O itself; this is e.g. bad credentials
+                log.error("cannot connect to %s: %r", ", ".join(self.servers), err)
+                await asyncio.sleep(max(self.reconnect_wait_s, 1.0))
+        delay = 0.0
+        while True:
+            entry = self.spool.peek()
+            if entry is None:
+                self._empty.set()
+                self._wake.clear()
+                await self._wake.wait()
+                continue
+            if not self.connected.is_set():
+                await self.connected.wait()
+            if await self._publish(entry):
+                delay = 0.0
+                continue
+            # a transient failure: back off, but retry at once when the connection returns
+            delay = min(max(delay * 2, 0.05), 2.0)
+            self._wake.clear()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), delay)
+
+    async def _publish(self, entry: SpooledEvent) -> bool:
+        """Publish one event; ``True`` if it left the spool"""
+        assert self._js is not None
+        try:
+            ack = await self._js.publish(
+                entry.subject,
+                entry.data,
+                timeout=self.publish_timeout_s,
+                headers={"Nats-Msg-Id": entry.id},
+            )
+        except _TRANSIENT as err:
+            self.retries += 1
+            log.debug("publishing %s seq %d failed, will retry: %r", entry.kind, entry.seq, err)
+            return False
+        except nats.js.errors.APIError as err:
+            # the stream refuses this event for good (too large, wrong subject): retrying
+            # would block every later event behind it
+            self.rejected += 1
+            self.spool.remove(entry.id)
+            log.error(
+                "the stream rejected %s seq %d, dropping it: %s",
+                entry.kind,
+                entry.seq,
+                err,
+                extra={"event_id": entry.id},
+            )
+            return True
+        self.spool.remove(entry.id)
+        self.published += 1
+        if ack.duplicate:
+            self.duplicates += 1
+            log.debug("%s seq %d was stored already", entry.kind, entry.seq)
+        return True
+
+    async def flush(self, timeout_s: float) -> bool:
+        """
+        Wait until every spooled event is acknowledged, at most ``timeout_s``
+
+        :returns: whether the spool is empty
+        """
+        deadline = time.monotonic() + timeout_s
+        while len(self.spool):
+            remaining = deadline - time.monotonic()
+            if remaining <= 0:
+                return False
+            self._empty.clear()
+            self._wake.set()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._empty.wait(), min(remaining, 0.1))
+        return True
+
+    async def close(self) -> None:
+        """Close the connection; events still spooled stay on disk"""
+        nc, self._nc = self._nc, None
+        self.connected.clear()
+        if nc is not None and not nc.is_closed:
+            with contextlib.suppress(nats.errors.Error, OSError, asyncio.TimeoutError):
+                await asyncio.wait_for(nc.close(), 5)

@@ -1,0 +1,357 @@
+"""
+The agent's configuration, parsed once at the edge into a frozen dataclass
+
+Every setting comes from a command-line option, else an environment variable,
+else a default (see ``docs/agent.md`` for the table). The drone's identity
+comes from the environment TARDIS gives each drone job (``TardisDroneUuid``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import os
+import re
+import tempfile
+import urllib.parse
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any, Final, Literal
+
+from .errors import SettingsError
+from .events import DEFAULT_PREFIX, SchemaError, check_token
+
+DeadlinePolicy = Literal["wait", "kill"]
+
+#: what TARDIS site adapters export into every drone job
+TARDIS_UUID_ENV: Final = "TardisDroneUuid"
+#: what cobald-remote's TARDIS integration adds to every drone job's environment
+#: (``broker/tardis_adapter.py``; site adapters prefix each key with ``TardisDrone``),
+#: read when the ``COBALD_REMOTE_*`` variable of the same setting is not set
+TARDIS_SETTINGS_ENV: Final = {
+    "servers": "TardisDroneCobaldRemoteUrl",
+    "site": "TardisDroneCobaldRemoteSite",
+    "prefix": "TardisDroneCobaldRemotePrefix",
+}
+#: a TARDIS drone uuid: the lower-cased site name, a dash, ten hex digits
+_TARDIS_UUID_RE = re.compile(r"^(?P<site>.+)-[0-9a-f]{10}\Z")
+#: URL schemes nats-py connects with
+_URL_SCHEMES: Final = ("nats", "tls", "ws", "wss")
+#: longest path a Unix socket address can hold on Linux (108 bytes with the NUL)
+_MAX_SOCKET_PATH = 107
+
+
+@dataclass(frozen=True, slots=True)
+class Settings:
+    """
+    Everything ``agent run`` needs to know, validated
+
+    :param site: site name (subject token), as the manager knows the site
+    :param drone: the drone's TARDIS uuid (subject token)
+    :param servers: NATS URLs, tried in turn
+    :param worker_command: the supervised command, normally ``condor_master -f``
+    :param creds: NATS credentials file for this drone, if the broker wants one
+    :param prefix: first subject token of everything cobald-remote publishes
+    :param heartbeat_s: seconds between heartbeats (full snapshots)
+    :param poll_s: seconds between ``condor_who`` polls (backstop for the hooks)
+    :param spool_dir: directory of the event spool and (by default) the gate socket
+    :param spool_max_events: events the spool holds before it drops the oldest
+    :param deadline_policy: what to do with payloads still running when a drain's
+        deadline passes: ``wait`` for them, or ``kill`` them (``condor_drain -fast``)
+    :param startd: whether the worker is an HTCondor startd; without one nothing is
+        polled and the gate opens right after the handshake claim
+    :param gate_socket: Unix socket the job hooks use to reach the agent
+    :param end_grace_s: after ``drained``, seconds the worker gets to end by itself
+        (the startd exits on drain completion) before the agent terminates it
+    :param kill_after_s: seconds between terminating the worker and killing it
+    :param exit_flush_s: at exit, seconds to spend publishing the last events
+    :param publish_timeout_s: seconds to wait for one PubAck before retrying
+    :param reconnect_wait_s: seconds between reconnect attempts
+    """
+
+    site: str
+    drone: str
+    servers: tuple[str, ...]
+    worker_command: tuple[str, ...]
+    spool_dir: Path
+    gate_socket: Path
+    creds: Path | None = None
+    prefix: str = DEFAULT_PREFIX
+    heartbeat_s: float = 30.0
+    poll_s: float = 5.0
+    spool_max_events: int = 10_000
+    deadline_policy: DeadlinePolicy = "wait"
+    startd: bool = True
+    end_grace_s: float = 60.0
+    kill_after_s: float = 30.0
+    exit_flush_s: float = 10.0
+    publish_timeout_s: float = 5.0
+    reconnect_wait_s: float = 2.0
+
+    @classmethod
+    def from_env(
+        cls,
+        env: Mapping[str, str] | None = None,
+        *,
+        worker_command: Sequence[str] = (),
+        **options: Any,
+    ) -> Settings:
+        """
+        Build the settings from ``options`` (``None`` values are ignored), else ``env``
+
+        :param env: the environment, ``os.environ`` if omitted
+        :param options: values by field name, as the command line gives them
+        :raises SettingsError: if a value is missing or invalid
+        """
+        env = os.environ if env is None else env
+        given = {k: v for k, v in options.items() if v is not None}
+        unknown = set(given) - {f.name for f in fields(cls)}
+        if unknown:
+            raise SettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
+
+        def pick(name: str, parse: Callable[[str], Any], default: Any = None) -> Any:
+            if name in given:
+                return given[name]
+            raw = env.get(_ENV[name], "").strip()
+            if not raw:
+                return default
+            try:
+                return parse(raw)
+            except ValueError as err:
+                raise SettingsError(f"invalid {_ENV[name]}={raw!r}: {err}") from None
+
+        drone = given.get("drone") or env.get(_ENV["drone"]) or env.get(TARDIS_UUID_ENV)
+        if not drone:
+            raise SettingsError(
+                f"no drone identity: set {TARDIS_UUID_ENV} (TARDIS does) or "
+                f"{_ENV['drone']}, or pass --drone"
+            )
+        site = (
+            given.get("site")
+            or env.get(_ENV["site"])
+            or env.get(TARDIS_SETTINGS_ENV["site"])
+            or _site_of(drone)
+        )
+        if not site:
+            raise SettingsError(
+                f"no site for drone {drone!r} (not a TARDIS uuid <site>-<10 hex>): "
+                f"set {_ENV['site']} or pass --site"
+            )
+        servers = (
+            given.get("servers")
+            or _split_urls(env.get(_ENV["servers"], ""))
+            or _split_urls(env.get(TARDIS_SETTINGS_ENV["servers"], ""))
+        )
+        if not servers:
+            raise SettingsError(f"no broker URL: set {_ENV['servers']} or pass --url")
+        if not worker_command:
+            raise SettingsError("no worker command: give it after '--'")
+        spool_dir = pick("spool_dir", Path) or default_spool_dir(drone, env)
+        creds = pick("creds", Path)
+        if creds is not None and not Path(creds).is_file():
+            raise SettingsError(f"credentials file {str(creds)!r} does not exist")
+        settings = cls(
+            site=site,
+            drone=drone,
+            servers=tuple(servers),
+            worker_command=tuple(worker_command),
+            spool_dir=Path(spool_dir),
+            gate_socket=Path(pick("gate_socket", Path) or default_gate_socket(Path(spool_dir))),
+            creds=Path(creds) if creds is not None else None,
+            prefix=pick(
+                "prefix", str, env.get(TARDIS_SETTINGS_ENV["prefix"], "").strip() or DEFAULT_PREFIX
+            ),
+            heartbeat_s=pick("heartbeat_s", float, 30.0),
+            poll_s=pick("poll_s", float, 5.0),
+            spool_max_events=pick("spool_max_events", int, 10_000),
+            deadline_policy=pick("deadline_policy", str, "wait"),
+            startd=pick("startd", _parse_bool, True),
+            end_grace_s=pick("end_grace_s", float, 60.0),
+            kill_after_s=pick("kill_after_s", float, 30.0),
+            exit_flush_s=pick("exit_flush_s", float, 10.0),
+            publish_timeout_s=pick("publish_timeout_s", float, 5.0),
+            reconnect_wait_s=pick("reconnect_wait_s", float, 2.0),
+        )
+        settings.validate()
+        return settings
+
+    def validate(self) -> None:
+        """:raises SettingsError: if a value is out of range"""
+        try:
+            check_token(self.site, "site")
+            check_token(self.drone, "drone uuid")
+            check_token(self.prefix, "subject prefix")
+        except SchemaError as err:
+            raise SettingsError(str(err)) from None
+        for name in ("heartbeat_s", "poll_s", "publish_timeout_s", "reconnect_wait_s"):
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
+        for name in ("end_grace_s", "kill_after_s", "exit_flush_s"):
+            if not getattr(self, name) >= 0:
+                raise SettingsError(f"{name} must not be negative, not {getattr(self, name)}")
+        if self.spool_max_events < 10:
+            raise SettingsError(
+                f"spool_max_events must be at least 10, not {self.spool_max_events}"
+            )
+        if self.deadline_policy not in ("wait", "kill"):
+            raise SettingsError(
+                f"deadline policy must be 'wait' or 'kill', not {self.deadline_policy!r}"
+            )
+        for url in self.servers:
+            if urllib.parse.urlsplit(url).scheme not in _URL_SCHEMES:
+                raise SettingsError(
+                    f"broker URL {url!r} is not one of {', '.join(_URL_SCHEMES)}://HOST:PORT"
+                )
+        if len(os.fsencode(self.gate_socket)) > _MAX_SOCKET_PATH:
+            raise SettingsError(
+                f"gate socket path is too long for a Unix socket: {self.gate_socket}"
+            )
+
+
+#: the environment variable of each setting
+_ENV: Final = {
+    "drone": "COBALD_REMOTE_DRONE",
+    "site": "COBALD_REMOTE_SITE",
+    "servers": "COBALD_REMOTE_URL",
+    "creds": "COBALD_REMOTE_CREDS",
+    "prefix": "COBALD_REMOTE_PREFIX",
+    "heartbeat_s": "COBALD_REMOTE_HEARTBEAT_S",
+    "poll_s": "COBALD_REMOTE_POLL_S",
+    "spool_dir": "COBALD_REMOTE_SPOOL_DIR",
+    "spool_max_events": "COBALD_REMOTE_SPOOL_MAX_EVENTS",
+    "deadline_policy": "COBALD_REMOTE_DEADLINE_POLICY",
+    "startd": "COBALD_REMOTE_STARTD",
+    "gate_socket": "COBALD_REMOTE_GATE",  # the same variable the hooks read
+    "end_grace_s": "COBALD_REMOTE_END_GRACE_S",
+    "kill_after_s": "COBALD_REMOTE_KILL_AFTER_S",
+    "exit_flush_s": "COBALD_REMOTE_EXIT_FLUSH_S",
+    "publish_timeout_s": "COBALD_REMOTE_PUBLISH_TIMEOUT_S",
+    "reconnect_wait_s": "COBALD_REMOTE_RECONNECT_WAIT_S",
+}
+
+
+def env_name(setting: str) -> str:
+    """The environment variable of a setting, e.g. ``COBALD_REMOTE_URL`` for ``servers``"""
+    return _ENV[setting]
+
+
+def _site_of(drone: str) -> str | None:
+    match = _TARDIS_UUID_RE.match(drone)
+    return match["site"] if match else None
+
+
+def _split_urls(text: str) -> list[str]:
+    return [url.strip() for url in text.split(",") if url.strip()]
+
+
+def _parse_bool(text: str) -> bool:
+    value = text.strip().lower()
+    if value in ("1", "true", "yes", "on"):
+        return True
+    if value in ("0", "false", "no", "off"):
+        return False
+    raise ValueError("expected true/false, yes/no, on/off or 1/0")
+
+
+def default_spool_dir(drone: str, env: Mapping[str, str]) -> Path:
+    """``cobald-remote-<drone>`` in the job's scratch directory, else in ``$TMPDIR``"""
+    base = env.get("_CONDOR_SCRATCH_DIR") or env.get("TMPDIR") or tempfile.gettempdir()
+    return Path(base) / f"cobald-remote-{drone}"
+
+
+def default_gate_socket(spool_dir: Path) -> Path:
+    """``gate.sock`` in the spool directory, or a short name in /tmp if that path is too long"""
+    path = spool_dir / "gate.sock"
+    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+        return path
+    digest = hashlib.sha256(os.fsencode(spool_dir)).hexdigest()[:16]
+    return Path(tempfile.gettempdir()) / f"cobald-remote-{digest}.sock"
+
+
+# --------------------------------------------------------------------------- command line
+
+
+def add_options(parser: argparse.ArgumentParser) -> None:
+    """The options of ``agent run``; each defaults to its environment variable"""
+
+    def add(flag: str, setting: str, help: str, **kwargs: Any) -> None:
+        parser.add_argument(flag, dest=setting, help=f"{help} [${_ENV[setting]}]", **kwargs)
+
+    add("--drone", "drone", f"drone uuid (default ${TARDIS_UUID_ENV})")
+    add("--site", "site", "site name (default: the TARDIS uuid without its last '-' part)")
+    parser.add_argument(
+        "--url",
+        dest="servers",
+        action="append",
+        help=f"NATS URL; repeat for a cluster [${_ENV['servers']}, comma-separated]",
+    )
+    add("--creds", "creds", "NATS credentials file", type=Path)
+    add("--prefix", "prefix", f"first subject token (default {DEFAULT_PREFIX})")
+    add("--heartbeat", "heartbeat_s", "seconds between heartbeats (default 30)", type=float)
+    add("--poll", "poll_s", "seconds between condor_who polls (default 5)", type=float)
+    add(
+        "--spool-dir",
+        "spool_dir",
+        "event spool (default $_CONDOR_SCRATCH_DIR/cobald-remote-DRONE)",
+        type=Path,
+    )
+    add(
+        "--spool-max-events",
+        "spool_max_events",
+        "spool capacity in events (default 10000)",
+        type=int,
+    )
+    add(
+        "--deadline-policy",
+        "deadline_policy",
+        "when a drain deadline passes with payloads: wait, or kill them (default wait)",
+        choices=["wait", "kill"],
+    )
+    add(
+        "--gate-socket",
+        "gate_socket",
+        "Unix socket for the job hooks (default SPOOL_DIR/gate.sock)",
+        type=Path,
+    )
+    add(
+        "--end-grace",
+        "end_grace_s",
+        "seconds the worker gets to end after drained (default 60)",
+        type=float,
+    )
+    add(
+        "--kill-after",
+        "kill_after_s",
+        "seconds from SIGTERM to SIGKILL of the worker (default 30)",
+        type=float,
+    )
+    add(
+        "--exit-flush",
+        "exit_flush_s",
+        "seconds to publish the last events at exit (default 10)",
+        type=float,
+    )
+    parser.add_argument(
+        "--no-startd",
+        dest="startd",
+        action="store_const",
+        const=False,
+        help="the worker is not an HTCondor startd: poll nothing, open the gate after the claim "
+        f"[${_ENV['startd']}=false]",
+    )
+
+
+def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
+    """
+    The settings of ``agent run`` from parsed options and the environment
+
+    :raises SettingsError: if a value is missing or invalid
+    """
+    command = list(args.worker or [])
+    if command[:1] == ["--"]:
+        command = command[1:]
+    options = {name: getattr(args, name, None) for name in _ENV}
+    if options["servers"]:
+        options["servers"] = [u for arg in options["servers"] for u in _split_urls(arg)]
+    return Settings.from_env(env, worker_command=command, **options)

@@ -1,0 +1,383 @@
+"""
+A bounded, ordered, crash-safe buffer of events on disk
+
+The agent appends every event here before it tries to publish it, and removes
+it only after JetStream acknowledged it, so an event survives a broker outage
+and a restart of the agent (the spool lives in the drone's scratch directory).
+The spool also remembers the highest sequence number it ever held, so that a
+restarted agent continues above it.
+
+**File format.** ``events.spool`` starts with :data:`MAGIC`, followed by records
+``<type:1><length:4><crc32:4><payload>`` (big-endian):
+
+* ``E``: an event (msgpack of :class:`SpooledEvent`),
+* ``X``: the event with this id (UTF-8) left the spool (acknowledged or dropped),
+* ``S``: the highest sequence number so far (8 bytes), written on compaction.
+
+Each record is written with one ``write(2)`` on an unbuffered file, so a killed
+agent leaves at most one torn record at the end; it fails its CRC and is cut
+off when the spool is opened again. There is no ``fsync`` per event: the spool
+protects against the agent dying, not the machine (a machine crash ends the
+drone's batch job and its scratch directory anyway). When nothing is pending,
+or the file has grown well past what is pending, the file is rewritten
+(compacted) into a temporary file that replaces it atomically.
+
+**When the spool is full** (``max_events``), appending drops one older event:
+the oldest heartbeat if there is one, else the oldest event that is not one of
+:data:`FINAL_KINDS`, else the oldest event. Every event carries the drone's
+whole snapshot, so the newest event still tells the truth: a full spool loses
+history, never the current state. Drops are counted in :attr:`Spool.dropped`.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import logging
+import os
+import struct
+import time
+import zlib
+from collections import OrderedDict
+from collections.abc import Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Final, Self
+
+import msgspec
+
+from .errors import SpoolError
+
+log = logging.getLogger(__name__)
+
+MAGIC: Final = b"cobald-remote spool 1\n"
+_HEADER = struct.Struct(">cII")
+_SEQ = struct.Struct(">Q")
+#: a record larger than this is corruption, not an event (events are <= 64 KiB)
+_MAX_RECORD = 1 << 20
+
+#: kinds a full spool drops last: the facts that end a drain or the drone
+FINAL_KINDS: Final = frozenset(
+    {
+        "drain_accepted",
+        "drain_deadline_expired",
+        "drained",
+        "released",
+        "worker_exited",
+        "agent_exiting",
+    }
+)
+
+
+class SpooledEvent(msgspec.Struct, frozen=True, array_like=True):
+    """One encoded event waiting for its PubAck"""
+
+    id: str  #: the dedupe id, sent as ``Nats-Msg-Id``
+    seq: int
+    kind: str
+    subject: str
+    data: bytes  #: the encoded event
+
+
+_entry_encoder = msgspec.msgpack.Encoder()
+_entry_decoder = msgspec.msgpack.Decoder(SpooledEvent)
+
+
+def _size(entry: SpooledEvent) -> int:
+    """About the bytes ``entry`` takes in the file"""
+    return (
+        _HEADER.size + 16 + len(entry.id) + len(entry.kind) + len(entry.subject) + len(entry.data)
+    )
+
+
+def _record(kind: bytes, payload: bytes) -> bytes:
+    return _HEADER.pack(kind, len(payload), zlib.crc32(payload)) + payload
+
+
+class Spool:
+    """
+    The ordered event buffer of one drone; open it with :meth:`open`
+
+    Only one agent may use a spool directory at a time (an exclusive ``flock``
+    on ``lock`` in it); a second one gets :class:`SpoolError`.
+
+    :param directory: where ``events.spool`` and ``lock`` live
+    :param max_events: capacity in events
+    :param compact_bytes: rewrite the file once it is this much larger than
+        the events it holds
+    """
+
+    def __init__(self, directory: Path, max_events: int = 10_000, compact_bytes: int = 1 << 20):
+        if max_events < 2:
+            raise ValueError("a spool must hold at least two events")
+        self.directory = directory
+        self.max_events = max_events
+        self.compact_bytes = compact_bytes
+        self.path = directory / "events.spool"
+        self._pending: OrderedDict[str, SpooledEvent] = OrderedDict()
+        self._last_seq: int | None = None
+        self._fd: int | None = None
+        self._lock_fd: int | None = None
+        self._file_bytes = 0
+        self._live_bytes = 0
+        #: events dropped because the spool was full, since it was opened
+        self.dropped = 0
+        #: bytes cut off a damaged file when it was opened
+        self.discarded_bytes = 0
+        #: whether writing to disk failed, so the spool only holds events in memory
+        self.degraded = False
+
+    # ------------------------------------------------------------------ open/close
+
+    @classmethod
+    def open(cls, directory: Path, max_events: int = 10_000, compact_bytes: int = 1 << 20) -> Spool:
+        """
+        Lock ``directory`` (created if missing) and load what a previous agent left
+
+        :raises SpoolError: if the directory cannot be used or another agent holds it
+        """
+        spool = cls(directory, max_events, compact_bytes)
+        spool._open()
+        return spool
+
+    def _open(self) -> None:
+        try:
+            self.directory.mkdir(parents=True, exist_ok=True, mode=0o700)
+            self._lock_fd = os.open(self.directory / "lock", os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as err:
+            raise SpoolError(f"cannot use spool directory {str(self.directory)!r}: {err}") from None
+        try:
+            fcntl.flock(self._lock_fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(self._lock_fd)
+            self._lock_fd = None
+            raise SpoolError(
+                f"spool {str(self.directory)!r} is in use by another agent of this drone"
+            ) from None
+        try:
+            self._load()
+            self._rewrite()
+        except OSError as err:
+            self.close()
+            raise SpoolError(f"cannot write spool {str(self.path)!r}: {err}") from None
+
+    def _load(self) -> None:
+        try:
+            data = self.path.read_bytes()
+        except FileNotFoundError:
+            return
+        if not data.startswith(MAGIC):
+            kept = self.path.with_name(f"events.spool.unreadable-{int(time.time())}")
+            os.replace(self.path, kept)
+            self.discarded_bytes = len(data)
+            log.error("spool %s is not a spool file; moved it to %s", self.path, kept)
+            return
+        offset = len(MAGIC)
+        while offset < len(data):
+            parsed = self._parse(data, offset)
+            if parsed is None:
+                self.discarded_bytes = len(data) - offset
+                log.warning(
+                    "spool %s: damaged record at byte %d, discarding the last %d bytes",
+                    self.path,
+                    offset,
+                    self.discarded_bytes,
+                )
+                break
+            kind, payload, offset = parsed
+            self._apply(kind, payload)
+        if self._pending:
+            log.info(
+                "spool %s: %d events left by an earlier agent, last seq %s",
+                self.path,
+                len(self._pending),
+                self._last_seq,
+            )
+
+    @staticmethod
+    def _parse(data: bytes, offset: int) -> tuple[bytes, bytes, int] | None:
+        end = offset + _HEADER.size
+        if end > len(data):
+            return None
+        kind, length, crc = _HEADER.unpack_from(data, offset)
+        if kind not in (b"E", b"X", b"S") or length > _MAX_RECORD or end + length > len(data):
+            return None
+        payload = data[end : end + length]
+        if zlib.crc32(payload) != crc:
+            return None
+        return kind, payload, end + length
+
+    def _apply(self, kind: bytes, payload: bytes) -> None:
+        if kind == b"E":
+            try:
+                entry = _entry_decoder.decode(payload)
+            except (msgspec.ValidationError, msgspec.DecodeError) as err:
+                log.warning("spool %s: skipping an unreadable entry: %s", self.path, err)
+                return
+            self._pending[entry.id] = entry
+            self._see_seq(entry.seq)
+        elif kind == b"X":
+            self._pending.pop(payload.decode(errors="replace"), None)
+        else:
+            self._see_seq(_SEQ.unpack(payload)[0])
+
+    def _see_seq(self, seq: int) -> None:
+        if self._last_seq is None or seq > self._last_seq:
+            self._last_seq = seq
+
+    def close(self) -> None:
+        """Close the file and release the lock; pending events stay on disk"""
+        for name in ("_fd", "_lock_fd"):
+            fd = getattr(self, name)
+            if fd is not None:
+                setattr(self, name, None)
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    # ------------------------------------------------------------------ queries
+
+    @property
+    def last_seq(self) -> int | None:
+        """The highest sequence number the spool ever held (persisted), or ``None``"""
+        return self._last_seq
+
+    def __len__(self) -> int:
+        return len(self._pending)
+
+    def __iter__(self) -> Iterator[SpooledEvent]:
+        """The pending events, oldest first"""
+        return iter(list(self._pending.values()))
+
+    def peek(self) -> SpooledEvent | None:
+        """The oldest pending event"""
+        return next(iter(self._pending.values()), None)
+
+    # ------------------------------------------------------------------ changes
+
+    def append(self, entry: SpooledEvent) -> SpooledEvent | None:
+        """
+        Add ``entry`` as the newest event
+
+        :returns: the event dropped to make room, if the spool was full
+        """
+        self._pending[entry.id] = entry
+        self._see_seq(entry.seq)
+        self._live_bytes += _size(entry)
+        self._write(_record(b"E", _entry_encoder.encode(entry)))
+        if len(self._pending) <= self.max_events:
+            return None
+        victim = self._victim()
+        self._remove(victim.id)
+        self.dropped += 1
+        log.warning(
+            "spool full (%d events): dropped %s seq %d; the newer events' snapshots still "
+            "tell the drone's state",
+            self.max_events,
+            victim.kind,
+            victim.seq,
+            extra={"dropped": self.dropped},
+        )
+        return victim
+
+    def _victim(self) -> SpooledEvent:
+        newest = next(reversed(self._pending))
+        candidates = [e for e in self._pending.values() if e.id != newest]
+        for entry in candidates:
+            if entry.kind == "heartbeat":
+                return entry
+        for entry in candidates:
+            if entry.kind not in FINAL_KINDS:
+                return entry
+        return candidates[0]
+
+    def remove(self, event_id: str) -> bool:
+        """
+        Forget the event with ``event_id`` (it was acknowledged)
+
+        :returns: whether it was still pending
+        """
+        if not self._remove(event_id):
+            return False
+        emptied = not self._pending and self._file_bytes > 4096
+        bloated = self._file_bytes > max(self.compact_bytes, 4 * self._live_bytes)
+        if emptied or bloated:
+            self._compact()
+        return True
+
+    def _remove(self, event_id: str) -> bool:
+        entry = self._pending.pop(event_id, None)
+        if entry is None:
+            return False
+        self._live_bytes -= _size(entry)
+        self._write(_record(b"X", event_id.encode()))
+        return True
+
+    def _write(self, record: bytes) -> None:
+        if self._fd is None:
+            return
+        try:
+            written = os.write(self._fd, record)
+            if written != len(record):
+                raise OSError(f"short write ({written} of {len(record)} bytes)")
+            self._file_bytes += written
+        except OSError as err:
+            self._degrade(err)
+
+    def _degrade(self, err: OSError) -> None:
+        log.error(
+            "spool %s cannot be written (%s): keeping events in memory only; they are "
+            "lost if the agent dies before the broker has them",
+            self.path,
+            err,
+        )
+        self.degraded = True
+        if self._fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(self._fd)
+            self._fd = None
+
+    def _compact(self) -> None:
+        try:
+            self._rewrite()
+        except OSError as err:
+            self._degrade(err)
+
+    def _rewrite(self) -> None:
+        """Write what is pending to a new file and put it in place of the old one"""
+        if self._fd is not None:
+            os.close(self._fd)
+            self._fd = None
+        parts = [MAGIC]
+        if self._last_seq is not None:
+            parts.append(_record(b"S", _SEQ.pack(self._last_seq)))
+        parts.extend(_record(b"E", _entry_encoder.encode(e)) for e in self._pending.values())
+        data = b"".join(parts)
+        tmp = self.path.with_name(self.path.name + ".tmp")
+        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        try:
+            view = memoryview(data)
+            while view:
+                view = view[os.write(fd, view) :]
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        os.replace(tmp, self.path)
+        dir_fd = os.open(self.directory, os.O_RDONLY)
+        try:
+            os.fsync(dir_fd)
+        finally:
+            os.close(dir_fd)
+        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
+        self._file_bytes = len(data)
+        self._live_bytes = sum(_size(e) for e in self._pending.values())

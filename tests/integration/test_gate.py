@@ -1,0 +1,261 @@
+"""The gate socket with a plain fake GateHandler: decisions, bad input, the socket file"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import stat
+import subprocess
+import sys
+import threading
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from remote_agent.events import PayloadEnd
+from remote_agent.gate import (
+    GATE_ENV,
+    MAX_REQUEST_BYTES,
+    GateAck,
+    GateDecisionReply,
+    GateError,
+    GateErrorReply,
+    GateServer,
+    GateUnavailable,
+    JobExitRequest,
+    PrepareJobRequest,
+    ask,
+    encode,
+    fallback_gate_path,
+    find_gate_path,
+)
+from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, JobStart
+
+
+class FakeAgent:
+    """A GateHandler that records what it is asked and answers from a flag"""
+
+    def __init__(self) -> None:
+        self.open = True
+        self.status_code = GATE_CLOSED_STATUS
+        self.started: list[JobStart] = []
+        self.exited: list[tuple[str, PayloadEnd, int | None, float | None]] = []
+        self.threads: set[int] = set()
+        self.fail = False
+
+    def prepare_job(self, job: JobStart) -> GateDecision:
+        self.threads.add(threading.get_ident())
+        if self.fail:
+            raise RuntimeError("bookkeeping broke")
+        self.started.append(job)
+        if self.open:
+            return GateDecision(allow=True)
+        return GateDecision(allow=False, status_code=self.status_code, message="drone is draining")
+
+    def job_exited(
+        self, job_id: str, how: PayloadEnd, exit_code: int | None, duration_s: float | None
+    ) -> None:
+        self.threads.add(threading.get_ident())
+        self.exited.append((job_id, how, exit_code, duration_s))
+
+
+@pytest.fixture
+async def gate(tmp_path: Path) -> AsyncIterator[tuple[GateServer, FakeAgent]]:
+    agent = FakeAgent()
+    server = GateServer(tmp_path / "gate.sock", agent, request_timeout_s=0.5)
+    await server.start()
+    yield server, agent
+    await server.close()
+
+
+async def _ask(path: Path, request: PrepareJobRequest | JobExitRequest) -> object:
+    return await asyncio.to_thread(ask, path, request, 10.0)
+
+
+async def _raw(path: Path, data: bytes, *, half_close: bool = True) -> object:
+    """Send raw bytes, read the reply"""
+    reader, writer = await asyncio.open_unix_connection(str(path))
+    writer.write(data)
+    await writer.drain()
+    if half_close:
+        writer.write_eof()
+    reply = await asyncio.wait_for(reader.read(), 30)
+    writer.close()
+    return msgspec.msgpack.decode(reply, type=GateDecisionReply | GateAck | GateErrorReply)
+
+
+async def test_an_open_gate_allows_and_records_the_job(gate: tuple[GateServer, FakeAgent]) -> None:
+    server, agent = gate
+    request = PrepareJobRequest(job_id="12.3", slot="slot1_1@wn", owner="alice")
+    assert await _ask(server.path, request) == GateDecisionReply(allow=True)
+    assert agent.started == [JobStart(job_id="12.3", slot="slot1_1@wn", owner="alice")]
+    # the handler ran in the event loop's own thread, not in a worker thread
+    assert agent.threads == {threading.get_ident()}
+    assert server.counts["allowed"] == 1
+
+
+async def test_a_closed_gate_refuses_benignly(gate: tuple[GateServer, FakeAgent]) -> None:
+    server, agent = gate
+    agent.open = False
+    reply = await _ask(server.path, PrepareJobRequest(job_id="1.0"))
+    assert reply == GateDecisionReply(
+        allow=False, status_code=GATE_CLOSED_STATUS, message="drone is draining"
+    )
+    # a refusal code that would hold the job is never passed on
+    agent.status_code = 190
+    reply = await _ask(server.path, PrepareJobRequest(job_id="1.1"))
+    assert isinstance(reply, GateDecisionReply)
+    assert reply.status_code == GATE_CLOSED_STATUS
+    assert server.counts["refused"] == 2
+
+
+async def test_job_exit_is_acknowledged(gate: tuple[GateServer, FakeAgent]) -> None:
+    server, agent = gate
+    request = JobExitRequest(job_id="1.0", how=PayloadEnd.EVICT, exit_code=-9, duration_s=3.5)
+    assert await _ask(server.path, request) == GateAck()
+    assert agent.exited == [("1.0", PayloadEnd.EVICT, -9, 3.5)]
+
+
+@pytest.mark.parametrize(
+    ("data", "counter"),
+    [
+        (b"\xc1 not msgpack at all", "malformed"),
+        (b"", "malformed"),
+        (msgspec.msgpack.encode({"op": "prepare_job"}), "malformed"),  # no job_id
+        (msgspec.msgpack.encode({"op": "prepare_job", "job_id": 12}), "malformed"),
+        (msgspec.msgpack.encode({"op": "start_anyway", "job_id": "1.0"}), "malformed"),
+        (msgspec.msgpack.encode({"op": "prepare_job", "job_id": "1.0", "v": 99}), "malformed"),
+        (msgspec.msgpack.encode({"op": "job_exit", "job_id": "1.0", "how": "x"}), "malformed"),
+        (msgspec.msgpack.encode({"op": "prepare_job", "job_id": "a\nb"}), "malformed"),
+        (msgspec.msgpack.encode([1, 2, 3]), "malformed"),
+        (b"\x00" * (MAX_REQUEST_BYTES + 1), "oversized"),
+    ],
+)
+async def test_bad_requests_get_an_error_and_change_nothing(
+    gate: tuple[GateServer, FakeAgent], data: bytes, counter: str
+) -> None:
+    server, agent = gate
+    reply = await _raw(server.path, data)
+    assert isinstance(reply, GateErrorReply)
+    assert reply.error
+    assert agent.started == [] and agent.exited == []
+    assert server.counts[counter] == 1
+    assert server.counts["prepare_job"] == server.counts["job_exit"] == 0
+
+
+async def test_unknown_version_is_named_in_the_error(gate: tuple[GateServer, FakeAgent]) -> None:
+    server, _ = gate
+    data = msgspec.msgpack.encode({"op": "prepare_job", "job_id": "1.0", "v": 2})
+    reply = await _raw(server.path, data)
+    assert isinstance(reply, GateErrorReply)
+    assert "version 2" in reply.error
+
+
+async def test_a_request_that_never_ends_times_out(gate: tuple[GateServer, FakeAgent]) -> None:
+    server, agent = gate
+    reply = await _raw(server.path, encode(PrepareJobRequest(job_id="1.0")), half_close=False)
+    assert isinstance(reply, GateErrorReply)
+    assert "within" in reply.error
+    assert agent.started == []
+    assert server.counts["timeout"] == 1
+
+
+async def test_a_failing_agent_answers_with_an_error(gate: tuple[GateServer, FakeAgent]) -> None:
+    server, agent = gate
+    agent.fail = True
+    reply = await _ask(server.path, PrepareJobRequest(job_id="1.0"))
+    assert isinstance(reply, GateErrorReply)
+    assert "bookkeeping broke" in reply.error
+    assert server.counts["handler_error"] == 1
+
+
+async def test_many_hooks_at_once(gate: tuple[GateServer, FakeAgent]) -> None:
+    server, agent = gate
+    replies = await asyncio.gather(
+        *(_ask(server.path, PrepareJobRequest(job_id=f"{n}.0")) for n in range(20))
+    )
+    assert all(reply == GateDecisionReply(allow=True) for reply in replies)
+    assert sorted(job.job_id for job in agent.started) == sorted(f"{n}.0" for n in range(20))
+
+
+async def test_the_socket_file_is_open_to_job_users_and_removed(tmp_path: Path) -> None:
+    server = GateServer(tmp_path / "sub" / "gate.sock", FakeAgent())
+    await server.start()
+    info = server.path.stat()
+    assert stat.S_ISSOCK(info.st_mode)
+    assert stat.S_IMODE(info.st_mode) == 0o666
+    link = fallback_gate_path(os.getpid())
+    assert link.is_symlink() and Path(os.readlink(link)) == server.path
+    assert server.environment()[GATE_ENV] == str(server.path)
+    await server.close()
+    assert not server.path.exists()
+    assert not link.is_symlink()
+
+
+async def test_a_stale_socket_is_replaced_and_a_live_one_kept(tmp_path: Path) -> None:
+    path = tmp_path / "gate.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()  # the file stays, nobody listens: what a killed agent leaves
+    first = GateServer(path, FakeAgent(), fallback_link=False)
+    await first.start()
+    second = GateServer(path, FakeAgent(), fallback_link=False)
+    with pytest.raises(GateError, match="already serves"):
+        await second.start()
+    assert await _ask(path, PrepareJobRequest(job_id="1.0")) == GateDecisionReply(allow=True)
+    await first.close()
+
+
+async def test_paths_that_cannot_be_a_gate(tmp_path: Path) -> None:
+    regular = tmp_path / "not-a-socket"
+    regular.write_text("keep me")
+    with pytest.raises(GateError, match="not a socket"):
+        await GateServer(regular, FakeAgent()).start()
+    assert regular.read_text() == "keep me"
+    long_path = tmp_path / ("x" * 120) / "gate.sock"
+    with pytest.raises(GateError, match="longer than"):
+        await GateServer(long_path, FakeAgent()).start()
+
+
+async def test_nobody_listening_is_unavailable(tmp_path: Path) -> None:
+    with pytest.raises(GateUnavailable):
+        await _ask(tmp_path / "nobody.sock", PrepareJobRequest(job_id="1.0"))
+
+
+async def test_a_descendant_finds_the_gate_without_configuration(
+    gate: tuple[GateServer, FakeAgent],
+) -> None:
+    server, _ = gate
+    env = {k: v for k, v in os.environ.items() if k != GATE_ENV}
+    # a grandchild (like hook -> starter -> ... -> agent) walks its ancestors
+    code = "from remote_agent.gate import find_gate_path; print(find_gate_path())"
+    done = await asyncio.to_thread(
+        subprocess.run,
+        ["/bin/sh", "-c", f"{sys.executable} -c '{code}'"],
+        env=env,
+        capture_output=True,
+        timeout=60,
+        check=True,
+    )
+    found = Path(done.stdout.decode().strip())
+    assert found == fallback_gate_path(os.getpid())
+    assert Path(os.readlink(found)) == server.path
+    # the environment variable wins over the walk
+    assert find_gate_path({GATE_ENV: "/elsewhere.sock"}) == Path("/elsewhere.sock")
+
+
+async def test_links_of_killed_agents_are_swept(tmp_path: Path) -> None:
+    gone = await asyncio.create_subprocess_exec("true")
+    await gone.wait()  # its PID is free now: like an agent killed with SIGKILL
+    stale = fallback_gate_path(gone.pid)
+    stale.symlink_to(tmp_path / "old-gate.sock")
+    server = GateServer(tmp_path / "gate.sock", FakeAgent())
+    await server.start()
+    try:
+        assert not stale.is_symlink()
+        assert fallback_gate_path(os.getpid()).is_symlink()
+    finally:
+        await server.close()

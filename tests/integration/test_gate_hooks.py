@@ -1,0 +1,206 @@
+"""
+The job hook commands, run as HTCondor runs them (subprocesses, ad on stdin),
+against a gate served in this test's event loop
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import socket
+import sys
+import time
+from collections.abc import AsyncIterator, Sequence
+from pathlib import Path
+
+import pytest
+from test_gate import FakeAgent
+
+from emulation import DEPLOY_DIR
+from remote_agent.classad import parse_ad
+from remote_agent.events import PayloadEnd
+from remote_agent.gate import GATE_ENV, PYTHON_ENV, GateServer
+from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS, GATE_CLOSED_STATUS, JobStart
+
+JOB_AD = b"""\
+ClusterId = 4711
+ProcId = 2
+Owner = "alice"
+RemoteHost = "slot1_3@glidein_9@wn042.example.org"
+Cmd = "/usr/bin/payload"
+"""
+
+#: the three ways the hook can be run
+MODULE = [sys.executable, "-m", "remote_agent.hooks"]
+CLI = [sys.executable, "-m", "broker.cli", "agent", "hook"]
+
+
+async def run_hook(
+    argv: Sequence[str | Path], stdin: bytes, env: dict[str, str]
+) -> tuple[int, str, str, float]:
+    started = time.monotonic()
+    proc = await asyncio.create_subprocess_exec(
+        *argv,
+        stdin=asyncio.subprocess.PIPE,
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+        env=env,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(stdin), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode(), time.monotonic() - started
+
+
+def hook_env(**extra: str) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != GATE_ENV}
+    return {**env, PYTHON_ENV: sys.executable, **extra}
+
+
+@pytest.fixture
+async def gate(tmp_path: Path) -> AsyncIterator[tuple[GateServer, FakeAgent]]:
+    agent = FakeAgent()
+    server = GateServer(tmp_path / "gate.sock", agent)
+    await server.start()
+    yield server, agent
+    await server.close()
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [*MODULE, "prepare-job"],
+        [*CLI, "prepare-job"],
+        [DEPLOY_DIR / "hook-prepare-job"],
+    ],
+    ids=["module", "cli", "wrapper"],
+)
+async def test_prepare_job_allows_silently(
+    gate: tuple[GateServer, FakeAgent], argv: list[str | Path]
+) -> None:
+    server, agent = gate
+    code, out, _, _ = await run_hook(argv, JOB_AD, hook_env(**{GATE_ENV: str(server.path)}))
+    assert (code, out) == (0, "")
+    assert agent.started == [
+        JobStart(job_id="4711.2", slot="slot1_3@glidein_9@wn042.example.org", owner="alice")
+    ]
+
+
+@pytest.mark.parametrize(
+    "argv", [[*MODULE, "prepare-job"], [DEPLOY_DIR / "hook-prepare-job"]], ids=["module", "wrapper"]
+)
+async def test_prepare_job_refuses_with_390_and_exits_0(
+    gate: tuple[GateServer, FakeAgent], argv: list[str | Path]
+) -> None:
+    server, agent = gate
+    agent.open = False
+    code, out, _, _ = await run_hook(argv, JOB_AD, hook_env(**{GATE_ENV: str(server.path)}))
+    assert code == 0
+    assert out.splitlines() == [
+        f"HookStatusCode = {GATE_CLOSED_STATUS}",
+        'HookStatusMessage = "drone is draining"',
+    ]
+    reply = parse_ad(out)
+    assert reply.integer("HookStatusCode") == GATE_CLOSED_STATUS
+
+
+async def test_prepare_job_without_an_agent_refuses_with_391(tmp_path: Path) -> None:
+    env = hook_env(**{GATE_ENV: str(tmp_path / "gone.sock")})
+    code, out, err, _ = await run_hook([*MODULE, "prepare-job"], JOB_AD, env)
+    assert code == 0
+    reply = parse_ad(out)
+    assert reply.integer("HookStatusCode") == AGENT_UNREACHABLE_STATUS
+    assert "unreachable" in (reply.string("HookStatusMessage") or "")
+    assert "cannot ask the agent" in err
+
+
+async def test_prepare_job_with_a_stale_socket_refuses_with_391(tmp_path: Path) -> None:
+    path = tmp_path / "stale.sock"
+    stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    stale.bind(str(path))
+    stale.close()
+    code, out, _, _ = await run_hook(
+        [*MODULE, "prepare-job"], JOB_AD, hook_env(**{GATE_ENV: str(path)})
+    )
+    assert code == 0
+    assert parse_ad(out).integer("HookStatusCode") == AGENT_UNREACHABLE_STATUS
+
+
+async def test_prepare_job_with_a_hung_agent_gives_up_in_bounded_time(tmp_path: Path) -> None:
+    path = tmp_path / "hung.sock"
+    connections: list[asyncio.StreamWriter] = []
+
+    async def never_answer(_: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        connections.append(writer)  # accept, read nothing, answer nothing
+
+    server = await asyncio.start_unix_server(never_answer, path=str(path))
+    try:
+        code, out, _, elapsed = await run_hook(
+            [*MODULE, "prepare-job", "--timeout", "1"], JOB_AD, hook_env(**{GATE_ENV: str(path)})
+        )
+    finally:
+        for writer in connections:
+            writer.close()
+        server.close()
+        await server.wait_closed()
+    assert code == 0
+    assert parse_ad(out).integer("HookStatusCode") == AGENT_UNREACHABLE_STATUS
+    assert len(connections) == 1
+    # a bound, not a speed: the 1 s timeout ends the wait long before the 60 s limit
+    assert elapsed < 30
+
+
+async def test_prepare_job_finds_the_agent_through_its_ancestors(
+    gate: tuple[GateServer, FakeAgent],
+) -> None:
+    _, agent = gate
+    # no COBALD_REMOTE_GATE: the hook walks hook -> this test process and finds the link
+    code, out, _, _ = await run_hook([DEPLOY_DIR / "hook-prepare-job"], JOB_AD, hook_env())
+    assert (code, out) == (0, "")
+    assert [job.job_id for job in agent.started] == ["4711.2"]
+
+
+async def test_prepare_job_with_garbage_on_stdin_still_asks(
+    gate: tuple[GateServer, FakeAgent],
+) -> None:
+    server, agent = gate
+    garbage = b"\x00\xff not a job ad\n= = =\n" * 100
+    code, out, _, _ = await run_hook(
+        [*MODULE, "prepare-job"], garbage, hook_env(**{GATE_ENV: str(server.path)})
+    )
+    assert (code, out) == (0, "")
+    assert [job.job_id for job in agent.started] == ["unknown"]
+
+
+@pytest.mark.parametrize(
+    ("reason", "how"),
+    [("exit", PayloadEnd.EXIT), ("evict", PayloadEnd.EVICT), ("vanished", PayloadEnd.UNKNOWN)],
+)
+async def test_job_exit_reports_and_exits_0(
+    gate: tuple[GateServer, FakeAgent], reason: str, how: PayloadEnd
+) -> None:
+    server, agent = gate
+    ad = JOB_AD + b"ExitBySignal = false\nExitCode = 3\nJobDuration = 61.25\n"
+    code, out, _, _ = await run_hook(
+        [DEPLOY_DIR / "hook-job-exit", reason], ad, hook_env(**{GATE_ENV: str(server.path)})
+    )
+    assert (code, out) == (0, "")
+    assert agent.exited == [("4711.2", how, 3, 61.25)]
+
+
+async def test_job_exit_by_signal_reports_a_negative_code(
+    gate: tuple[GateServer, FakeAgent],
+) -> None:
+    server, agent = gate
+    ad = JOB_AD + b"ExitBySignal = true\nExitSignal = 9\nJobDuration = 5\n"
+    code, _, _, _ = await run_hook(
+        [*CLI, "job-exit", "evict"], ad, hook_env(**{GATE_ENV: str(server.path)})
+    )
+    assert code == 0
+    assert agent.exited == [("4711.2", PayloadEnd.EVICT, -9, 5.0)]
+
+
+async def test_job_exit_without_an_agent_still_exits_0(tmp_path: Path) -> None:
+    env = hook_env(**{GATE_ENV: str(tmp_path / "gone.sock")})
+    code, out, err, _ = await run_hook([*MODULE, "job-exit", "exit"], JOB_AD, env)
+    assert (code, out) == (0, "")
+    assert "not reported" in err

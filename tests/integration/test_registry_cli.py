@@ -1,0 +1,149 @@
+"""``cobald-remote drain / release / status``, run as separate processes"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+
+import pytest
+from fake_drones import FakeDrone, answer_commands, publish
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from broker.ops import EXIT_UNCONFIRMED, OperatorError, site_of
+from broker.provision import provision
+from broker.server import EmbeddedServer
+from remote_agent import events as ev
+from remote_agent.handshake import RecordStore
+
+CLI = [sys.executable, "-m", "broker.cli"]
+NS = ev.Namespace()
+SITE = "site1"
+
+
+async def _run(*args: str) -> tuple[int, str, str]:
+    proc = await asyncio.create_subprocess_exec(
+        *CLI, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode is not None
+    return proc.returncode, out.decode(), err.decode()
+
+
+@pytest.fixture
+async def store(js: JetStreamContext) -> RecordStore:
+    await provision(js)
+    return await RecordStore.open(js, NS)
+
+
+def test_site_of_tardis_uuids() -> None:
+    assert site_of("site1-0123456789") == "site1"
+    assert site_of("my-site-0123456789") == "my-site"
+    with pytest.raises(OperatorError, match="--site"):
+        site_of("nodash")
+
+
+async def test_status_table_and_json(
+    nats_server: EmbeddedServer, js: JetStreamContext, store: RecordStore
+) -> None:
+    busy = FakeDrone(SITE, "site1-00000000b1")
+    for event in (busy.started(), busy.ready(), busy.payload_started("1.0"), busy.heartbeat()):
+        await publish(js, NS, event)
+    await store.claim(SITE, busy.drone, busy.incarnation)
+    idle = FakeDrone("site2", "site2-00000000c1")
+    for event in (idle.started(), idle.ready(), idle.heartbeat()):
+        await publish(js, NS, event)
+    await store.release(SITE, "site1-00000000d1")
+
+    code, out, err = await _run("status", "--server", nats_server.url)
+    assert (code, err) == (0, "")
+    lines = out.splitlines()
+    assert lines[0].split() == [
+        "DRONE",
+        "SITE",
+        "STATE",
+        "PAYLOADS",
+        "LAST",
+        "FACT",
+        "LOST",
+        "RECORD",
+    ]
+    rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert rows[busy.drone][1:4] == [SITE, "busy", "1"]
+    assert rows[busy.drone][-2:] == ["-", "up"]
+    assert rows[idle.drone][1:4] == ["site2", "idle", "0"]
+    assert rows["site1-00000000d1"][1:4] == [SITE, "-", "0"]
+    assert rows["site1-00000000d1"][-1] == "released"
+
+    code, out, err = await _run("status", busy.drone, "--json", "--server", nats_server.url)
+    assert (code, err) == (0, "")
+    (row,) = json.loads(out)
+    assert row["drone"] == busy.drone and row["state"] == "busy"
+    assert [p["job_id"] for p in row["payloads"]] == ["1.0"]
+    assert row["lost"] is False and row["record_phase"] == "up" and row["seq"] == busy.seq
+    assert 0 <= row["last_fact_age_s"] < 60
+
+    code, out, err = await _run("status", "--site", "site2", "--json", "--server", nats_server.url)
+    assert code == 0 and [r["drone"] for r in json.loads(out)] == [idle.drone]
+
+    code, out, err = await _run("status", "site1-0000000404", "--server", nats_server.url)
+    assert code == 1 and "no drone 'site1-0000000404'" in err
+
+
+async def test_release_and_drain(
+    nats_server: EmbeddedServer, nc: Client, store: RecordStore
+) -> None:
+    url = nats_server.url
+    code, out, err = await _run("release", "site1-0000000001", "--server", url)
+    assert (code, err) == (0, "")
+    assert out.startswith("site1/site1-0000000001: released:")
+    assert "may be removed" in out
+    record = await store.read(SITE, "site1-0000000001")
+    assert record is not None and record.record.phase is ev.RecordPhase.RELEASED
+
+    code, out, err = await _run("drain", "site1-0000000001", "--server", url)
+    assert code == 0 and "drain released" in out
+
+    # never announced: drain refuses and says what to do instead
+    code, out, err = await _run("drain", "site1-0000000002", "--server", url)
+    assert code == 1 and "drain not_announced" in out and "release it instead" in out
+    assert await store.read(SITE, "site1-0000000002") is None
+
+    # announced, nobody answers: the intent is recorded, exit 3
+    await store.claim(SITE, "site1-0000000003", "inc1")
+    code, out, err = await _run(
+        "drain", "site1-0000000003", "--deadline", "600", "--reason", "kernel update",
+        "--timeout", "0.3", "--server", url,
+    )  # fmt: skip
+    assert code == EXIT_UNCONFIRMED and "drain unanswered" in out
+    record = await store.read(SITE, "site1-0000000003")
+    assert record is not None and record.record.phase is ev.RecordPhase.DRAINING
+    assert record.record.drain is not None and record.record.drain.reason == "kernel update"
+
+    # announced, a (fake) agent answers
+    drone = FakeDrone(SITE, "site1-0000000004")
+    await store.claim(SITE, drone.drone, drone.incarnation)
+    sub = await answer_commands(
+        nc, NS, drone, lambda _c: (ev.Outcome.DRAIN_ACCEPTED, "gate closed")
+    )
+    try:
+        code, out, err = await _run("release", drone.drone, "--json", "--server", url)
+    finally:
+        await sub.unsubscribe()
+    assert (code, err) == (0, "")
+    result = json.loads(out)["result"]
+    assert result["outcome"] == "draining"
+    assert result["drain"]["outcome"] == "accepted"
+
+    # an explicit site for a uuid that does not carry it
+    code, out, err = await _run("release", "odd_name", "--site", "siteX", "--server", url)
+    assert code == 0 and out.startswith("siteX/odd_name: released")
+    code, out, err = await _run("release", "odd_name", "--server", url)
+    assert code == 1 and "give --site" in err
+
+
+async def test_unreachable_server_fails_fast() -> None:
+    for command in (["status"], ["drain", "site1-1"], ["release", "site1-1"]):
+        code, _, err = await _run(*command, "--server", "nats://127.0.0.1:1")
+        assert code == 1 and "cannot connect" in err

@@ -1,0 +1,362 @@
+"""The drone registry (pure state) and the may-remove decision, without a server"""
+
+from __future__ import annotations
+
+import datetime as dt
+import itertools
+
+import msgspec
+import pytest
+from fake_drones import FakeDrone
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from broker.control import SAFE_REMOVALS, Removal, removal_verdict
+from broker.registry import Applied, DroneView, Registry, Rejection, finished
+from remote_agent import events as ev
+
+NS = ev.Namespace()
+SITE = "site1"
+
+
+def _subject(event: ev.Event) -> str:
+    return NS.event(event.site, event.drone, ev.kind_of(type(event)))
+
+
+def _apply(registry: Registry, event: ev.Event, at: float) -> Applied:
+    return registry.apply_message(ev.encode(event), _subject(event), at)
+
+
+def _record(
+    phase: ev.RecordPhase, writer: str = "agent", drone: str = "site1-0000000001"
+) -> ev.DroneRecord:
+    return ev.DroneRecord(
+        site=SITE,
+        drone=drone,
+        phase=phase,
+        writer=writer,  # type: ignore[arg-type]
+        at=dt.datetime(2026, 3, 18, tzinfo=dt.UTC),
+    )
+
+
+def test_newest_event_wins_and_older_ones_are_counted() -> None:
+    registry = Registry(NS)
+    drone = FakeDrone(SITE, "site1-0000000001")
+    first, second = drone.started(), drone.ready()
+    assert _apply(registry, second, 2.0) is Applied.APPLIED
+    assert _apply(registry, first, 1.0) is Applied.STALE
+    assert _apply(registry, second, 2.0) is Applied.DUPLICATE
+    view = registry.view(SITE, drone.drone)
+    assert view is not None
+    assert (view.seq, view.kind, view.state, view.received_time) == (
+        second.seq,
+        "startd_ready",
+        ev.DroneState.IDLE,
+        2.0,
+    )
+    assert view.event_time == second.at.timestamp()
+    metrics = registry.metrics()
+    assert (metrics.applied, metrics.stale, metrics.duplicate, metrics.drones) == (1, 1, 1, 1)
+
+
+def test_heartbeat_facts_and_payload_start_times() -> None:
+    registry = Registry(NS)
+    drone = FakeDrone(SITE, "site1-0000000001")
+    beat = drone.heartbeat(interval_s=20)
+    started = drone.payload_started("7.0")
+    _apply(registry, started, 5.0)
+    # the heartbeat came later than the newer event: still the newest heartbeat
+    assert _apply(registry, beat, 6.0) is Applied.STALE
+    view = registry.view(SITE, drone.drone)
+    assert view is not None
+    assert (view.heartbeat_seq, view.heartbeat_time, view.heartbeat_interval_s) == (
+        beat.seq,
+        6.0,
+        20,
+    )
+    assert view.kind == "payload_started"
+    assert [p.job_id for p in view.payloads] == ["7.0"]
+    assert view.payloads[0].started_at == drone.payloads[0].started_at
+    assert view.last_seen == 6.0
+
+
+# --------------------------------------------------------------------------- reordering
+
+_ACTIONS = st.sampled_from(["heartbeat", "start", "finish", "drained", "exiting"])
+
+
+def _story(drone: FakeDrone, actions: list[str]) -> list[ev.Event]:
+    out: list[ev.Event] = [drone.started(), drone.ready()]
+    jobs = itertools.count()
+    for action in actions:
+        if action == "heartbeat":
+            out.append(drone.heartbeat())
+        elif action == "start":
+            out.append(drone.payload_started(f"{next(jobs)}.0"))
+        elif action == "finish" and drone.payloads:
+            out.append(drone.payload_finished(drone.payloads[0].job_id))
+        elif action == "drained":
+            out.append(drone.drained())
+        elif action == "exiting":
+            out.append(drone.exiting())
+    return out
+
+
+@settings(max_examples=150, deadline=None)
+@given(
+    stories=st.lists(st.lists(_ACTIONS, max_size=12), min_size=1, max_size=4),
+    data=st.data(),
+)
+def test_reordered_and_duplicated_deliveries_converge(
+    stories: list[list[str]], data: st.DataObject
+) -> None:
+    deliveries: list[tuple[bytes, str, float]] = []
+    for number, actions in enumerate(stories):
+        drone = FakeDrone(SITE, f"site1-{number:010x}")
+        for event in _story(drone, actions):
+            # the stream's time of storing grows with the stream order
+            deliveries.append((ev.encode(event), _subject(event), float(len(deliveries))))
+    in_order = Registry(NS)
+    for delivery in deliveries:
+        in_order.apply_message(*delivery)
+
+    shuffled = data.draw(st.permutations(deliveries), label="order")
+    repeats = data.draw(
+        st.lists(st.sampled_from(deliveries), max_size=len(deliveries)), label="repeats"
+    )
+    mixed = list(shuffled)
+    for repeat in repeats:
+        mixed.insert(data.draw(st.integers(0, len(mixed)), label="position"), repeat)
+    other = Registry(NS)
+    for delivery in mixed:
+        assert other.apply_message(*delivery) is not Applied.REJECTED
+    assert dict(other.views()) == dict(in_order.views())
+    metrics = other.metrics()
+    assert metrics.applied + metrics.stale + metrics.duplicate == len(mixed)
+    # the rebuild's replay skips decoding what cannot change anything: same result
+    replayed = Registry(NS)
+    for delivery in mixed:
+        assert replayed.replay_message(*delivery) is not Applied.REJECTED
+    assert dict(replayed.views()) == dict(in_order.views())
+
+
+@settings(max_examples=100, deadline=None)
+@given(order=st.permutations(range(6)))
+def test_records_converge_by_revision(order: list[int]) -> None:
+    phases = [ev.RecordPhase.UP, ev.RecordPhase.DRAINING, ev.RecordPhase.DRAINED]
+    writes = [(_record(phases[i % 3]), i + 1, float(i)) for i in range(6)]
+    registry = Registry(NS)
+    for i in order:
+        registry.apply_record(*writes[i])
+    view = registry.view(SITE, "site1-0000000001")
+    assert view is not None and view.record is not None
+    assert (view.record.revision, view.record.phase, view.record.stored) == (
+        6,
+        phases[5 % 3],
+        5.0,
+    )
+
+
+def test_own_record_is_confirmed_by_the_watch() -> None:
+    registry = Registry(NS)
+    record = _record(ev.RecordPhase.RELEASED, "manager")
+    registry.apply_record(record, 7, None)
+    view = registry.view(SITE, record.drone)
+    assert view is not None and view.record is not None and view.record.stored is None
+    assert registry.apply_record(record, 7, 123.0) is Applied.DUPLICATE
+    view = registry.view(SITE, record.drone)
+    assert view is not None and view.record is not None and view.record.stored == 123.0
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _bad_deliveries() -> list[tuple[bytes, str, Rejection]]:
+    drone = FakeDrone(SITE, "site1-0000000001")
+    event = drone.heartbeat()
+    data = ev.encode(event)
+    other = FakeDrone(SITE, "site1-0000000002").heartbeat()
+    versioned = msgspec.msgpack.encode(msgspec.to_builtins(event) | {"v": 2})
+    return [
+        (b"\xc1garbage", _subject(event), Rejection.MALFORMED),
+        (b"", _subject(event), Rejection.MALFORMED),
+        (versioned, _subject(event), Rejection.MALFORMED),
+        (ev.encode(_record(ev.RecordPhase.UP)), _subject(event), Rejection.MALFORMED),
+        (b"\x00" * 70_000, _subject(event), Rejection.OVERSIZED),
+        # a drone speaking for another, or for another kind
+        (ev.encode(other), _subject(event), Rejection.SENDER),
+        (data, NS.event(SITE, drone.drone, "drained"), Rejection.SENDER),
+        (data, NS.event("site2", drone.drone, "heartbeat"), Rejection.SENDER),
+        (data, f"other.{SITE}.{drone.drone}.evt.heartbeat", Rejection.SUBJECT),
+        (data, NS.manager_note(SITE, drone.drone, "heartbeat"), Rejection.SUBJECT),
+    ]
+
+
+@pytest.mark.parametrize(("data", "subject", "reason"), _bad_deliveries())
+def test_bad_events_are_rejected_counted_and_change_nothing(
+    data: bytes, subject: str, reason: Rejection
+) -> None:
+    registry = Registry(NS)
+    drone = FakeDrone(SITE, "site1-0000000001")
+    _apply(registry, drone.started(), 1.0)
+    before = dict(registry.views())
+    assert registry.apply_message(data, subject, 2.0) is Applied.REJECTED
+    assert dict(registry.views()) == before
+    metrics = registry.metrics()
+    assert metrics.rejected[reason] == 1
+    assert metrics.rejected_total == 1
+    assert metrics.applied == 1
+
+
+def test_sender_check_agrees_with_events_check_sender() -> None:
+    """The registry inlines events.check_sender for speed; both must judge alike"""
+    drone = FakeDrone(SITE, "site1-0000000001")
+    event = drone.heartbeat()
+    subjects = [
+        _subject(event),
+        *(subject for _, subject, _ in _bad_deliveries()),
+        NS.event(SITE, "site1-0000000002", "heartbeat"),
+    ]
+    for subject in subjects:
+        registry = Registry(NS)
+        try:
+            ev.check_sender(event, subject, NS)
+            expected = True
+        except ev.SchemaError:
+            expected = False
+        assert (registry.apply(event, subject, 1.0) is not Applied.REJECTED) is expected
+
+
+def test_bad_records_are_rejected() -> None:
+    registry = Registry(NS)
+    record = _record(ev.RecordPhase.UP)
+    good = ev.encode(record)
+    assert registry.apply_record_message("site1.site1-0000000001", good, 1, 1.0) is Applied.APPLIED
+    before = dict(registry.views())
+    assert registry.apply_record_message("site1.site1-0000000009", good, 2, 1.0) is Applied.REJECTED
+    assert registry.apply_record_message("site1.x", b"junk", 3, 1.0) is Applied.REJECTED
+    assert registry.apply_record_message("nodot", good, 4, 1.0) is Applied.REJECTED
+    assert dict(registry.views()) == before
+    assert registry.metrics().rejected[Rejection.RECORD] == 3
+
+
+def test_forget_record() -> None:
+    registry = Registry(NS)
+    registry.apply_record(_record(ev.RecordPhase.UP), 3, 1.0)
+    registry.forget_record("site1.site1-0000000001", 2)  # older than the record: ignored
+    assert registry.view(SITE, "site1-0000000001") is not None
+    registry.forget_record("site1.site1-0000000001", 4)
+    assert registry.view(SITE, "site1-0000000001") is None
+
+
+# --------------------------------------------------------------------------- lost
+
+
+def test_lost_marking() -> None:
+    registry = Registry(NS, lost_after_s=90)
+    drone = FakeDrone(SITE, "site1-0000000001")
+    _apply(registry, drone.heartbeat(), 1000.0)
+    registry.apply_record(_record(ev.RecordPhase.RELEASED, "manager", "site1-0000000002"), 1, 0.0)
+    assert registry.mark_lost(1089.0) == []
+    newly = registry.mark_lost(1090.0)
+    assert [v.drone for v in newly] == [drone.drone]
+    assert registry.mark_lost(1100.0) == []  # reported once
+    view = registry.view(SITE, drone.drone)
+    assert view is not None and view.lost
+    assert registry.metrics().lost == 1
+    # a drone known only from the manager's record is unknown, not lost
+    released = registry.view(SITE, "site1-0000000002")
+    assert released is not None and not released.lost
+    # the next event clears it
+    _apply(registry, drone.heartbeat(), 1101.0)
+    view = registry.view(SITE, drone.drone)
+    assert view is not None and not view.lost
+    assert registry.mark_lost(1102.0) == []
+
+
+def test_agent_record_is_a_sign_of_life() -> None:
+    registry = Registry(NS, lost_after_s=90)
+    registry.apply_record(_record(ev.RecordPhase.UP), 1, 500.0)
+    view = registry.view(SITE, "site1-0000000001")
+    assert view is not None and view.last_seen == 500.0
+    assert [v.drone for v in registry.mark_lost(600.0)] == ["site1-0000000001"]
+
+
+def test_lost_after_must_be_positive() -> None:
+    with pytest.raises(ValueError, match="lost_after_s"):
+        Registry(NS, lost_after_s=0)
+
+
+def test_finished() -> None:
+    drone = FakeDrone(SITE, "site1-0000000001")
+    registry = Registry(NS)
+    _apply(registry, drone.drained(), 1.0)
+    view = registry.view(SITE, drone.drone)
+    assert view is not None and not finished(view)
+    _apply(registry, drone.exiting(), 2.0)
+    view = registry.view(SITE, drone.drone)
+    assert view is not None and finished(view)
+
+
+# --------------------------------------------------------------------------- may remove
+
+_PHASES: list[ev.RecordPhase | None] = [None, *ev.RecordPhase]
+
+
+def _view(phase: ev.RecordPhase | None, writer: str, lost: bool) -> DroneView:
+    """A drone last heard from at 1000 s; lost at 2000 s with lost_after 90 s"""
+    registry = Registry(NS, lost_after_s=90)
+    drone = FakeDrone(SITE, "site1-0000000001")
+    _apply(registry, drone.heartbeat(), 1000.0 if lost else 1950.0)
+    if phase is not None:
+        record = _record(phase, writer)
+        # an agent's record is a sign of life of its own: keep it as old as the events
+        registry.apply_record(record, 1, 1000.0 if lost else 1950.0)
+    view = registry.view(SITE, drone.drone)
+    assert view is not None
+    return view
+
+
+@pytest.mark.parametrize("lbs_running", [True, False, None])
+@pytest.mark.parametrize("lost", [True, False])
+@pytest.mark.parametrize("writer", ["agent", "manager"])
+@pytest.mark.parametrize("phase", _PHASES)
+def test_may_remove_truth_table(
+    phase: ev.RecordPhase | None, writer: str, lost: bool, lbs_running: bool | None
+) -> None:
+    verdict = removal_verdict(_view(phase, writer, lost), lbs_running, 2000.0, 90.0)
+    expected = (
+        (phase is ev.RecordPhase.RELEASED and writer == "manager")
+        or (phase is ev.RecordPhase.DRAINED and writer == "agent")
+        or (phase is ev.RecordPhase.DEADLINE_EXPIRED and writer == "agent")
+        or (lost and lbs_running is False)
+    )
+    assert verdict.allowed is expected, verdict
+    assert bool(verdict) is expected
+    assert (verdict.reason in SAFE_REMOVALS) is expected
+    assert verdict.detail
+
+
+def test_may_remove_reasons() -> None:
+    def reason(phase: ev.RecordPhase | None, lost: bool, lbs: bool | None) -> Removal:
+        return removal_verdict(_view(phase, "agent", lost), lbs, 2000.0, 90.0).reason
+
+    assert removal_verdict(None, False, 2000.0, 90.0).reason is Removal.UNKNOWN_DRONE
+    assert reason(None, False, False) is Removal.NOT_ANNOUNCED
+    assert reason(ev.RecordPhase.UP, False, False) is Removal.AGENT_UP
+    assert reason(ev.RecordPhase.DRAINING, False, False) is Removal.DRAINING
+    assert reason(ev.RecordPhase.UP, True, True) is Removal.LOST_BUT_RUNNING
+    assert reason(ev.RecordPhase.UP, True, None) is Removal.LOST_LBS_UNKNOWN
+    assert reason(ev.RecordPhase.UP, True, False) is Removal.LOST_AND_NOT_RUNNING
+    assert reason(ev.RecordPhase.DRAINED, False, True) is Removal.DRAINED_BY_AGENT
+    assert reason(ev.RecordPhase.DEADLINE_EXPIRED, False, True) is Removal.DEADLINE_EXPIRED
+
+
+def test_never_seen_drone_is_not_lost() -> None:
+    """Released by nobody and never heard from: release it, don't remove it"""
+    registry = Registry(NS)
+    registry.apply_record(_record(ev.RecordPhase.DRAINING, "manager"), 1, 0.0)
+    view = registry.view(SITE, "site1-0000000001")
+    verdict = removal_verdict(view, False, 1e9, 90.0)
+    assert not verdict.allowed
+    assert verdict.reason is Removal.DRAINING
