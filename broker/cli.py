@@ -28,6 +28,7 @@ from .errors import BrokerError
 from .ops import add_commands as add_operator_commands
 from .provision import Topology, provision
 from .server import EmbeddedServer
+from .timeline import add_command as add_timeline_command
 
 log = logging.getLogger(__name__)
 
@@ -169,8 +170,53 @@ def build_parser() -> argparse.ArgumentParser:
     dec.set_defaults(run=_decode)
     add_agent_commands(groups)
     add_operator_commands(groups)  # drain, release, status (broker/ops.py)
+    add_timeline_command(groups)  # timeline (broker/timeline.py)
+    _add_demo_command(groups)
 
     return parser
+
+
+def _demo(args: argparse.Namespace) -> int:
+    # the emulation is not product code: imported only when the demo runs
+    from emulation.demo import main as demo_main
+
+    try:
+        return demo_main(args)
+    except RuntimeError as err:
+        raise CliError(str(err)) from None
+
+
+def _add_demo_command(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    demo = groups.add_parser(
+        "demo",
+        help="the demonstration: real COBalD and TARDIS, emulated site and drones, on this machine",
+        description="Run a seeded scenario of strongly swinging demand with the real COBalD "
+        "daemon and TARDIS on the embedded broker: drones are local processes running the "
+        "real agent around an emulated startd. Prints progress, then a table of drones, "
+        "payloads (started, finished, killed), release outcomes and the status latency "
+        "TARDIS saw (docs/tardis.md).",
+    )
+    demo.add_argument("--seed", type=int, default=1, help="seed of the scenario (default 1)")
+    demo.add_argument(
+        "--compare",
+        action="store_true",
+        help="first run the same scenario with stock TARDIS, then print both columns",
+    )
+    demo.add_argument("--json", metavar="FILE", help="also write the table(s) as JSON")
+    demo.add_argument(
+        "--duration",
+        type=float,
+        default=80.0,
+        metavar="S",
+        help="seconds of swinging demand per run (default 80; 30 s of zero demand follow)",
+    )
+    demo.add_argument(
+        "--drones", type=int, default=5, metavar="N", help="most drones at once (default 5)"
+    )
+    demo.add_argument(
+        "--workdir", metavar="DIR", help="keep every file of the runs here (default: a temp dir)"
+    )
+    demo.set_defaults(run=_demo)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

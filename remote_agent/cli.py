@@ -11,12 +11,12 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import importlib.util
 import logging
 import sys
-from typing import Any
 
 from .errors import AgentError, SettingsError
+from .hooks import add_hook_commands
+from .interfaces import Startd
 from .logs import JsonLines
 from .settings import Settings, add_options, from_args
 
@@ -51,10 +51,7 @@ def add_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     )
     run.add_argument("worker", nargs=argparse.REMAINDER, metavar="-- WORKER_COMMAND...")
     run.set_defaults(run=run_agent)
-    if importlib.util.find_spec("remote_agent.hooks") is not None:
-        from .hooks import add_hook_commands
-
-        add_hook_commands(commands)
+    add_hook_commands(commands)
 
 
 def _configure_logging(args: argparse.Namespace) -> None:
@@ -85,18 +82,15 @@ def run_agent(args: argparse.Namespace) -> int:
 async def serve(settings: Settings) -> int:
     """Run the agent with the real startd (unless ``--no-startd``) and the gate socket"""
     from .agent import Agent
+    from .gate import GateServer
 
-    startd: Any = None
+    startd: Startd | None = None
     if settings.startd:
         # the HTCondor side lives in its own module; imported only when it is used
         from .htcondor import CondorStartd
 
         startd = CondorStartd()
     agent = Agent(settings, startd=startd)
-    if importlib.util.find_spec("remote_agent.gate") is None:
-        return await agent.run(handle_signals=True)
-    from .gate import GateServer
-
     gate = GateServer(settings.gate_socket, agent)
     # the worker's daemons, their starters and the hooks inherit where the gate is
     agent.worker_env.update(gate.environment())

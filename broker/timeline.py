@@ -1,0 +1,244 @@
+"""
+One drone's life as a table: its agent's events beside TARDIS's state
+
+``cobald-remote timeline DRONE --server URL`` reads the drone's subjects of
+the event stream, ``<prefix>.<site>.<drone>.evt.>`` (what the agent reported)
+and ``<prefix>.<site>.<drone>.mgr.>`` (TARDIS's state transitions, published by
+the TARDIS integration), and prints them in one time order: the table the
+report that started this project had to piece together from three logs.
+
+Read-only: an ephemeral consumer, deleted afterwards. Without ``--site`` the
+drone's site is a wildcard, since drone uuids are unique.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict, dataclass
+
+import nats
+import nats.errors
+import nats.js.errors
+from nats.aio.client import Client
+from nats.js.api import ConsumerConfig, DeliverPolicy
+
+from remote_agent.events import (
+    AgentExiting,
+    AgentStarted,
+    DrainAccepted,
+    DrainDeadlineExpired,
+    Draining,
+    DrainRefused,
+    DrainRequested,
+    Event,
+    GateClosed,
+    GateOpened,
+    Heartbeat,
+    Message,
+    Namespace,
+    PayloadFinished,
+    PayloadStarted,
+    Released,
+    SchemaError,
+    StartdReady,
+    TardisState,
+    WorkerExited,
+    WorkerStarted,
+    check_token,
+    decode,
+    kind_of,
+)
+
+from .consumer import api_prefix, metadata, read_all
+from .errors import BrokerError
+
+
+class TimelineError(BrokerError):
+    """The timeline cannot be read (printed in one line, exit 1)"""
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    """One line of a drone's timeline"""
+
+    at: float  #: when it happened (the writer's clock), epoch seconds
+    stream_seq: int  #: order in the stream, for equal times
+    drone_event: str  #: what the agent reported, e.g. ``payload_started 12.0``
+    drone_state: str  #: the agent's state right after it
+    tardis_state: str  #: TARDIS's state then (a change is marked with ``->``)
+    source: str  #: ``agent`` or ``tardis``
+
+
+def describe(event: Event) -> str:
+    """A short text of one event: its kind and what matters about it"""
+    kind = kind_of(type(event))
+    if isinstance(event, PayloadStarted):
+        return f"{kind} {event.job_id}"
+    if isinstance(event, PayloadFinished):
+        code = "" if event.exit_code is None else f", code {event.exit_code}"
+        return f"{kind} {event.job_id} ({event.how}{code})"
+    if isinstance(event, GateOpened | GateClosed | Released | DrainRefused) and event.reason:
+        return f"{kind}: {event.reason}"
+    if isinstance(event, DrainRequested | DrainAccepted):
+        text = f"{kind}, deadline {event.intent.deadline:%H:%M:%S}"
+        return f"{text}, {event.payloads} payload(s)" if isinstance(event, DrainAccepted) else text
+    if isinstance(event, Draining):
+        return f"{kind}: {event.payloads} payload(s)"
+    if isinstance(event, DrainDeadlineExpired):
+        return f"{kind}: {event.payloads} payload(s), {event.action}"
+    if isinstance(event, StartdReady):
+        return f"{kind}: {event.slots} slot(s)"
+    if isinstance(event, WorkerStarted):
+        return f"{kind}: pid {event.pid}"
+    if isinstance(event, WorkerExited):
+        end = f"signal {event.signal}" if event.signal is not None else f"exit {event.exit_code}"
+        return f"{kind}: {end}"
+    if isinstance(event, AgentExiting):
+        return f"{kind}: exit {event.exit_code}" + (f", {event.reason}" if event.reason else "")
+    if isinstance(event, AgentStarted):
+        return f"{kind} on {event.hostname or '?'}"
+    return kind
+
+
+def build(messages: Sequence[tuple[int, Message]], *, heartbeats: bool = False) -> list[Row]:
+    """
+    The rows of a timeline from ``(stream sequence, message)`` pairs
+
+    Heartbeats are left out unless ``heartbeats``; TARDIS's state is carried
+    forward to every row.
+    """
+    items: list[tuple[float, int, Message]] = []
+    for seq, message in messages:
+        if isinstance(message, Event | TardisState):
+            items.append((message.at.timestamp(), seq, message))
+    items.sort(key=lambda item: (item[0], item[1]))
+    rows: list[Row] = []
+    tardis = ""
+    drone_state = ""
+    for at, seq, message in items:
+        if isinstance(message, TardisState):
+            status = f" ({message.resource_status})" if message.resource_status else ""
+            tardis = f"{message.state}{status}"
+            rows.append(Row(at, seq, "", drone_state, f"-> {tardis}", "tardis"))
+            continue
+        assert isinstance(message, Event)
+        drone_state = str(message.snapshot.state)
+        if isinstance(message, Heartbeat) and not heartbeats:
+            continue
+        rows.append(Row(at, seq, describe(message), drone_state, tardis, "agent"))
+    return rows
+
+
+def _time(epoch: float) -> str:
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).strftime("%H:%M:%S.%f")[:-3]
+
+
+def format_table(rows: Sequence[Row]) -> str:
+    """The rows as an aligned text table (UTC times)"""
+    header = ("TIME (UTC)", "DRONE EVENT", "DRONE STATE", "TARDIS STATE")
+    cells = [(_time(r.at), r.drone_event or "", r.drone_state, r.tardis_state) for r in rows]
+    table = [header, *cells]
+    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
+    return "\n".join(
+        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
+        for line in table
+    )
+
+
+async def read_timeline(
+    nc: Client,
+    namespace: Namespace,
+    drone: str,
+    site: str | None = None,
+    *,
+    domain: str | None = None,
+    heartbeats: bool = False,
+) -> list[Row]:
+    """
+    Every event and manager note of one drone in the stream, as timeline rows
+
+    Messages that do not decode are skipped (the registry counts them).
+
+    :raises TimelineError: if the stream cannot be read
+    """
+    root = f"{namespace.prefix}.{site or '*'}.{drone}"
+    config = ConsumerConfig(
+        deliver_policy=DeliverPolicy.ALL,
+        filter_subjects=[f"{root}.evt.>", f"{root}.mgr.>"],
+    )
+    messages: list[tuple[int, Message]] = []
+
+    def collect(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:
+        try:
+            message = decode(data)
+        except SchemaError:
+            return
+        messages.append((metadata(reply)[0], message))
+
+    js = nc.jetstream(domain=domain)
+    try:
+        await read_all(nc, js, namespace.event_stream, config, collect, api=api_prefix(domain))
+    except nats.js.errors.NotFoundError as err:
+        raise TimelineError(
+            f"stream missing ({err.description}): run 'cobald-remote broker init'"
+        ) from None
+    except (nats.errors.Error, TimeoutError) as err:
+        raise TimelineError(f"cannot read the event stream: {err}") from None
+    return build(messages, heartbeats=heartbeats)
+
+
+async def timeline(args: argparse.Namespace) -> int:
+    """``cobald-remote timeline DRONE``"""
+    try:
+        drone = check_token(args.drone, "drone uuid")
+        site = check_token(args.site, "site") if args.site else None
+        namespace = Namespace(args.prefix)
+    except SchemaError as err:
+        raise TimelineError(str(err)) from None
+    servers = [part.strip() for part in args.server.split(",") if part.strip()]
+    try:
+        nc = await nats.connect(
+            servers,
+            user_credentials=args.creds,
+            name="cobald-remote-timeline",
+            connect_timeout=2,
+            allow_reconnect=False,
+        )
+    except (OSError, nats.errors.Error) as err:
+        raise TimelineError(f"cannot connect to {args.server}: {err}") from None
+    try:
+        rows = await read_timeline(
+            nc, namespace, drone, site, domain=args.domain, heartbeats=args.heartbeats
+        )
+    finally:
+        await nc.close()
+    if not rows:
+        raise TimelineError(f"nothing about drone {drone!r} in {namespace.event_stream}")
+    if args.json:
+        sys.stdout.write(json.dumps([asdict(row) for row in rows], indent=2) + "\n")
+    else:
+        print(format_table(rows))
+    return 0
+
+
+def add_command(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add ``timeline`` to the ``cobald-remote`` command line"""
+    parser = groups.add_parser(
+        "timeline",
+        help="one drone's life: its agent's events beside TARDIS's state",
+        description="Read one drone's events and TARDIS's state notes from the event stream "
+        "(read-only) and print them in time order.",
+    )
+    parser.add_argument("drone", help="drone uuid, e.g. site1-0123456789")
+    parser.add_argument("--site", help="the drone's site (default: any)")
+    parser.add_argument("--server", required=True, help="NATS URL(s), comma-separated")
+    parser.add_argument("--creds", help="NATS credentials file")
+    parser.add_argument("--domain", help="JetStream domain (leaf-node deployments)")
+    parser.add_argument("--prefix", default=Namespace().prefix, help="first subject token")
+    parser.add_argument("--heartbeats", action="store_true", help="include heartbeats")
+    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    parser.set_defaults(run=timeline)

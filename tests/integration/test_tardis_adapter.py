@@ -1,0 +1,282 @@
+"""
+The TARDIS decorators with a real nats-server, real TARDIS drones and real agent processes:
+the fallback to the wrapped adapters, self-drain, and a lost agent's removal deadline
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import signal
+import sys
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import nats
+import pytest
+from fake_drones import eventually
+from helpers import pid_exists
+from nats.js import JetStreamContext
+from tardis.agents.batchsystemagent import BatchSystemAgent
+from tardis.agents.siteagent import SiteAgent
+from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
+from tardis.interfaces.batchsystemadapter import MachineStatus
+from tardis.interfaces.siteadapter import ResourceStatus
+from tardis.resources.drone import Drone
+from tardis_support import SITE, FakeOverlay, FakeSite, attributes
+
+from broker.provision import provision
+from broker.server import EmbeddedServer
+from broker.tardis_adapter import (
+    BusConfig,
+    RemoteBatchSystemAdapter,
+    RemoteBus,
+    RemoteSiteAdapter,
+    TardisStateNotes,
+)
+from broker.timeline import read_timeline
+from remote_agent import events as ev
+
+pytestmark = pytest.mark.timeout(180)
+
+BusFactory = Callable[..., Awaitable[RemoteBus]]
+
+
+@pytest.fixture
+async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
+    """Start :class:`RemoteBus` services as COBalD would run them; stopped at the end"""
+    await provision(js)
+    running: list[tuple[RemoteBus, asyncio.Task[None]]] = []
+
+    async def make(**settings: Any) -> RemoteBus:
+        config = BusConfig.from_mapping({"servers": nats_server.url, **settings})
+        bus = RemoteBus(config, register=False)
+        task = asyncio.create_task(bus.run())
+        running.append((bus, task))
+        assert await bus.wait_ready(30), "the bus did not connect"
+        return bus
+
+    yield make
+    for bus, task in running:
+        bus.stop()
+        await asyncio.wait_for(task, 30)
+
+
+class Agent:
+    """``cobald-remote agent run --no-startd`` as a real process, stopped by its PID"""
+
+    def __init__(self, proc: asyncio.subprocess.Process) -> None:
+        self.proc = proc
+
+    @classmethod
+    async def start(cls, tmp_path: Path, url: str, drone: str) -> Agent:
+        log = (tmp_path / f"agent-{drone}.log").open("wb")
+        proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            "broker.cli",
+            "agent",
+            "run",
+            "--no-startd",
+            f"--url={url}",
+            f"--drone={drone}",
+            "--heartbeat=1",
+            "--end-grace=1",
+            "--kill-after=2",
+            f"--spool-dir={tmp_path / ('spool-' + drone)}",
+            "--",
+            "sleep",
+            "300",
+            stdin=asyncio.subprocess.DEVNULL,
+            stdout=log,
+            stderr=log,
+        )
+        log.close()
+        return cls(proc)
+
+    async def stop(self) -> None:
+        if self.proc.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.proc.pid, signal.SIGCONT)
+                self.proc.terminate()
+            try:
+                await asyncio.wait_for(self.proc.wait(), 30)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        assert not pid_exists(self.proc.pid) or self.proc.returncode is not None
+
+
+class Transitions:
+    """A TARDIS plugin recording state names"""
+
+    def __init__(self) -> None:
+        self.states: list[str] = []
+
+    async def notify(self, state: Any, resource_attributes: Any) -> None:
+        self.states.append(str(state))
+
+
+async def test_a_drone_whose_agent_never_connects_is_run_by_the_wrapped_adapters(
+    tmp_path: Path, make_bus: BusFactory, nats_server: EmbeddedServer
+) -> None:
+    bus = await make_bus(lost_after_s=5.0)
+    site = FakeSite(status=ResourceStatus.Booting)
+    overlay = FakeOverlay(status=MachineStatus.Available)
+    site_adapter = RemoteSiteAdapter(site, bus)
+    recorder = Transitions()
+    drone = Drone(  # the real TARDIS drone and state machine
+        site_agent=SiteAgent(site_adapter),
+        batch_system_agent=BatchSystemAgent(RemoteBatchSystemAdapter(overlay, bus)),
+        plugins=[TardisStateNotes(bus), recorder],
+    )
+    uuid = drone.resource_attributes.drone_uuid
+    task = asyncio.create_task(drone.run())
+    try:
+        await eventually(lambda: "BootingState" in recorder.states, 30, "Booting")
+        site.status = ResourceStatus.Running  # the site starts the job; no agent ever speaks
+        await eventually(lambda: "AvailableState" in recorder.states, 30, "Available")
+        drone.demand = 0  # COBalD releases it
+        await asyncio.wait_for(task, 60)
+    finally:
+        task.cancel()
+    assert recorder.states == [
+        "RequestState",
+        "BootingState",
+        "IntegrateState",
+        "IntegratingState",
+        "AvailableState",
+        "DrainState",
+        "DrainingState",
+        "DisintegrateState",
+        "ShutDownState",
+        "ShuttingDownState",
+        "CleanupState",
+        "DownState",
+    ]
+    # every answer came from the wrapped adapters; the drain was a release and an OBS drain
+    assert site_adapter.counts["status_from_agent"] == 0
+    assert [site.called(c) for c in ("stop_resource", "terminate_resource")] == [1, 1]
+    assert overlay.called("drain_machine") == 1
+    view = bus.registry.view(SITE, uuid)
+    assert view is not None and view.record is not None
+    assert (view.record.phase, view.record.writer) == (ev.RecordPhase.RELEASED, "manager")
+
+    # the job starts late after all: its agent finds the drone released and runs nothing
+    agent = await Agent.start(tmp_path, nats_server.url, uuid)
+    try:
+        assert await asyncio.wait_for(agent.proc.wait(), 60) == 0
+    finally:
+        await agent.stop()
+    nc = await nats.connect(nats_server.url)
+    try:
+
+        async def rows() -> list[Any]:
+            return await read_timeline(nc, bus.namespace, uuid)
+
+        await eventually(lambda: bus.counts["notes_published"] >= 12, 30, "notes published")
+        timeline = await rows()
+    finally:
+        await nc.close()
+    events = [r.drone_event.split(":")[0] for r in timeline if r.source == "agent"]
+    assert "released" in events and "gate_opened" not in events
+    tardis = [
+        r.tardis_state.removeprefix("-> ").split(" ")[0] for r in timeline if r.source == "tardis"
+    ]
+    assert tardis == recorder.states
+    # the manager's registry consumes events only: TARDIS's notes are not rejected
+    assert bus.registry.metrics().rejected_total == 0
+
+
+async def test_an_announced_drone_is_drained_and_removed_once_drained(
+    tmp_path: Path, make_bus: BusFactory, nats_server: EmbeddedServer
+) -> None:
+    bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0)
+    uuid = "site1-00000000a1"
+    agent = await Agent.start(tmp_path, nats_server.url, uuid)
+    try:
+        await eventually(
+            lambda: (
+                bus.registry.view(SITE, uuid) is not None
+                and bus.registry.view(SITE, uuid).state is ev.DroneState.IDLE
+            ),  # type: ignore[union-attr]
+            60,
+            "the agent is up with its gate open",
+        )
+        site = FakeSite(status=ResourceStatus.Booting)  # the site's view lags: still queued
+        site_agent = SiteAgent(RemoteSiteAdapter(site, bus))
+        ra = attributes(uuid)
+        assert (await site_agent.resource_status(ra)).resource_status is ResourceStatus.Running
+        assert site.called("resource_status") == 0
+        # TARDIS wants it gone: a drain, not a removal
+        with pytest.raises(TardisResourceStatusUpdateFailed, match="deferred"):
+            await site_agent.terminate_resource(ra)
+        assert site.called("terminate_resource") == 0
+        # nothing runs on it: the agent drains at once and ends its job
+        assert await asyncio.wait_for(agent.proc.wait(), 60) == 0
+        await eventually(
+            lambda: (
+                (view := bus.registry.view(SITE, uuid)) is not None
+                and view.phase is ev.RecordPhase.DRAINED
+            ),
+            30,
+            "drained record",
+        )
+        await site_agent.terminate_resource(ra)
+        assert site.called("terminate_resource") == 1
+    finally:
+        await agent.stop()
+
+
+async def test_a_lost_agent_whose_job_runs_is_not_removed_before_the_deadline(
+    tmp_path: Path, make_bus: BusFactory, nats_server: EmbeddedServer
+) -> None:
+    removal_after_s, drain_s = 8.0, 6.0
+    bus = await make_bus(
+        lost_after_s=3.0,
+        lost_removal_after_s=removal_after_s,
+        drain_deadline_s=drain_s,
+        request_timeout_s=0.5,
+    )
+    uuid = "site1-00000000b2"
+    agent = await Agent.start(tmp_path, nats_server.url, uuid)
+    try:
+        await eventually(
+            lambda: (
+                (view := bus.registry.view(SITE, uuid)) is not None
+                and view.state is ev.DroneState.IDLE
+            ),
+            60,
+            "the agent is up",
+        )
+        os.kill(agent.proc.pid, signal.SIGSTOP)  # hangs: no heartbeat, no answer
+        await eventually(lambda: bus.fresh(SITE, uuid) is None, 30, "lost")
+        site = FakeSite(status=ResourceStatus.Running)  # the site still runs the job
+        site_agent = SiteAgent(RemoteSiteAdapter(site, bus))
+        ra = attributes(uuid)
+        # no longer fresh: the wrapped adapter answers again
+        assert (await site_agent.resource_status(ra)).resource_status is ResourceStatus.Running
+        deferred = 0
+        started = time.monotonic()
+        while True:
+            attempt = time.time()
+            try:
+                await site_agent.terminate_resource(ra)
+                break
+            except TardisResourceStatusUpdateFailed as err:
+                assert "deferred" in str(err)
+                deferred += 1
+            assert time.monotonic() - started < 90, "never removed"
+            await asyncio.sleep(0.25)
+        view = bus.registry.view(SITE, uuid)
+        assert view is not None and view.last_seen is not None and view.record is not None
+        assert view.record.drain is not None  # the intent waits for the agent's return
+        assert attempt >= view.last_seen + removal_after_s
+        assert attempt >= view.record.drain.deadline.timestamp()
+        assert deferred >= 5
+        assert site.called("terminate_resource") == 1
+    finally:
+        await agent.stop()

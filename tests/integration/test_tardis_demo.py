@@ -1,0 +1,123 @@
+"""
+The report's race end to end: real COBalD daemon, real TARDIS, a real nats-server, real
+agent processes, emulated site and drones. Under strongly swinging demand stock TARDIS
+kills running payloads; with the decorators, the same seeded scenario kills none.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+from fake_drones import eventually
+from nats.js import JetStreamContext
+
+from broker.provision import provision
+from broker.server import EmbeddedServer
+from emulation.demo import run_mode
+from emulation.groundtruth import read_ground_truth
+from emulation.scenario import Scenario
+
+pytestmark = pytest.mark.timeout(420)
+
+#: established drones first (the pool can only shrink while it has supply), then a
+#: spike whose drones start while TARDIS's cached views (30 s) still show them queued,
+#: then a trough: COBalD releases the booting drones first (tardis#172)
+SCENARIO = Scenario(
+    seed=3,
+    duration_s=52.0,
+    cooldown_s=20.0,
+    max_drones=5,
+    first_base_s=36.0,
+    spike_s=(7.0, 7.0),
+    trough_s=(7.0, 7.0),
+    site_max_age_s=30.0,
+    batch_max_age_s=30.0,
+    queue_delay_s=(1.0, 4.0),
+)
+
+
+def _running(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def _pids(root: Path) -> list[int]:
+    """Every drone job and emulated master this run started"""
+    pids = []
+    for entry in read_ground_truth(root / "lbs.jsonl"):
+        if entry["event"] == "job_started":
+            pids.append(entry["pid"])
+            truth = Path(entry["sandbox"]) / "ep" / "ground_truth.jsonl"
+            pids += [e["pid"] for e in read_ground_truth(truth) if e["event"] == "master_started"]
+    return pids
+
+
+async def _timeline(url: str, drone: str) -> list[dict[str, Any]]:
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "broker.cli",
+        "timeline",
+        drone,
+        "--server",
+        url,
+        "--json",
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    rows: list[dict[str, Any]] = json.loads(out)
+    return rows
+
+
+async def test_stock_tardis_kills_payloads_and_the_decorators_kill_none(
+    tmp_path: Path, nats_server: EmbeddedServer, js: JetStreamContext
+) -> None:
+    await provision(js)
+    lines: list[str] = []
+    stock = await run_mode(SCENARIO, "stock", tmp_path / "stock", progress=lines.append)
+    remote = await run_mode(
+        SCENARIO, "remote", tmp_path / "remote", nats_url=nats_server.url, progress=lines.append
+    )
+    report = json.dumps({"stock": stock, "remote": remote}, indent=1)
+
+    # the same scenario ran: as many drones asked for, busy drones in both
+    assert stock["drones"]["requested"] >= 5, report
+    assert remote["drones"]["requested"] >= 5, report
+    assert remote["payloads"]["started"] >= 10, report
+    # stock TARDIS removed drones that ran payloads, as in the report
+    assert stock["payloads"]["killed"] >= 1, report
+    assert stock["drones"]["removed by the site with payloads running"] >= 1, report
+    # with cobald-remote not one payload died, and TARDIS saw drones up within seconds
+    assert remote["payloads"]["killed"] == 0, report
+    assert remote["drones"].get("removed by the site with payloads running", 0) == 0, report
+    assert remote["tardis_latency"]["never_seen_running"] == 0, report
+    assert remote["tardis_latency"]["median_s"] < stock["tardis_latency"]["median_s"], report
+    assert any("payloads" in line and "killed" in line for line in lines)  # progress shown
+
+    # every process of both runs was stopped (a killed orphan may be a zombie for a moment,
+    # until init reaps it)
+    pids = _pids(tmp_path / "stock") + _pids(tmp_path / "remote")
+    await eventually(lambda: not [p for p in pids if _running(p)], 30, "all processes stopped")
+
+    # the operator's timeline of a drone: its agent's events beside TARDIS's states
+    drone = next(
+        e["drone"]
+        for e in read_ground_truth(tmp_path / "remote" / "lbs.jsonl")
+        if e["event"] == "job_started"
+    )
+    rows = await _timeline(nats_server.url, drone)
+    events = [row["drone_event"] for row in rows if row["source"] == "agent"]
+    states = [row["tardis_state"] for row in rows if row["source"] == "tardis"]
+    assert events[0].startswith("agent_started") and "payload_started" in " ".join(events)
+    assert states[0] == "-> RequestState (Booting)" and states[-1].startswith("-> DownState")
+    assert [r["at"] for r in rows] == sorted(r["at"] for r in rows)

@@ -1,0 +1,115 @@
+"""RemoteFactoryPool: drones without payloads are released before drones with payloads"""
+
+from __future__ import annotations
+
+import threading
+from typing import Any
+
+from tardis_support import SITE, announce, offline_bus
+
+from broker.tardis_adapter import RemoteBus, RemoteFactoryPool
+from remote_agent import events as ev
+
+
+class Child:
+    """What FactoryPool reads of a TARDIS Drone: plain attributes"""
+
+    def __init__(self, drone: str, supply: float = 0.0, utilisation: float = 0.0) -> None:
+        self.resource_attributes = {"drone_uuid": drone}
+        self.demand = 2.0
+        self.supply = supply
+        self.utilisation = utilisation
+        self.allocation = utilisation
+
+
+def _pool(bus: RemoteBus, children: list[Child]) -> RemoteFactoryPool:
+    return RemoteFactoryPool(
+        *children, factory=lambda: Child("site1-ffffffffff"), interval=1, bus=bus, site=SITE
+    )
+
+
+def _released(children: list[Child]) -> list[str]:
+    return [c.resource_attributes["drone_uuid"] for c in children if c.demand == 0]
+
+
+def _fleet(bus: RemoteBus) -> dict[str, Child]:
+    # supply x utilisation (COBalD's own order) would pick "busy2" and "busy1" first:
+    # they look idle in TARDIS's stale view; their agents know better
+    children = {
+        "busy2": Child("site1-0000000002", supply=2, utilisation=0.0),
+        "busy1": Child("site1-0000000001", supply=2, utilisation=0.0),
+        "idle": Child("site1-000000000a", supply=2, utilisation=0.9),
+        "booting": Child("site1-000000000b"),
+        "released": Child("site1-000000000c"),
+    }
+    announce(bus.registry, "site1-0000000002", ev.DroneState.BUSY, payloads=2)
+    announce(bus.registry, "site1-0000000001", ev.DroneState.BUSY, payloads=1)
+    announce(bus.registry, "site1-000000000a", ev.DroneState.IDLE)
+    # only a handshake record (the manager released it): no agent ever announced
+    bus.registry.apply_record(
+        ev.DroneRecord(
+            site=SITE,
+            drone="site1-000000000c",
+            phase=ev.RecordPhase.RELEASED,
+            writer="manager",
+            at=ev.utcnow(),
+        ),
+        1,
+        None,
+    )
+    return children
+
+
+def test_release_order_never_announced_then_idle_then_fewest_payloads() -> None:
+    bus = offline_bus()
+    children = _fleet(bus)
+    pool = _pool(bus, list(children.values()))
+    order = sorted(children, key=lambda name: pool.release_key(children[name]))
+    assert set(order[:2]) == {"booting", "released"}
+    assert order[2:] == ["idle", "busy1", "busy2"]
+
+
+def test_shrinking_releases_drones_without_payloads_first() -> None:
+    bus = offline_bus()
+    children = _fleet(bus)
+    pool = _pool(bus, list(children.values()))
+    pool._shrink(target=4.0)  # 10 demanded, 4 wanted: three drones go
+    assert set(_released(list(children.values()))) == {
+        "site1-000000000b",
+        "site1-000000000c",
+        "site1-000000000a",
+    }
+    pool._shrink(target=2.0)
+    assert children["busy1"].demand == 0
+    assert children["busy2"].demand == 2.0
+
+
+def test_release_key_runs_in_another_thread_while_the_registry_changes() -> None:
+    # COBalD calls _shrink in its trio thread while the asyncio side applies events
+    bus = offline_bus()
+    children = [Child(f"site1-{i:010x}", supply=2) for i in range(200)]
+    pool = _pool(bus, children)
+    errors: list[BaseException] = []
+    keys: list[Any] = []
+
+    def shrink() -> None:
+        try:
+            for _ in range(50):
+                keys.append([pool.release_key(c) for c in children])
+        except BaseException as err:  # pragma: no cover - reported below
+            errors.append(err)
+
+    thread = threading.Thread(target=shrink)
+    thread.start()
+    for seq in range(1, 30):
+        for i in range(0, 200, 7):
+            announce(bus.registry, f"site1-{i:010x}", ev.DroneState.BUSY, payloads=1, seq=seq)
+    thread.join(30)
+    assert not errors
+    assert len(keys) == 50
+
+
+def test_without_a_bus_it_is_cobalds_order() -> None:
+    children = [Child("site1-0000000001", 2, 0.5), Child("site1-0000000002", 2, 0.1)]
+    pool = RemoteFactoryPool(*children, factory=lambda: Child("x-y"), interval=1)
+    assert sorted(children, key=pool.release_key)[0] is children[1]

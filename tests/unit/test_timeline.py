@@ -1,0 +1,69 @@
+"""cobald-remote timeline: events and TARDIS notes in one time order"""
+
+from __future__ import annotations
+
+import datetime as dt
+
+from fake_drones import FakeDrone
+
+from broker.timeline import build, describe, format_table
+from remote_agent import events as ev
+
+T0 = dt.datetime(2026, 3, 18, 17, 27, 6, tzinfo=dt.UTC)
+
+
+def _note(seconds: float, state: str, status: str) -> ev.TardisState:
+    return ev.TardisState(
+        site="site1",
+        drone="site1-0000000001",
+        state=state,
+        resource_status=status,
+        at=T0 + dt.timedelta(seconds=seconds),
+        id=f"n{seconds}",
+    )
+
+
+def test_the_report_as_a_timeline() -> None:
+    drone = FakeDrone("site1", "site1-0000000001", clock=T0 + dt.timedelta(seconds=30))
+    started, ready, beat = drone.started(), drone.ready(), drone.heartbeat()
+    payload = drone.payload_started("12.0")
+    messages: list[tuple[int, ev.Message]] = [
+        (5, payload),
+        (1, _note(0, "BootingState", "Booting")),
+        (2, started),
+        (3, ready),
+        (4, beat),
+        (6, _note(60, "CleanupState", "Booting")),
+    ]
+    rows = build(messages)
+    assert [r.drone_event or r.tardis_state for r in rows] == [
+        "-> BootingState (Booting)",
+        "agent_started on ?",
+        "startd_ready: 4 slot(s)",
+        "payload_started 12.0",
+        "-> CleanupState (Booting)",
+    ]
+    # TARDIS's state is carried to the agent's rows: it still thought the drone was queued
+    assert rows[3].tardis_state == "BootingState (Booting)"
+    assert rows[3].drone_state == "busy"
+    assert len(build(messages, heartbeats=True)) == 6
+    table = format_table(rows).splitlines()
+    assert table[0].split() == [
+        "TIME",
+        "(UTC)",
+        "DRONE",
+        "EVENT",
+        "DRONE",
+        "STATE",
+        "TARDIS",
+        "STATE",
+    ]
+    assert table[1].startswith("17:27:06.000")
+
+
+def test_descriptions_say_what_matters() -> None:
+    drone = FakeDrone("site1", "site1-0000000001")
+    drone.payload_started("7.0")
+    finished = drone.payload_finished("7.0")
+    assert describe(finished) == "payload_finished 7.0 (exit)"
+    assert describe(drone.exiting()) == "agent_exiting: exit 0"
