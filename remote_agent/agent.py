@@ -177,7 +177,7 @@ class Agent:
         self._ending: str | None = None
         self._terminated = False
         self._stop_signal: int | None = None
-        self._slots = 0
+        self._slots = settings.slots
         self._startd_ready = False
         self._accepting: bool | None = None
         self._accepting_lock = asyncio.Lock()
@@ -958,11 +958,11 @@ class Agent:
 
     def _on_startd_ready(self, slots: list[SlotInfo]) -> None:
         self._startd_ready = True
-        self._slots = len(slots)
+        self._slots = max(len(slots), self.settings.slots)
         if self.lifecycle.state is S.WORKER_UP:
             self.lifecycle.move(S.STARTD_READY)
         name = slots[0].name if slots else socket.gethostname()
-        self._emit(StartdReady, slots=len(slots), name=name)
+        self._emit(StartdReady, slots=self._slots, name=name)
         # The gate has never been open in this incarnation (the claim waits for this
         # moment), so whatever runs now was let in before: an agent that was restarted.
         for job_id, slot in self._unknown_jobs(slots).items():
@@ -998,7 +998,7 @@ class Agent:
         for table in (self._refused, self._finished):
             for job_id in [j for j, at in table.items() if now - at > _FORGET_S]:
                 del table[job_id]
-        self._slots = len(slots)
+        self._slots = max(len(slots), self.settings.slots)
         running = {slot.job_id for slot in slots if slot.job_id}
         for job_id, payload in list(self._payloads.items()):
             if job_id in running:

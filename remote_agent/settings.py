@@ -26,6 +26,8 @@ DeadlinePolicy = Literal["wait", "kill"]
 
 #: what TARDIS site adapters export into every drone job
 TARDIS_UUID_ENV: Final = "TardisDroneUuid"
+#: the drone's cores as TARDIS's HTCondor site adapter exports them
+TARDIS_CORES_ENV: Final = "TardisDroneCores"
 #: what cobald-remote's TARDIS integration adds to every drone job's environment
 #: (``broker/tardis_adapter.py``; site adapters prefix each key with ``TardisDrone``),
 #: read when the ``COBALD_REMOTE_*`` variable of the same setting is not set
@@ -59,6 +61,9 @@ class Settings:
     :param spool_max_events: events the spool holds before it drops the oldest
     :param deadline_policy: what to do with payloads still running when a drain's
         deadline passes: ``wait`` for them, or ``kill`` them (``condor_drain -fast``)
+    :param slots: slots (cores) the drone offers, the denominator of its
+        utilisation; ``condor_who`` lists only busy slots, so this comes from the
+        job (``$TardisDroneCores``) and is raised to what the startd shows busy
     :param startd: whether the worker is an HTCondor startd; without one nothing is
         polled and the gate opens right after the handshake claim
     :param gate_socket: Unix socket the job hooks use to reach the agent
@@ -83,6 +88,7 @@ class Settings:
     spool_max_events: int = 10_000
     deadline_policy: DeadlinePolicy = "wait"
     startd: bool = True
+    slots: int = 0
     end_grace_s: float = 60.0
     kill_after_s: float = 30.0
     exit_flush_s: float = 10.0
@@ -167,6 +173,7 @@ class Settings:
             spool_max_events=pick("spool_max_events", int, 10_000),
             deadline_policy=pick("deadline_policy", str, "wait"),
             startd=pick("startd", _parse_bool, True),
+            slots=pick("slots", int, _cores(env)),
             end_grace_s=pick("end_grace_s", float, 60.0),
             kill_after_s=pick("kill_after_s", float, 30.0),
             exit_flush_s=pick("exit_flush_s", float, 10.0),
@@ -190,6 +197,8 @@ class Settings:
         for name in ("end_grace_s", "kill_after_s", "exit_flush_s"):
             if not getattr(self, name) >= 0:
                 raise SettingsError(f"{name} must not be negative, not {getattr(self, name)}")
+        if self.slots < 0:
+            raise SettingsError(f"slots must not be negative, not {self.slots}")
         if self.spool_max_events < 10:
             raise SettingsError(
                 f"spool_max_events must be at least 10, not {self.spool_max_events}"
@@ -222,6 +231,7 @@ _ENV: Final = {
     "spool_max_events": "COBALD_REMOTE_SPOOL_MAX_EVENTS",
     "deadline_policy": "COBALD_REMOTE_DEADLINE_POLICY",
     "startd": "COBALD_REMOTE_STARTD",
+    "slots": "COBALD_REMOTE_SLOTS",
     "gate_socket": "COBALD_REMOTE_GATE",  # the same variable the hooks read
     "end_grace_s": "COBALD_REMOTE_END_GRACE_S",
     "kill_after_s": "COBALD_REMOTE_KILL_AFTER_S",
@@ -239,6 +249,14 @@ def env_name(setting: str) -> str:
 def _site_of(drone: str) -> str | None:
     match = _TARDIS_UUID_RE.match(drone)
     return match["site"] if match else None
+
+
+def _cores(env: Mapping[str, str]) -> int:
+    """TARDIS's ``$TardisDroneCores`` (a number, possibly written as a float), else 0"""
+    try:
+        return max(0, int(float(env.get(TARDIS_CORES_ENV, "0"))))
+    except ValueError:
+        return 0
 
 
 def _split_urls(text: str) -> list[str]:
@@ -290,6 +308,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add("--prefix", "prefix", f"first subject token (default {DEFAULT_PREFIX})")
     add("--heartbeat", "heartbeat_s", "seconds between heartbeats (default 30)", type=float)
     add("--poll", "poll_s", "seconds between condor_who polls (default 5)", type=float)
+    add("--slots", "slots", f"slots (cores) of the drone (default ${TARDIS_CORES_ENV})", type=int)
     add(
         "--spool-dir",
         "spool_dir",

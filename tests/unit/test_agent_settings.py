@@ -30,6 +30,20 @@ def test_identity_and_site_from_the_tardis_uuid(tmp_path: Path) -> None:
     assert settings.prefix == "cobald" and settings.creds is None
 
 
+@pytest.mark.parametrize(
+    ("env", "slots"),
+    [
+        ({}, 0),
+        ({"TardisDroneCores": "8"}, 8),
+        ({"TardisDroneCores": "4.0"}, 4),
+        ({"TardisDroneCores": "x"}, 0),
+        ({"TardisDroneCores": "8", "COBALD_REMOTE_SLOTS": "2"}, 2),
+    ],
+)
+def test_slots_come_from_the_drones_cores(env: dict[str, str], slots: int) -> None:
+    assert Settings.from_env({**BASE, **env}, worker_command=WORKER).slots == slots
+
+
 def test_a_site_with_dashes_keeps_them() -> None:
     env = {**BASE, "TardisDroneUuid": "kit-cloud-abcdef0123"}
     assert Settings.from_env(env, worker_command=WORKER).site == "kit-cloud"
