@@ -268,7 +268,13 @@ class Agent:
                 try:
                     code = await self._lifecycle()
                 except BaseException:
-                    await self._kill_worker()
+                    try:
+                        await self._kill_worker()
+                    finally:
+                        # the task group cancels each task once, and nats-py may swallow
+                        # that (see stop_tasks): a publisher that carried on would keep
+                        # the group, and so the agent, from ever ending
+                        await stop_tasks([bus, *self._tasks])
                     raise
                 finally:
                     await self._cancel_background()
@@ -400,7 +406,13 @@ class Agent:
         if self._tg is None or self._winding_down:
             coro.close()
             return
-        task = self._tg.create_task(self._guard(coro, name), name=name)
+        guarded = self._guard(coro, name)
+        try:
+            task = self._tg.create_task(guarded, name=name)
+        except RuntimeError:  # the task group is already shutting down: nothing new starts
+            guarded.close()
+            coro.close()
+            return
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
 

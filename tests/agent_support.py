@@ -215,7 +215,10 @@ class TcpProxy:
         self._handlers.add(task)
         writers = [writer]
         try:
-            up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            except OSError:  # the server is down: the client sees the connection end
+                return
             writers.append(up_writer)
             self._writers.update(writers)
             await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
