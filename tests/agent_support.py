@@ -214,13 +214,16 @@ class TcpProxy:
         assert task is not None
         self._handlers.add(task)
         writers = [writer]
+        self._writers.add(writer)  # from the start: a cut while we connect upstream ends it too
         try:
             try:
                 up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
             except OSError:  # the server is down: the client sees the connection end
                 return
             writers.append(up_writer)
-            self._writers.update(writers)
+            if self._server is None or writer.is_closing():  # cut while we connected
+                return
+            self._writers.add(up_writer)
             await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
         finally:
             self._writers.difference_update(writers)
