@@ -17,13 +17,12 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-import nats
-import nats.errors
 from nats.aio.client import Client
 
 from remote_agent.cli import add_commands as add_agent_commands
 from remote_agent.events import DEFAULT_MAX_SIZE, Namespace, SchemaError, decode, to_json
 
+from .connection import connect_once
 from .errors import BrokerError
 from .ops import add_commands as add_operator_commands
 from .provision import Topology, provision
@@ -39,34 +38,13 @@ def default_store_dir() -> Path:
     return Path(data_home) / "cobald-remote" / "nats"
 
 
-def servers_of(url: str) -> list[str]:
-    """``nats://a:4222,nats://b:4222`` as the list nats-py wants (it does not split commas)"""
-    return [part.strip() for part in url.split(",") if part.strip()]
-
-
 class CliError(Exception):
     """A failure to report in one line and exit 1"""
 
 
 async def connect(url: str, creds: str | None = None) -> Client:
-    """Connect for a short-lived command: fail fast instead of retrying for minutes"""
-
-    async def quiet(err: Exception) -> None:  # the raised error says it once, clearly
-        log.debug("nats: %s", err)
-
-    try:
-        return await nats.connect(
-            servers_of(url),
-            error_cb=quiet,
-            user_credentials=creds,
-            name="cobald-remote-cli",
-            connect_timeout=2,
-            max_reconnect_attempts=1,
-            reconnect_time_wait=0.2,
-            allow_reconnect=False,
-        )
-    except (OSError, nats.errors.Error) as err:
-        raise CliError(f"cannot connect to {url}: {err}") from None
+    """Connect for one command of this module"""
+    return await connect_once(url, creds, name="cobald-remote-cli")
 
 
 def _topology(args: argparse.Namespace) -> Topology:

@@ -26,6 +26,7 @@ from nats.aio.client import Client
 from remote_agent.events import Namespace, SchemaError, check_token
 from remote_agent.handshake import HandshakeError, RecordStore
 
+from .connection import connect_once
 from .consumer import api_prefix
 from .control import (
     DEFAULT_DRAIN_S,
@@ -75,23 +76,7 @@ def _target(args: argparse.Namespace) -> tuple[str, str]:
 
 
 async def _connect(args: argparse.Namespace) -> Client:
-    async def quiet(err: Exception) -> None:
-        pass
-
-    servers = [part.strip() for part in args.server.split(",") if part.strip()]
-    try:
-        return await nats.connect(
-            servers,
-            error_cb=quiet,
-            user_credentials=args.creds,
-            name="cobald-remote-ops",
-            connect_timeout=2,
-            max_reconnect_attempts=1,
-            reconnect_time_wait=0.2,
-            allow_reconnect=False,
-        )
-    except (OSError, nats.errors.Error) as err:
-        raise OperatorError(f"cannot connect to {args.server}: {err}") from None
+    return await connect_once(args.server, args.creds, name="cobald-remote-ops")
 
 
 async def _control(nc: Client, args: argparse.Namespace) -> Control:

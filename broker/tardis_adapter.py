@@ -80,7 +80,7 @@ from remote_agent.events import (
     encode,
     utcnow,
 )
-from remote_agent.settings import TARDIS_SETTINGS_ENV
+from remote_agent.settings import TARDIS_SETTINGS_ENV, split_urls
 
 from .consumer import DEFAULT_DURABLE
 from .control import DEFAULT_DRAIN_S, DEFAULT_REQUEST_TIMEOUT_S, Control, Removal, Verdict
@@ -151,7 +151,7 @@ _MACHINE_STATUS: Final = {
 
 def _servers(value: object, key: str) -> tuple[str, ...]:
     if isinstance(value, str):
-        items = [part.strip() for part in value.split(",")]
+        items = split_urls(value)
     elif isinstance(value, Sequence):
         items = [str(part).strip() for part in value]
     else:

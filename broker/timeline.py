@@ -53,6 +53,7 @@ from remote_agent.events import (
     kind_of,
 )
 
+from .connection import connect_once
 from .consumer import api_prefix, metadata, read_all
 from .errors import BrokerError
 
@@ -199,17 +200,7 @@ async def timeline(args: argparse.Namespace) -> int:
         namespace = Namespace(args.prefix)
     except SchemaError as err:
         raise TimelineError(str(err)) from None
-    servers = [part.strip() for part in args.server.split(",") if part.strip()]
-    try:
-        nc = await nats.connect(
-            servers,
-            user_credentials=args.creds,
-            name="cobald-remote-timeline",
-            connect_timeout=2,
-            allow_reconnect=False,
-        )
-    except (OSError, nats.errors.Error) as err:
-        raise TimelineError(f"cannot connect to {args.server}: {err}") from None
+    nc = await connect_once(args.server, args.creds, name="cobald-remote-timeline")
     try:
         rows = await read_timeline(
             nc, namespace, drone, site, domain=args.domain, heartbeats=args.heartbeats

@@ -146,8 +146,8 @@ class Settings:
             )
         servers = (
             given.get("servers")
-            or _split_urls(env.get(_ENV["servers"], ""))
-            or _split_urls(env.get(TARDIS_SETTINGS_ENV["servers"], ""))
+            or split_urls(env.get(_ENV["servers"], ""))
+            or split_urls(env.get(TARDIS_SETTINGS_ENV["servers"], ""))
         )
         if not servers:
             raise SettingsError(f"no broker URL: set {_ENV['servers']} or pass --url")
@@ -259,7 +259,8 @@ def _cores(env: Mapping[str, str]) -> int:
         return 0
 
 
-def _split_urls(text: str) -> list[str]:
+def split_urls(text: str) -> list[str]:
+    """``nats://a:4222,nats://b:4222`` as a list of URLs (nats-py does not split commas)"""
     return [url.strip() for url in text.split(",") if url.strip()]
 
 
@@ -372,5 +373,5 @@ def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) ->
         command = command[1:]
     options = {name: getattr(args, name, None) for name in _ENV}
     if options["servers"]:
-        options["servers"] = [u for arg in options["servers"] for u in _split_urls(arg)]
+        options["servers"] = [u for arg in options["servers"] for u in split_urls(arg)]
     return Settings.from_env(env, worker_command=command, **options)

@@ -1,0 +1,45 @@
+"""Connections of the short-lived commands (``broker init``, ``drain``, ``status``, ...)"""
+
+from __future__ import annotations
+
+import logging
+
+import nats
+import nats.errors
+from nats.aio.client import Client
+
+from remote_agent.settings import split_urls
+
+from .errors import BrokerError
+
+log = logging.getLogger(__name__)
+
+
+class ConnectError(BrokerError):
+    """The broker could not be reached"""
+
+
+async def connect_once(url: str, creds: str | None = None, *, name: str) -> Client:
+    """
+    Connect for a short-lived command: fail fast instead of retrying for minutes
+
+    :param url: one NATS URL or several, comma-separated
+    :raises ConnectError: if no server answers
+    """
+
+    async def quiet(err: Exception) -> None:  # the raised error says it once, clearly
+        log.debug("nats: %s", err)
+
+    try:
+        return await nats.connect(
+            split_urls(url),  # nats-py does not split commas itself
+            error_cb=quiet,
+            user_credentials=creds,
+            name=name,
+            connect_timeout=2,
+            max_reconnect_attempts=1,
+            reconnect_time_wait=0.2,
+            allow_reconnect=False,
+        )
+    except (OSError, nats.errors.Error) as err:
+        raise ConnectError(f"cannot connect to {url}: {err}") from None
