@@ -181,3 +181,17 @@ async def test_streams_refuse_oversized_messages(js: JetStreamContext, nc: Clien
     await provision(js)
     with pytest.raises(nats.js.errors.APIError, match="message size exceeds maximum"):
         await js.publish(NS.event("s", "d", "heartbeat"), os.urandom(ev.DEFAULT_MAX_SIZE + 1))
+
+
+async def test_sync_always_fsyncs_every_write_and_keeps_data(tmp_path: Path) -> None:
+    server = EmbeddedServer(tmp_path / "store", sync_always=True)
+    async with server:
+        nc = await nats.connect(server.url)
+        await provision(nc.jetstream())
+        await _publish_all(nc.jetstream())
+        await nc.close()
+    assert "sync_interval: always" in (tmp_path / "store" / "run" / "jetstream.conf").read_text()
+    async with EmbeddedServer(tmp_path / "store", sync_always=True) as again:
+        nc = await nats.connect(again.url)
+        assert await _read_all(nc.jetstream()) == _events()
+        await nc.close()

@@ -121,3 +121,36 @@ async def test_stock_tardis_kills_payloads_and_the_decorators_kill_none(
     assert events[0].startswith("agent_started") and "payload_started" in " ".join(events)
     assert states[0] == "-> RequestState (Booting)" and states[-1].startswith("-> DownState")
     assert [r["at"] for r in rows] == sorted(r["at"] for r in rows)
+
+
+@pytest.mark.timeout(300)
+async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path) -> None:
+    """``cobald-remote demo`` (README's main job) as a user runs it, kept short"""
+    report = tmp_path / "demo.json"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "broker.cli",
+        "demo",
+        "--seed",
+        "2",
+        "--duration",
+        "10",
+        "--drones",
+        "2",
+        "--json",
+        str(report),
+        "--workdir",
+        str(tmp_path / "work"),
+        stdout=asyncio.subprocess.PIPE,
+        stderr=asyncio.subprocess.PIPE,
+    )
+    out, err = await asyncio.wait_for(proc.communicate(), 280)
+    assert proc.returncode == 0, err.decode()[-2000:]
+    text = out.decode()
+    assert "with cobald-remote" in text and "payloads: killed" in text
+    assert "cobald-remote demo: seed 2" in err.decode()  # progress on stderr
+    document = json.loads(report.read_text())
+    assert set(document["runs"]) == {"remote"}
+    assert document["runs"]["remote"]["kill_reasons"] == {}
+    assert not [pid for pid in _pids(tmp_path / "work" / "remote") if _running(pid)]
