@@ -310,8 +310,10 @@ class World:
                 raise Violation(f"{drone.name}: never announced itself ({drone.log})")
             await asyncio.sleep(0.05)
         await wait_for(lambda: not drone.alive, 60, f"{drone.name} to end ({drone.log})")
-        if drone.exit_code != 0:
-            raise Violation(f"{drone.name}: agent exited {drone.exit_code} ({drone.log})")
+        assert drone.task is not None
+        code = drone.task.result()  # not drone.exit_code: its done-callback may still be due
+        if code != 0:
+            raise Violation(f"{drone.name}: agent exited {code} ({drone.log})")
         if drone.gate is not None:
             await drone.gate.close()
         await wait_for(
@@ -451,6 +453,8 @@ async def run_schedule(number: int, tmp_path: Path) -> int:
             raise
         finally:
             await world.crash_agent(drone)
+            if drone.gate is not None:  # an agent that ended by itself leaves its gate open
+                await drone.gate.close()
             await proxy.close()
     print(f"schedule {number}: {' '.join(schedule)}: {drone.log[-1]}", flush=True)
     return len(schedule)
