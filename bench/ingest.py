@@ -94,7 +94,7 @@ async def publish(nc: Client, ns: ev.Namespace, events: list[ev.Event]) -> Resul
 
 
 async def consume(
-    nc: Client,
+    url: str,
     stream: str,
     consumer: str,
     handler: Handler,
@@ -105,7 +105,33 @@ async def consume(
     server_pid: int | None,
     direct: bool = True,
 ) -> Result:
-    """Time from the first message to the last one handled (and, with acks, acknowledged)"""
+    """
+    Time from the first message to the last one handled (and, with acks, acknowledged)
+
+    Each row gets a connection of its own: the direct path changes how its
+    connection parses, and nats-py's rows must measure nats-py as it comes.
+    """
+    nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
+    try:
+        return await _consume(
+            nc, stream, consumer, handler, n, acks, settings, name, server_pid, direct
+        )
+    finally:
+        await nc.close()
+
+
+async def _consume(
+    nc: Client,
+    stream: str,
+    consumer: str,
+    handler: Handler,
+    n: int,
+    acks: bool,
+    settings: PullSettings,
+    name: str,
+    server_pid: int | None,
+    direct: bool,
+) -> Result:
     done = asyncio.Event()
     first = 0.0
     count = 0
@@ -154,6 +180,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                 stream = ns.event_stream
 
                 pid = server.pid
+                url = server.url
                 noop: Handler = lambda *_: Disposition.ACK  # noqa: E731
 
                 async def ephemeral() -> str:
@@ -183,16 +210,16 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     # 1. the baseline: nats-py alone (its Msg/subscription path), AckNone
                     for result in (
                         await consume(
-                            nc, stream, await ephemeral(), noop, n, False, settings,
+                            url, stream, await ephemeral(), noop, n, False, settings,
                             BASELINE, pid, direct=False,
                         ),
                         # 2. what acking alone costs, on nats-py's path and the direct path
                         await consume(
-                            nc, stream, await durable(f"bench-raw-ack-{round_}"), noop, n,
+                            url, stream, await durable(f"bench-raw-ack-{round_}"), noop, n,
                             True, settings, RAW_ACK, pid, direct=False,
                         ),
                         await consume(
-                            nc, stream, await durable(f"bench-direct-ack-{round_}"), noop, n,
+                            url, stream, await durable(f"bench-direct-ack-{round_}"), noop, n,
                             True, settings, DIRECT_ACK, pid,
                         ),
                     ):  # fmt: skip
@@ -202,7 +229,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     name = await durable(f"bench-registry-{round_}")
                     profiler = _profiler() if args.profile else None
                     result = await consume(
-                        nc, stream, name, event_handler(registry), n, True, settings,
+                        url, stream, name, event_handler(registry), n, True, settings,
                         REGISTRY, pid,
                     )  # fmt: skip
                     if profiler is not None:
@@ -286,7 +313,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--events", type=int, default=200_000)
     parser.add_argument("--drones", type=int, default=10_000)
-    parser.add_argument("--batch", type=int, default=500, help="pull batch size")
+    parser.add_argument(
+        "--batch", type=int, default=PullSettings().batch, help="pull batch size (the manager's)"
+    )
     parser.add_argument("--uvloop", action="store_true", help="run on uvloop")
     parser.add_argument("--repeat", type=int, default=2, help="rounds; the best one counts")
     parser.add_argument("--profile", action="store_true", help="pyinstrument the registry path")

@@ -174,12 +174,13 @@ def _age(seconds: float | None) -> str:
 
 def _row(view: DroneView, now: float, lost_after_s: float) -> dict[str, Any]:
     record = view.record
+    snapshot = view.snapshot  # decoded on every access: once
     return {
         "site": view.site,
         "drone": view.drone,
         "state": str(view.state) if view.state is not None else None,
-        "gate_open": view.snapshot.gate_open if view.snapshot is not None else None,
-        "payloads": [msgspec.to_builtins(p) for p in view.payloads],
+        "gate_open": snapshot.gate_open if snapshot is not None else None,
+        "payloads": [msgspec.to_builtins(p) for p in snapshot.payloads] if snapshot else [],
         "last_event": view.kind or None,
         "seq": view.seq,
         "last_fact_age_s": view.last_fact_age_s(now),

@@ -5,8 +5,15 @@ Every event carries the whole snapshot it led to, so the registry keeps, per
 drone, only the event with the highest ``seq`` and the times that say how old
 each fact is. Anything with a lower or equal ``seq`` is stale or a duplicate
 and is counted and dropped; lost, repeated or reordered deliveries therefore
-converge to the same state. Handshake records from the KV bucket are merged
-by revision in the same way.
+converge to the same state.
+
+The newest event is kept as the bytes that came off the stream, validated in
+full on arrival, beside the few facts readers need at once (``seq``, kind,
+the drone's state); the rest is decoded when someone reads it. A drone
+running eight payloads then costs about a kilobyte instead of the 2.7 KB of
+the decoded event, and replacing a drone's state frees one object instead of
+a tree of them (``bench/scale.py``, ``bench/ingest.py``). Handshake records
+from the KV bucket are merged by revision in the same way.
 
 Times are seconds since the epoch (UTC) and come from the caller: the
 consumer passes the time at which JetStream *stored* each message, which is
@@ -24,6 +31,7 @@ from __future__ import annotations
 import enum
 import logging
 import math
+import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from types import MappingProxyType
@@ -47,6 +55,7 @@ from remote_agent.events import (
     Snapshot,
     decode_event,
     decode_record,
+    encode,
     kind_of,
 )
 
@@ -113,8 +122,13 @@ class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     site: str
     drone: str
-    #: the newest applied event (the highest ``seq``); ``None`` if only the record is known
-    event: AnyEvent | None = None
+    #: the newest applied event (the highest ``seq``) as it came off the stream,
+    #: MessagePack that passed the strict decoder; ``None`` if only the record is known
+    encoded: bytes | None = None
+    #: ``seq``, ``kind`` and the snapshot's drone state of that event
+    seq: int | None = None
+    kind: str = ""
+    state: DroneState | None = None
     #: when the newest event reached the bus
     received_time: float | None = None
     #: ``seq`` of the newest heartbeat, when it reached the bus, and its interval;
@@ -131,37 +145,35 @@ class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return (self.site, self.drone)
 
     @property
-    def seq(self) -> int | None:
-        """``seq`` of the newest event"""
-        return self.event.seq if self.event is not None else None
-
-    @property
-    def kind(self) -> str:
-        """``kind`` of the newest event (``""`` if none)"""
-        return _KINDS[type(self.event)] if self.event is not None else ""
+    def event(self) -> AnyEvent | None:
+        """
+        The newest event, decoded anew on every access (keep the result if
+        you need several of its fields)
+        """
+        return _decode(self.encoded) if self.encoded is not None else None
 
     @property
     def incarnation(self) -> str:
         """The agent run that sent the newest event"""
-        return self.event.incarnation if self.event is not None else ""
+        event = self.event
+        return event.incarnation if event is not None else ""
 
     @property
     def snapshot(self) -> Snapshot | None:
-        """The drone's state right after its newest event"""
-        return self.event.snapshot if self.event is not None else None
+        """The drone's state right after its newest event (decoded on every access)"""
+        event = self.event
+        return event.snapshot if event is not None else None
 
     @property
     def event_time(self) -> float | None:
         """The agent's clock when it recorded the newest event, epoch seconds"""
-        return self.event.at.timestamp() if self.event is not None else None
-
-    @property
-    def state(self) -> DroneState | None:
-        return self.snapshot.state if self.snapshot is not None else None
+        event = self.event
+        return event.at.timestamp() if event is not None else None
 
     @property
     def payloads(self) -> list[Payload]:
-        return list(self.snapshot.payloads) if self.snapshot is not None else []
+        snapshot = self.snapshot
+        return list(snapshot.payloads) if snapshot is not None else []
 
     @property
     def phase(self) -> RecordPhase | None:
@@ -304,7 +316,7 @@ class Registry:
                 event = decode_event(data, self.max_message_bytes)
             except SchemaError as err:
                 return self.reject(Rejection.MALFORMED, subject, err)
-        return self.apply(event, subject, received_time)
+        return self._apply(event, data, subject, received_time)
 
     def replay_message(self, data: bytes, subject: str, received_time: float) -> Applied:
         """
@@ -319,12 +331,12 @@ class Registry:
         parts = subject.split(".")
         if len(parts) == 5:
             old = self._views.get((parts[1], parts[2]))
-            if old is not None and old.event is not None:
+            if old is not None and old.seq is not None:
                 try:
                     seq = _decode_head(data).seq
                 except (msgspec.ValidationError, msgspec.DecodeError):
                     seq = -1
-                known = old.event.seq
+                known = old.seq
                 newest_beat = old.heartbeat_seq if old.heartbeat_seq is not None else -1
                 if 0 <= seq <= known and (parts[4] != "heartbeat" or seq <= newest_beat):
                     if seq == known:
@@ -341,14 +353,20 @@ class Registry:
         :param received_time: when the event reached the bus (epoch seconds)
         :returns: whether it changed the drone's state, and if not, why not
         """
-        # the sender check of events.check_sender, inlined: this runs per message
-        parts = subject.split(".")
-        if len(parts) != 5 or parts[0] != self._prefix or parts[3] != "evt":
-            return self.reject(Rejection.SUBJECT, subject, "not an event subject")
+        return self._apply(event, encode(event), subject, received_time)
+
+    def _apply(self, event: AnyEvent, data: bytes, subject: str, received_time: float) -> Applied:
+        """:meth:`apply` for ``event`` decoded from ``data``, which the view keeps"""
+        # the sender check of events.check_sender, inlined: this runs per message.
+        # Site and drone are tokens (no dots), so one comparison of the whole
+        # subject says the same as comparing its parts; only a mismatch is split
         site = event.site
         drone = event.drone
         kind = _KINDS[type(event)]
-        if parts[1] != site or parts[2] != drone or parts[4] != kind:
+        if subject != f"{self._prefix}.{site}.{drone}.evt.{kind}":
+            parts = subject.split(".")
+            if len(parts) != 5 or parts[0] != self._prefix or parts[3] != "evt":
+                return self.reject(Rejection.SUBJECT, subject, "not an event subject")
             return self.reject(
                 Rejection.SENDER,
                 subject,
@@ -360,9 +378,9 @@ class Registry:
         seq = event.seq
         heartbeat = isinstance(event, Heartbeat)
         if old is not None:
-            newest = old.event
-            if newest is not None and seq <= newest.seq:
-                if seq == newest.seq:
+            old_seq = old.seq
+            if old_seq is not None and seq <= old_seq:
+                if seq == old_seq:
                     self.duplicate += 1
                     return Applied.DUPLICATE
                 self.stale += 1
@@ -375,11 +393,15 @@ class Registry:
                         heartbeat_interval_s=event.interval_s,  # type: ignore[union-attr]
                     )
                 return Applied.STALE
+            # the strings of the old view serve on: the event's copies are freed with it
             if heartbeat:
                 self._views[key] = DroneView(
-                    site=site,
-                    drone=drone,
-                    event=event,
+                    site=old.site,
+                    drone=old.drone,
+                    encoded=data,
+                    seq=seq,
+                    kind=kind,
+                    state=event.snapshot.state,
                     received_time=received_time,
                     heartbeat_seq=seq,
                     heartbeat_time=received_time,
@@ -388,29 +410,45 @@ class Registry:
                 )
             else:
                 self._views[key] = DroneView(
-                    site=site,
-                    drone=drone,
-                    event=event,
+                    site=old.site,
+                    drone=old.drone,
+                    encoded=data,
+                    seq=seq,
+                    kind=kind,
+                    state=event.snapshot.state,
                     received_time=received_time,
                     heartbeat_seq=old.heartbeat_seq,
                     heartbeat_time=old.heartbeat_time,
                     heartbeat_interval_s=old.heartbeat_interval_s,
                     record=old.record,
                 )
-        elif heartbeat:
-            self._views[key] = DroneView(
-                site=site,
-                drone=drone,
-                event=event,
-                received_time=received_time,
-                heartbeat_seq=seq,
-                heartbeat_time=received_time,
-                heartbeat_interval_s=event.interval_s,  # type: ignore[union-attr]
-            )
         else:
-            self._views[key] = DroneView(
-                site=site, drone=drone, event=event, received_time=received_time
-            )
+            # a site name repeats for thousands of drones: keep one copy of it
+            site = sys.intern(site)
+            key = (site, drone)
+            if heartbeat:
+                self._views[key] = DroneView(
+                    site=site,
+                    drone=drone,
+                    encoded=data,
+                    seq=seq,
+                    kind=kind,
+                    state=event.snapshot.state,
+                    received_time=received_time,
+                    heartbeat_seq=seq,
+                    heartbeat_time=received_time,
+                    heartbeat_interval_s=event.interval_s,  # type: ignore[union-attr]
+                )
+            else:
+                self._views[key] = DroneView(
+                    site=site,
+                    drone=drone,
+                    encoded=data,
+                    seq=seq,
+                    kind=kind,
+                    state=event.snapshot.state,
+                    received_time=received_time,
+                )
         self.applied += 1
         return Applied.APPLIED
 
@@ -485,7 +523,7 @@ class Registry:
         if old is None or old.record is None or old.record.revision >= revision:
             return
         assert target is not None
-        if old.event is None:
+        if old.encoded is None:
             del self._views[target]
         else:
             self._views[target] = msgspec.structs.replace(old, record=None)

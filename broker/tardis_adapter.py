@@ -345,7 +345,7 @@ class RemoteBus:
         wrapped adapters: the agent was heard from within ``lost_after_s``.
         """
         view = self.registry.view(site, drone)
-        if view is None or view.snapshot is None:
+        if view is None or view.encoded is None:  # no event yet (at most a record)
             return None
         if view.is_lost(time.time() if now is None else now, self.config.lost_after_s):
             return None
@@ -756,7 +756,7 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
         why = "TARDIS drain"
         deadline = self._bus.drain_deadline()
         view = self._bus.registry.view(site, drone_uuid)
-        if view is None or view.snapshot is None:
+        if view is None or view.encoded is None:
             # never announced: release it (or learn that its agent won, and drain);
             # its startd, if it runs without an agent, is drained in the OBS as well
             released = await control.release(site, drone_uuid, note=why, deadline=deadline)
@@ -873,9 +873,10 @@ class RemoteFactoryPool(FactoryPool):
             return (1, 0, base)
         bus = self.bus
         view = bus.registry.view(self.site, drone) if bus is not None else None
-        if view is None or view.snapshot is None:
+        snapshot = view.snapshot if view is not None else None
+        if snapshot is None:
             return (0, 0, base)
-        payloads = len(view.snapshot.payloads)
+        payloads = len(snapshot.payloads)
         return (2 if payloads else 1, payloads, base)
 
     def _shrink(self, target: float) -> None:

@@ -11,12 +11,14 @@ from fake_drones import FakeDrone, eventually, publish
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
+from nats.protocol.parser import Parser
 
 from broker.consumer import (
     ConsumerError,
     Disposition,
     PullConsumer,
     PullSettings,
+    _FastParser,
     durable_config,
     ensure_consumer,
 )
@@ -112,6 +114,7 @@ async def test_consumer_applies_then_acks(nc: Client, stream: JetStreamContext) 
             await asyncio.sleep(0.05)
             info = await stream.consumer_info(NS.event_stream, "t")
     assert pull.is_direct
+    assert isinstance(nc._ps, _FastParser)  # the connection's parser took the short way
     assert info.num_ack_pending == 0
     assert info.ack_floor is not None and info.ack_floor.stream_seq == last
     assert pull.stats.acked == pull.stats.delivered == last
@@ -131,6 +134,7 @@ async def test_portable_path_works_too(nc: Client, stream: JetStreamContext) -> 
     async with _running(pull):
         await eventually(lambda: _state(registry) == _expected(drones), what="all applied")
     assert not pull.is_direct
+    assert type(nc._ps) is Parser  # nats-py's parser, untouched
     assert pull.stats.acked == registry.metrics().applied
 
 

@@ -59,8 +59,11 @@ def _drained(**changes: object) -> dict[str, object]:
         ({"v": 2}, r"unsupported message schema version 2 \(this side speaks 1\)"),
         ({"v": 0}, r"unsupported message schema version 0"),
         ({"v": "1"}, r"Expected `int`, got `str` - at `\$.v`"),
-        ({"site": "a.b"}, r"Expected `str` matching regex .* - at `\$.site`"),
-        ({"drone": "x>"}, r"at `\$.drone`"),
+        ({"site": "a.b"}, r"`site` must be a subject token \(1-128 of .*\), not 'a\.b'"),
+        ({"drone": "x>"}, r"`drone` must be a subject token"),
+        ({"incarnation": "one two"}, r"`incarnation` must be a subject token"),
+        ({"site": ""}, r"Expected `str` of length >= 1 - at `\$.site`"),
+        ({"drone": "d" * 129}, r"Expected `str` of length <= 128 - at `\$.drone`"),
         ({"at": "yesterday"}, r"at `\$.at`"),
         ({"at": "2026-03-18T17:27:42"}, r"at `\$.at`"),  # naive time: no zone
     ],
