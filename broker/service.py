@@ -533,7 +533,11 @@ class ManagerService:
             await pull.reconnected()
 
     async def _disconnected(self) -> None:
-        log.warning("disconnected from NATS; reconnecting")
+        # nats-py calls this on close, too
+        if self._stop.is_set():
+            log.info("disconnected from NATS: stopping")
+        else:
+            log.warning("disconnected from NATS; reconnecting")
 
     async def _error(self, err: Exception) -> None:
         log.debug("nats: %r", err)
