@@ -111,27 +111,6 @@ async def consume(
     Each row gets a connection of its own: the direct path changes how its
     connection parses, and nats-py's rows must measure nats-py as it comes.
     """
-    nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
-    try:
-        return await _consume(
-            nc, stream, consumer, handler, n, acks, settings, name, server_pid, direct
-        )
-    finally:
-        await nc.close()
-
-
-async def _consume(
-    nc: Client,
-    stream: str,
-    consumer: str,
-    handler: Handler,
-    n: int,
-    acks: bool,
-    settings: PullSettings,
-    name: str,
-    server_pid: int | None,
-    direct: bool,
-) -> Result:
     done = asyncio.Event()
     first = 0.0
     count = 0
@@ -146,18 +125,24 @@ async def _consume(
             done.set()
         return result
 
-    pull = PullConsumer(nc, stream, consumer, counting, acks=acks, settings=settings, direct=direct)
-    stop = asyncio.Event()
-    cpu0, server0 = cpu_seconds(), cpu_seconds(server_pid) if server_pid else 0.0
-    task = asyncio.create_task(pull.run(stop))
-    await asyncio.wait_for(done.wait(), 120)
-    if acks:
-        await nc.flush()  # the acks have left
-    elapsed = time.perf_counter() - first
-    cpu1, server1 = cpu_seconds(), cpu_seconds(server_pid) if server_pid else 0.0
-    stop.set()
-    await task
-    assert pull.is_direct == direct
+    nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
+    try:
+        pull = PullConsumer(
+            nc, stream, consumer, counting, acks=acks, settings=settings, direct=direct
+        )
+        stop = asyncio.Event()
+        cpu0, server0 = cpu_seconds(), cpu_seconds(server_pid) if server_pid else 0.0
+        task = asyncio.create_task(pull.run(stop))
+        await asyncio.wait_for(done.wait(), 120)
+        if acks:
+            await nc.flush()  # the acks have left
+        elapsed = time.perf_counter() - first
+        cpu1, server1 = cpu_seconds(), cpu_seconds(server_pid) if server_pid else 0.0
+        stop.set()
+        await task
+        assert pull.is_direct == direct
+    finally:
+        await nc.close()
     return Result(name, n, elapsed, cpu1 - cpu0, server1 - server0)
 
 

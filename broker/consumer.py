@@ -260,6 +260,9 @@ async def ensure_consumer(
 # ---------------------------------------------------------------------- direct dispatch
 
 
+_H: Final = ord("H")
+
+
 class _FastParser(nats_parser.Parser):
     """
     nats-py's protocol parser with a shorter way through ``MSG`` and ``HMSG``
@@ -304,28 +307,31 @@ class _FastParser(nats_parser.Parser):
                 await nc._process_msg(
                     begun["sid"], begun["subject"], begun["reply"], payload, headers
                 )
-            elif buf.startswith(b"HMSG "):
+            elif buf.startswith(b"HMSG ") or buf.startswith(b"MSG "):
+                with_headers = buf[0] == _H
                 end = buf.find(b"\r\n")
                 if end < 0:
                     if len(buf) > nats_parser.MAX_CONTROL_LINE_SIZE:
                         raise nats.errors.ProtocolError("nats: control line too long")
                     return
-                args = bytes(buf[5:end]).split()
+                # HMSG <subject> <sid> [reply] <header size> <total size>
+                # MSG <subject> <sid> [reply] <size>
+                args = bytes(buf[5 if with_headers else 4 : end]).split()
                 try:
-                    if len(args) == 5:
-                        subject, sid, reply, header_size, total_size = args
+                    header_needed = int(args.pop(-2)) if with_headers else 0
+                    if len(args) == 4:
+                        subject, sid, reply, total_size = args
                     else:
-                        subject, sid, header_size, total_size = args
+                        subject, sid, total_size = args
                         reply = b""
-                    header_needed = int(header_size)
                     needed = int(total_size)
                     start = end + 2
                     if len(buf) < start + needed + 2:
                         return  # the rest has not arrived; the line is read again then
                     sid_ = int(sid)
-                except ValueError:
+                except (ValueError, IndexError):
                     raise nats.errors.ProtocolError("nats: malformed MSG") from None
-                headers = bytes(buf[start : start + header_needed])
+                headers = bytes(buf[start : start + header_needed]) if with_headers else None
                 payload = bytes(buf[start + header_needed : start + needed])
                 del buf[: start + needed + 2]
                 route = routes.get(sid_)
@@ -335,37 +341,6 @@ class _FastParser(nats_parser.Parser):
                     stats["in_msgs"] += 1
                     stats["in_bytes"] += len(payload)
                     rest = route(subject, reply, payload, headers)
-                    if rest is not None:
-                        await rest
-            elif buf.startswith(b"MSG "):
-                end = buf.find(b"\r\n")
-                if end < 0:
-                    if len(buf) > nats_parser.MAX_CONTROL_LINE_SIZE:
-                        raise nats.errors.ProtocolError("nats: control line too long")
-                    return
-                args = bytes(buf[4:end]).split()
-                try:
-                    if len(args) == 4:
-                        subject, sid, reply, total_size = args
-                    else:
-                        subject, sid, total_size = args
-                        reply = b""
-                    needed = int(total_size)
-                    start = end + 2
-                    if len(buf) < start + needed + 2:
-                        return
-                    sid_ = int(sid)
-                except ValueError:
-                    raise nats.errors.ProtocolError("nats: malformed MSG") from None
-                payload = bytes(buf[start : start + needed])
-                del buf[: start + needed + 2]
-                route = routes.get(sid_)
-                if route is None:
-                    await nc._process_msg(sid_, subject, reply, payload, None)
-                else:
-                    stats["in_msgs"] += 1
-                    stats["in_bytes"] += len(payload)
-                    rest = route(subject, reply, payload, None)
                     if rest is not None:
                         await rest
             else:

@@ -394,61 +394,33 @@ class Registry:
                     )
                 return Applied.STALE
             # the strings of the old view serve on: the event's copies are freed with it
-            if heartbeat:
-                self._views[key] = DroneView(
-                    site=old.site,
-                    drone=old.drone,
-                    encoded=data,
-                    seq=seq,
-                    kind=kind,
-                    state=event.snapshot.state,
-                    received_time=received_time,
-                    heartbeat_seq=seq,
-                    heartbeat_time=received_time,
-                    heartbeat_interval_s=event.interval_s,  # type: ignore[union-attr]
-                    record=old.record,
-                )
-            else:
-                self._views[key] = DroneView(
-                    site=old.site,
-                    drone=old.drone,
-                    encoded=data,
-                    seq=seq,
-                    kind=kind,
-                    state=event.snapshot.state,
-                    received_time=received_time,
-                    heartbeat_seq=old.heartbeat_seq,
-                    heartbeat_time=old.heartbeat_time,
-                    heartbeat_interval_s=old.heartbeat_interval_s,
-                    record=old.record,
-                )
+            site, drone, record = old.site, old.drone, old.record
+            beat_seq, beat_time, beat_interval = (
+                old.heartbeat_seq,
+                old.heartbeat_time,
+                old.heartbeat_interval_s,
+            )
         else:
-            # a site name repeats for thousands of drones: keep one copy of it
-            site = sys.intern(site)
+            site = sys.intern(site)  # a site name repeats for thousands of drones: one copy
             key = (site, drone)
-            if heartbeat:
-                self._views[key] = DroneView(
-                    site=site,
-                    drone=drone,
-                    encoded=data,
-                    seq=seq,
-                    kind=kind,
-                    state=event.snapshot.state,
-                    received_time=received_time,
-                    heartbeat_seq=seq,
-                    heartbeat_time=received_time,
-                    heartbeat_interval_s=event.interval_s,  # type: ignore[union-attr]
-                )
-            else:
-                self._views[key] = DroneView(
-                    site=site,
-                    drone=drone,
-                    encoded=data,
-                    seq=seq,
-                    kind=kind,
-                    state=event.snapshot.state,
-                    received_time=received_time,
-                )
+            record = None
+            beat_seq = beat_time = beat_interval = None
+        if heartbeat:
+            beat_seq, beat_time = seq, received_time
+            beat_interval = event.interval_s  # type: ignore[union-attr]
+        self._views[key] = DroneView(
+            site=site,
+            drone=drone,
+            encoded=data,
+            seq=seq,
+            kind=kind,
+            state=event.snapshot.state,
+            received_time=received_time,
+            heartbeat_seq=beat_seq,
+            heartbeat_time=beat_time,
+            heartbeat_interval_s=beat_interval,
+            record=record,
+        )
         self.applied += 1
         return Applied.APPLIED
 
