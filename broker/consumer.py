@@ -506,6 +506,8 @@ class PullConsumer:
     :param headers: whether the handler needs the messages' headers (costs time)
     :param direct: take messages straight from the protocol parser (see
         :class:`_Direct`) when the installed nats-py allows it
+    :param stats: counters to add to (to keep counting across reconnects); a
+        new :class:`ConsumerStats` by default
     """
 
     def __init__(
@@ -520,6 +522,7 @@ class PullConsumer:
         settings: PullSettings | None = None,
         api: str = DEFAULT_API_PREFIX,
         direct: bool = True,
+        stats: ConsumerStats | None = None,
     ) -> None:
         self.nc = nc
         self.stream = stream
@@ -529,7 +532,7 @@ class PullConsumer:
         self.headers = headers
         self.direct = direct
         self.settings = settings or PullSettings()
-        self.stats = ConsumerStats()
+        self.stats = stats if stats is not None else ConsumerStats()
         self._next_subject = f"{api}.CONSUMER.MSG.NEXT.{stream}.{consumer}"
         self._info_api = f"{api}.CONSUMER.INFO.{stream}.{consumer}"
         self._request = self.settings.request()

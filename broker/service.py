@@ -45,6 +45,7 @@ from remote_agent.handshake import RecordStore
 from .consumer import (
     DEFAULT_DURABLE,
     ConsumerGone,
+    ConsumerStats,
     Disposition,
     Handler,
     PullConsumer,
@@ -426,6 +427,8 @@ class ManagerService:
         self.ready = asyncio.Event()
         self.last_rebuild: RebuildReport | None = None
         self.failures = 0
+        #: counters of the event stream's consumer, across reconnects
+        self.consumer_stats = ConsumerStats()
         self._stop = asyncio.Event()
         self._pulls: list[PullConsumer] = []
         self._api = api_prefix(settings.domain)
@@ -498,6 +501,7 @@ class ManagerService:
                 event_handler(self.registry),
                 settings=settings.pull,
                 api=self._api,
+                stats=self.consumer_stats,
             )
             self._pulls.append(consumer)
             self.ready.set()

@@ -84,6 +84,7 @@ from remote_agent.settings import TARDIS_SETTINGS_ENV, split_urls
 
 from .consumer import DEFAULT_DURABLE
 from .control import DEFAULT_DRAIN_S, DEFAULT_REQUEST_TIMEOUT_S, Control, Removal, Verdict
+from .metrics import MetricsServer, Sources, parse_address
 from .registry import DEFAULT_LOST_AFTER_S, DroneView, Registry
 from .service import ManagerService, ManagerSettings
 
@@ -183,6 +184,8 @@ class BusConfig:
     :param request_timeout_s: how long commands wait for an agent's answer
     :param drone_environment: pass ``servers``/site/prefix into each drone job
     :param note_buffer: TARDIS state notes kept while the bus is unreachable
+    :param metrics: ``host:port`` to serve Prometheus metrics on (``/metrics``);
+        ``None``: no metrics endpoint
     """
 
     servers: tuple[str, ...]
@@ -197,6 +200,7 @@ class BusConfig:
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     drone_environment: bool = True
     note_buffer: int = 10_000
+    metrics: str | None = None
 
     @classmethod
     def from_mapping(cls, mapping: Mapping[str, Any]) -> BusConfig:
@@ -232,7 +236,15 @@ class BusConfig:
             check_token(str(values.get("prefix", DEFAULT_PREFIX)), "bus.prefix")
         except SchemaError as err:
             raise ValueError(str(err)) from None
+        if values.get("metrics") is not None:
+            values["metrics"] = str(values["metrics"])
+            parse_address(values["metrics"])  # raises ValueError with the reason
         return cls(**values)
+
+    @property
+    def metrics_address(self) -> tuple[str, int] | None:
+        """Where to serve metrics, ``(host, port)``, or ``None``"""
+        return parse_address(self.metrics) if self.metrics is not None else None
 
     def manager_settings(self) -> ManagerSettings:
         return ManagerSettings(
@@ -289,9 +301,29 @@ class RemoteBus:
         #: TARDIS's latest state of every drone, by drone uuid (class name)
         self.tardis_states: dict[str, str] = {}
         self.counts: collections.Counter[str] = collections.Counter()
+        #: every counter of the integration, by part: the bus, each site, the batch system
+        self.count_sources: dict[str, collections.Counter[str]] = {"bus": self.counts}
         self._notes: collections.deque[TardisState] = collections.deque()
         self._wake: asyncio.Event | None = None
         self._stopping = False
+        self._stopped: asyncio.Event | None = None
+        self.metrics: MetricsServer | None = None
+        address = config.metrics_address
+        if address is not None:
+            self.metrics = MetricsServer(
+                Sources(
+                    registry=self.registry,
+                    consumer=self.manager.consumer_stats,
+                    connected=self.manager.ready.is_set,
+                    failures=lambda: self.manager.failures,
+                    rebuild_seconds=lambda: (
+                        report.seconds if (report := self.manager.last_rebuild) else None
+                    ),
+                    tardis_calls=lambda: self.count_sources,
+                    notes_buffered=lambda: len(self._notes),
+                ),
+                *address,
+            )
         if register:  # COBalD picks the runner by the flavour, the asyncio module
             self.__service_unit__ = ServiceUnit(self, asyncio)
 
@@ -307,15 +339,22 @@ class RemoteBus:
             ",".join(self.config.servers),
             self.config.prefix,
         )
+        self._stopped = asyncio.Event()
+        if self._stopping:
+            self._stopped.set()
         async with asyncio.TaskGroup() as tg:
             tg.create_task(self.manager.run())
             tg.create_task(self._publish_notes())
+            if self.metrics is not None:
+                tg.create_task(self.metrics.run(self._stopped))
 
     def stop(self) -> None:
         self._stopping = True
         self.manager.stop()
         if self._wake is not None:
             self._wake.set()
+        if self._stopped is not None:
+            self._stopped.set()
 
     @property
     def control(self) -> Control | None:
@@ -466,6 +505,7 @@ class RemoteSiteAdapter(SiteAdapter):
         self._site = site_token(inner.site_name)
         self._extra_env = bus.drone_environment(self._site)
         self.counts: collections.Counter[str] = collections.Counter()
+        bus.count_sources[f"site:{inner.site_name}"] = self.counts
         if self._extra_env:
             # the adapters call self.drone_environment(...) on *themselves*:
             # shadow it on the instance (docs/tardis.md, "Drone environment")
@@ -698,6 +738,7 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
         self._bus = bus
         self._last_status: dict[str, MachineStatus] = {}
         self.counts: collections.Counter[str] = collections.Counter()
+        bus.count_sources["batch_system"] = self.counts
 
     @property
     def inner(self) -> BatchSystemAdapter:

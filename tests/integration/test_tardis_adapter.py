@@ -17,9 +17,10 @@ from typing import Any
 
 import nats
 import pytest
-from fake_drones import eventually
+from fake_drones import FakeDrone, eventually, publish
 from helpers import pid_exists
 from nats.js import JetStreamContext
+from prometheus_client.parser import text_string_to_metric_families
 from tardis.agents.batchsystemagent import BatchSystemAgent
 from tardis.agents.siteagent import SiteAgent
 from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
@@ -280,3 +281,48 @@ async def test_a_lost_agent_whose_job_runs_is_not_removed_before_the_deadline(
         assert site.called("terminate_resource") == 1
     finally:
         await agent.stop()
+
+
+async def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        await writer.drain()
+        response = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.startswith(b"HTTP/1.1 200 OK"), head
+    return {
+        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
+        for family in text_string_to_metric_families(body.decode())
+        for sample in family.samples
+    }
+
+
+async def test_the_bus_serves_metrics_of_what_it_consumed(
+    make_bus: BusFactory, js: JetStreamContext
+) -> None:
+    """``bus.metrics``: the manager's counters on /metrics, from a real stream"""
+    bus = await make_bus(metrics="127.0.0.1:0")
+    assert bus.metrics is not None
+    await eventually(lambda: bus.metrics is not None and bus.metrics.port != 0, 10, "bound")
+    ns = ev.Namespace()
+    drones = [FakeDrone("site1", f"site1-{n:010x}") for n in range(3)]
+    for drone in drones:
+        for event in (drone.started(), drone.ready()):
+            await publish(js, ns, event)
+    await publish(js, ns, drones[0].payload_started("1.0"))
+    await js.publish(ns.event("site1", drones[1].drone, "heartbeat"), b"\xc1")  # malformed
+    await eventually(lambda: bus.manager.consumer_stats.acked >= 7, 30, "consumed")
+    await eventually(lambda: bus.manager.consumer_stats.termed >= 1, 30, "rejected")
+    samples = await _scrape(bus.metrics.port)
+    assert samples[("cobald_remote_connected", ())] == 1
+    assert samples[("cobald_remote_registry_events_total", (("outcome", "applied"),))] == 7
+    assert samples[("cobald_remote_registry_rejected_total", (("reason", "malformed"),))] == 1
+    assert samples[("cobald_remote_consumer_messages_total", (("outcome", "acked"),))] == 7
+    assert samples[("cobald_remote_consumer_messages_total", (("outcome", "termed"),))] == 1
+    assert samples[("cobald_remote_drones", (("state", "busy"),))] == 1
+    assert samples[("cobald_remote_drones", (("state", "idle"),))] == 2
+    assert samples[("cobald_remote_rebuild_seconds", ())] >= 0
+    assert ("cobald_remote_tardis_notes_buffered", ()) in samples
