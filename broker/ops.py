@@ -82,7 +82,9 @@ async def _connect(args: argparse.Namespace) -> Client:
 async def _control(nc: Client, args: argparse.Namespace) -> Control:
     namespace = Namespace(args.prefix)
     try:
-        store = await RecordStore.open(nc.jetstream(domain=args.domain), namespace)
+        store = await RecordStore.open(
+            nc.jetstream(domain=args.domain), namespace, domain=args.domain
+        )
     except HandshakeError as err:
         raise OperatorError(str(err)) from None
     except nats.errors.Error as err:

@@ -490,7 +490,7 @@ class ManagerService:
                 api=self._api,
             )
             self.last_rebuild = report
-            store = await RecordStore.open(js, ns)
+            store = await RecordStore.open(js, ns, domain=settings.domain)
             self.control = Control(
                 nc, store, self.registry, request_timeout_s=settings.request_timeout_s
             )

@@ -414,6 +414,8 @@ class RemoteBus:
             "site": site,
             "prefix": self.config.prefix,
         }
+        if self.config.domain:  # the drones reach the central stream through a leaf node
+            values["domain"] = self.config.domain
         return {
             TARDIS_SETTINGS_ENV[name].removeprefix(TARDIS_ENV_PREFIX): value
             for name, value in values.items()

@@ -164,6 +164,7 @@ class Agent:
         self.worker_env = dict(worker_env or {})
         self._site = settings.site
         self._drone = settings.drone
+        self._domain = settings.domain
 
         self._payloads: dict[str, Payload] = {}
         self._payloads_done = asyncio.Event()
@@ -260,6 +261,7 @@ class Agent:
                 inbox_prefix=f"_INBOX_{self._drone}",
                 publish_timeout_s=settings.publish_timeout_s,
                 reconnect_wait_s=settings.reconnect_wait_s,
+                domain=settings.domain,
             )
             self._publisher.on_connect(self._recheck.set)
             async with asyncio.TaskGroup() as tg:
@@ -590,7 +592,7 @@ class Agent:
             kv = KeyValue(
                 name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=js, direct=True
             )
-            self._store = RecordStore(kv, self.namespace)
+            self._store = RecordStore(kv, self.namespace, js=js, domain=self._domain)
         return self._store
 
     async def _kv(

@@ -8,6 +8,14 @@ through the stream leader, so of "agent: I am up" and "manager: released, it
 never came up" exactly one wins. Both sides use the operations below; nothing
 else writes the bucket. The rules are in ``docs/handshake.md``.
 
+Writes are JetStream publishes to the key's subject with the header
+``Nats-Expected-Last-Subject-Sequence`` (``0``: the key must not exist), the
+same compare-and-set nats-py's ``KeyValue.create``/``update`` send. With a
+JetStream *domain* (a drone behind a site's leaf node) the subject is
+``$JS.<domain>.API.$KV.<bucket>.<key>``, which the hub maps onto the bucket:
+a plain ``$KV.<bucket>.<key>`` publish does not cross the leaf connection
+(``docs/deployment.md``).
+
 Phase transitions (anything else is refused by :func:`_allowed`)::
 
     (absent) --agent claim--> UP --drain--> DRAINING --agent--> DRAINED
@@ -53,6 +61,12 @@ CLOSED_PHASES = frozenset(
 FINAL_PHASES = frozenset({RecordPhase.RELEASED, RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED})
 
 
+#: the compare-and-set header of a publish to a KV key (``0``: the key must not exist)
+_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+#: JetStream's error codes for "the subject's last sequence is not the expected one"
+_WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+
+
 class HandshakeError(Exception):
     """The handshake record could not be read or written"""
 
@@ -74,14 +88,33 @@ class RecordStore:
         between, which the loop then takes into account
     """
 
-    def __init__(self, kv: KeyValue, namespace: Namespace, attempts: int = 20) -> None:
+    def __init__(
+        self,
+        kv: KeyValue,
+        namespace: Namespace,
+        attempts: int = 20,
+        *,
+        js: JetStreamContext,
+        domain: str | None = None,
+    ) -> None:
         self.kv = kv
         self.namespace = namespace
         self.attempts = attempts
+        self.domain = domain
+        self._js = js
+        bucket = namespace.record_bucket
+        self._write_prefix = (f"$JS.{domain}.API." if domain else "") + f"$KV.{bucket}."
 
     @classmethod
-    async def open(cls, js: JetStreamContext, namespace: Namespace) -> RecordStore:
-        """Bind to the (provisioned) bucket of ``namespace``"""
+    async def open(
+        cls, js: JetStreamContext, namespace: Namespace, domain: str | None = None
+    ) -> RecordStore:
+        """
+        Bind to the (provisioned) bucket of ``namespace``
+
+        :param js: a context for ``domain`` (``nc.jetstream(domain=domain)``)
+        :param domain: the JetStream domain of the bucket, if it is not the local one
+        """
         try:
             kv = await js.key_value(namespace.record_bucket)
         except nats.js.errors.BucketNotFoundError as err:
@@ -89,7 +122,7 @@ class RecordStore:
                 f"handshake bucket {namespace.record_bucket!r} does not exist: "
                 "run 'cobald-remote broker init'"
             ) from err
-        return cls(kv, namespace)
+        return cls(kv, namespace, js=js, domain=domain)
 
     def key(self, site: str, drone: str) -> str:
         return self.namespace.record_key(site, drone)
@@ -122,18 +155,45 @@ class RecordStore:
         value = encode(record)
         try:
             if revision is None:
-                new = await self.kv.create(key, value)
+                new = await self._publish(key, value, 0)
+                if new is None:
+                    new = await self._recreate(key, value)
             else:
-                new = await self.kv.update(key, value, last=revision)
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return None
+                new = await self._publish(key, value, revision)
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as err:
             log.warning("write of %s timed out, re-reading: %s", key, err)
             current = await self.read(record.site, record.drone)
             if current is not None and current.record == record:
                 return current
             return None
-        return Versioned(record, new)
+        return Versioned(record, new) if new is not None else None
+
+    async def _publish(self, key: str, value: bytes, last: int) -> int | None:
+        """Store ``value`` if the key's newest revision is ``last`` (0: none); its revision"""
+        headers = {_EXPECTED_LAST: str(last)}
+        try:
+            ack = await self._js.publish(self._write_prefix + key, value, headers=headers)
+        except nats.js.errors.APIError as err:
+            if err.err_code in _WRONG_LAST_SEQUENCE:
+                return None
+            raise
+        return ack.seq
+
+    async def _recreate(self, key: str, value: bytes) -> int | None:
+        """
+        A create that found the key taken: write over a delete or purge marker
+
+        A deleted or purged key keeps its marker as its newest revision, so
+        create-if-absent fails on it; like ``KeyValue.create`` this writes
+        over the marker. A live value means someone else created it: ``None``.
+        """
+        try:
+            await self.kv.get(key)
+        except nats.js.errors.KeyNotFoundError as gone:
+            if gone.entry is None:
+                return None
+            return await self._publish(key, value, gone.entry.revision)
+        return None
 
     async def _transition(
         self,

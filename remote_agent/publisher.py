@@ -62,6 +62,7 @@ class Publisher:
         allow exactly this drone's inboxes
     :param publish_timeout_s: seconds to wait for one PubAck
     :param reconnect_wait_s: seconds between connection attempts
+    :param domain: JetStream domain of the event stream and the handshake bucket (leaf nodes)
     """
 
     def __init__(
@@ -74,8 +75,10 @@ class Publisher:
         inbox_prefix: str = "_INBOX",
         publish_timeout_s: float = 5.0,
         reconnect_wait_s: float = 2.0,
+        domain: str | None = None,
     ) -> None:
         self.spool = spool
+        self.domain = domain
         self.servers = list(servers)
         self.name = name
         self.creds = creds
@@ -161,7 +164,7 @@ class Publisher:
             closed_cb=self._closed,
         )
         self._nc = nc
-        self._js = nc.jetstream(timeout=self.publish_timeout_s)
+        self._js = nc.jetstream(timeout=self.publish_timeout_s, domain=self.domain)
         log.info("connected to %s", nc.connected_url.netloc if nc.connected_url else "?")
         self._connected()
         return nc

@@ -35,6 +35,7 @@ TARDIS_SETTINGS_ENV: Final = {
     "servers": "TardisDroneCobaldRemoteUrl",
     "site": "TardisDroneCobaldRemoteSite",
     "prefix": "TardisDroneCobaldRemotePrefix",
+    "domain": "TardisDroneCobaldRemoteDomain",
 }
 #: a TARDIS drone uuid: the lower-cased site name, a dash, ten hex digits
 _TARDIS_UUID_RE = re.compile(r"^(?P<site>.+)-[0-9a-f]{10}\Z")
@@ -55,6 +56,8 @@ class Settings:
     :param worker_command: the supervised command, normally ``condor_master -f``
     :param creds: NATS credentials file for this drone, if the broker wants one
     :param prefix: first subject token of everything cobald-remote publishes
+    :param domain: JetStream domain of the central stream and bucket, when the
+        drone reaches them through a site's leaf node (``deploy/nats/leaf.conf``)
     :param heartbeat_s: seconds between heartbeats (full snapshots)
     :param poll_s: seconds between ``condor_who`` polls (backstop for the hooks)
     :param spool_dir: directory of the event spool and (by default) the gate socket
@@ -83,6 +86,7 @@ class Settings:
     gate_socket: Path
     creds: Path | None = None
     prefix: str = DEFAULT_PREFIX
+    domain: str | None = None
     heartbeat_s: float = 30.0
     poll_s: float = 5.0
     spool_max_events: int = 10_000
@@ -168,6 +172,7 @@ class Settings:
             prefix=pick(
                 "prefix", str, env.get(TARDIS_SETTINGS_ENV["prefix"], "").strip() or DEFAULT_PREFIX
             ),
+            domain=pick("domain", str, env.get(TARDIS_SETTINGS_ENV["domain"], "").strip()) or None,
             heartbeat_s=pick("heartbeat_s", float, 30.0),
             poll_s=pick("poll_s", float, 5.0),
             spool_max_events=pick("spool_max_events", int, 10_000),
@@ -189,6 +194,8 @@ class Settings:
             check_token(self.site, "site")
             check_token(self.drone, "drone uuid")
             check_token(self.prefix, "subject prefix")
+            if self.domain is not None:
+                check_token(self.domain, "JetStream domain")
         except SchemaError as err:
             raise SettingsError(str(err)) from None
         for name in ("heartbeat_s", "poll_s", "publish_timeout_s", "reconnect_wait_s"):
@@ -225,6 +232,7 @@ _ENV: Final = {
     "servers": "COBALD_REMOTE_URL",
     "creds": "COBALD_REMOTE_CREDS",
     "prefix": "COBALD_REMOTE_PREFIX",
+    "domain": "COBALD_REMOTE_DOMAIN",
     "heartbeat_s": "COBALD_REMOTE_HEARTBEAT_S",
     "poll_s": "COBALD_REMOTE_POLL_S",
     "spool_dir": "COBALD_REMOTE_SPOOL_DIR",
@@ -307,6 +315,7 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
     add("--creds", "creds", "NATS credentials file", type=Path)
     add("--prefix", "prefix", f"first subject token (default {DEFAULT_PREFIX})")
+    add("--domain", "domain", "JetStream domain of the central stream and bucket (leaf nodes)")
     add("--heartbeat", "heartbeat_s", "seconds between heartbeats (default 30)", type=float)
     add("--poll", "poll_s", "seconds between condor_who polls (default 5)", type=float)
     add("--slots", "slots", f"slots (cores) of the drone (default ${TARDIS_CORES_ENV})", type=int)

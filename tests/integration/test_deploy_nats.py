@@ -14,19 +14,28 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
+from agent_support import SITE, running, wait_for
+from agent_support import settings as agent_settings
 
 from broker.errors import ProvisioningError
 from broker.provision import Topology, provision
 from broker.server import EmbeddedServer, find_binary
+from broker.service import ManagerService, ManagerSettings
 from remote_agent import events as ev
+from remote_agent.agent import Agent
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 CONFIGS = sorted(DEPLOY.glob("*.conf"))
-NODE_ENV = {"NATS_NODE": "n1", "NATS_STORE": "/tmp/unused"}
+NODE_ENV = {
+    "NATS_NODE": "n1",
+    "NATS_STORE": "/tmp/unused",
+    "NATS_LEAF_LISTEN": "127.0.0.1:7422",
+    "NATS_HUB": "nats-leaf://127.0.0.1:7422",
+}
 
 
 def test_there_are_configs() -> None:
-    assert {p.name for p in CONFIGS} >= {"single.conf", "cluster.conf"}
+    assert {p.name for p in CONFIGS} >= {"single.conf", "cluster.conf", "leaf.conf"}
 
 
 @pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
@@ -45,8 +54,11 @@ def test_config_is_valid(config: Path) -> None:
 
 async def test_single_server_config_runs_and_provisions(tmp_path: Path) -> None:
     # network and store are overridden on the command line; the rest is the file's
+    (leaf_port,) = _free_ports(1)
     server = EmbeddedServer(
-        tmp_path, config_file=DEPLOY / "single.conf", env={"NATS_STORE": str(tmp_path / "js")}
+        tmp_path,
+        config_file=DEPLOY / "single.conf",
+        env={"NATS_STORE": str(tmp_path / "js"), "NATS_LEAF_LISTEN": f"127.0.0.1:{leaf_port}"},
     )
     async with server:
         nc = await nats.connect(server.url)
@@ -68,16 +80,20 @@ def _free_ports(count: int) -> list[int]:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[dict[str, EmbeddedServer]]:
-    ports = _free_ports(3)
-    routes = ",".join(f"nats://127.0.0.1:{port}" for port in ports)
+    ports = _free_ports(6)
+    routes = ",".join(f"nats://127.0.0.1:{port}" for port in ports[:3])
     nodes = {
         f"n{i}": EmbeddedServer(
             tmp_path / f"n{i}",
             config_file=DEPLOY / "cluster.conf",
-            env={"NATS_NODE": f"n{i}", "NATS_STORE": str(tmp_path / f"n{i}")},
+            env={
+                "NATS_NODE": f"n{i}",
+                "NATS_STORE": str(tmp_path / f"n{i}"),
+                "NATS_LEAF_LISTEN": f"127.0.0.1:{leaf_port}",
+            },
             extra_args=["--cluster_listen", f"nats://127.0.0.1:{port}", "--routes", routes],
         )
-        for i, port in enumerate(ports, start=1)
+        for i, (port, leaf_port) in enumerate(zip(ports[:3], ports[3:], strict=True), start=1)
     }
     try:
         await asyncio.gather(*(node.start() for node in nodes.values()))
@@ -142,6 +158,7 @@ SYSTEMD = DEPLOY.parent / "systemd"
     [
         ("cobald-remote-nats.service", "single.conf"),
         ("cobald-remote-nats@.service", "cluster.conf"),
+        ("cobald-remote-nats-leaf.service", "leaf.conf"),
     ],
 )
 def test_systemd_units_match_the_configs(unit: str, config: str) -> None:
@@ -151,7 +168,73 @@ def test_systemd_units_match_the_configs(unit: str, config: str) -> None:
     assert start[0].endswith("/nats-server") and start[1] == "-c"
     assert Path(start[2]).name == config and (DEPLOY / config).is_file()
     # every $VARIABLE the config needs is set by the unit
-    needed = set(re.findall(r"\$(NATS_[A-Z]+)", (DEPLOY / config).read_text()))
+    needed = set(re.findall(r"\$(NATS_[A-Z_]+)", (DEPLOY / config).read_text()))
     given = {line.split("=", 2)[1] for line in lines if line.startswith("Environment=")}
     assert needed and needed <= given
     assert service["KillSignal"] == "SIGUSR2"  # lame duck: clients move before the stop
+
+
+@pytest.mark.timeout(120)
+async def test_leaf_config_carries_a_drone_to_the_central_stream_and_bucket(
+    tmp_path: Path,
+) -> None:
+    """
+    A drone behind a site's leaf node (leaf.conf) with the manager at the hub (single.conf)
+
+    The agent connects to the leaf only, naming the hub's JetStream domain:
+    its events reach the central stream, its claim and its final record
+    reach the central bucket through the leaf connection, and the manager's
+    drain command reaches it the other way.
+    """
+    (hub_leaf_port,) = _free_ports(1)
+    hub = EmbeddedServer(
+        tmp_path / "hub",
+        config_file=DEPLOY / "single.conf",
+        env={"NATS_STORE": str(tmp_path / "js"), "NATS_LEAF_LISTEN": f"127.0.0.1:{hub_leaf_port}"},
+    )
+    leaf = EmbeddedServer(
+        tmp_path / "leaf",
+        config_file=DEPLOY / "leaf.conf",
+        env={"NATS_NODE": "site1-leaf", "NATS_HUB": f"nats-leaf://127.0.0.1:{hub_leaf_port}"},
+    )
+    async with hub, leaf:
+        nc = await nats.connect(hub.url)
+        try:
+            await provision(nc.jetstream())
+        finally:
+            await nc.close()
+        settings = ManagerSettings(servers=[hub.url], domain="hub", retry_s=0.2, lost_check_s=0.5)
+        service = ManagerService(settings)
+        service_task = asyncio.create_task(service.run())
+        drone = "site1-00000000aa"
+        agent = Agent(agent_settings(tmp_path, leaf.url, drone, domain="hub"))
+        try:
+            await asyncio.wait_for(service.ready.wait(), 30)
+            async with running(agent) as run:
+                # the claim crossed the leaf: the manager sees the record and the events
+                await wait_for(
+                    lambda: (
+                        (view := service.registry.view(SITE, drone)) is not None
+                        and view.phase is ev.RecordPhase.UP
+                        and view.state is ev.DroneState.IDLE
+                    ),
+                    60,
+                    "the agent's claim and events at the hub",
+                )
+                control = service.control
+                assert control is not None
+                drained = await control.drain(SITE, drone, reason="leaf test")
+                assert drained.command is not None, drained  # the command crossed the leaf
+                assert drained.outcome in ("accepted", "drained"), drained
+                assert await run.exit_code(60) == 0
+            await wait_for(
+                lambda: (
+                    (view := service.registry.view(SITE, drone)) is not None
+                    and view.phase is ev.RecordPhase.DRAINED
+                ),
+                30,
+                "the agent's final record at the hub",
+            )
+        finally:
+            service.stop()
+            await asyncio.wait_for(service_task, 30)

@@ -133,3 +133,32 @@ async def test_invalid_stored_value_is_an_error(store: RecordStore) -> None:
 async def test_missing_bucket_is_a_clear_error(js: JetStreamContext) -> None:
     with pytest.raises(HandshakeError, match="run 'cobald-remote broker init'"):
         await RecordStore.open(js, NS)
+
+
+@pytest.mark.parametrize("remove", ["delete", "purge"])
+async def test_a_deleted_or_purged_record_can_be_created_again(
+    store: RecordStore, remove: str
+) -> None:
+    """An operator's KV delete or purge leaves a marker; create-if-absent writes over it"""
+    first = await store.claim(SITE, "d1", "inc1")
+    key = store.key(SITE, "d1")
+    if remove == "delete":
+        await store.kv.delete(key)
+    else:
+        await store.kv.purge(key)
+    assert await store.read(SITE, "d1") is None
+    again = await store.release(SITE, "d1", note="after the operator removed it")
+    assert again.record.phase is RecordPhase.RELEASED
+    assert again.revision > first.revision
+    assert await store.read(SITE, "d1") == again
+    # and a create that loses to a live record still loses
+    assert await store.claim(SITE, "d1", "inc2") == again
+
+
+async def test_writes_name_the_domain_when_given(js: JetStreamContext) -> None:
+    """With a JetStream domain, writes go to $JS.<domain>.API.$KV... (leaf nodes, see deploy)"""
+    await provision(js)
+    plain = await RecordStore.open(js, NS)
+    assert plain._write_prefix == f"$KV.{NS.record_bucket}."
+    hub = await RecordStore.open(js, NS, domain="hub")
+    assert hub._write_prefix == f"$JS.hub.API.$KV.{NS.record_bucket}."

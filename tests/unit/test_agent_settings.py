@@ -136,3 +136,17 @@ def test_json_lines_carry_the_extras() -> None:
     line = json.loads(JsonLines().format(record))
     assert line["message"] == "drain done" and line["drone"] == UUID
     assert line["level"] == "INFO" and line["at"].endswith("+00:00")
+
+
+def test_domain_from_option_environment_or_tardis(tmp_path: Path) -> None:
+    def domain(env: dict[str, str], *options: str) -> str | None:
+        args = build_parser().parse_args(["agent", "run", *options, "--", "x"])
+        return from_args(args, env={**BASE, "_CONDOR_SCRATCH_DIR": str(tmp_path), **env}).domain
+
+    assert domain({}) is None
+    assert domain({"TardisDroneCobaldRemoteDomain": "hub"}) == "hub"
+    both = {"TardisDroneCobaldRemoteDomain": "hub", "COBALD_REMOTE_DOMAIN": "central"}
+    assert domain(both) == "central"
+    assert domain(both, "--domain", "other") == "other"
+    with pytest.raises(SettingsError, match="JetStream domain"):
+        domain({"COBALD_REMOTE_DOMAIN": "no.dots"})

@@ -242,13 +242,15 @@ async def test_drain_machine_is_the_self_drain() -> None:
     assert inner.calls == [("drain_machine", "site1-aaaaaaaaaa")]
 
 
-async def test_the_drone_environment_carries_the_agents_settings() -> None:
+@pytest.mark.parametrize("domain", [None, "hub"])
+async def test_the_drone_environment_carries_the_agents_settings(domain: str | None) -> None:
     bus = RemoteBus(
         BusConfig.from_mapping(
             {
                 "servers": "nats://manager:4222",
                 "drone_servers": ["nats://leaf1:4222", "nats://leaf2:4222"],
                 "prefix": "tardis1",
+                "domain": domain,
             }
         ),
         register=False,
@@ -263,6 +265,7 @@ async def test_the_drone_environment_carries_the_agents_settings() -> None:
     settings = Settings.from_env(exported, worker_command=["condor_master", "-f"])
     assert (settings.drone, settings.site, settings.prefix) == (DRONE, SITE, "tardis1")
     assert settings.servers == ("nats://leaf1:4222", "nats://leaf2:4222")
+    assert settings.domain == domain  # drones behind a leaf name the central domain
 
 
 async def test_the_plugin_notes_states_and_never_raises() -> None:
