@@ -268,26 +268,26 @@ class Agent:
                 self._tg = tg
                 bus = tg.create_task(self._publisher.run(), name="publisher")
                 try:
-                    code = await self._lifecycle()
-                except BaseException:
                     try:
+                        code = await self._lifecycle()
+                    except BaseException:
                         await self._kill_worker()
+                        raise
                     finally:
-                        # the task group cancels each task once, and nats-py may swallow
-                        # that (see stop_tasks): a publisher that carried on would keep
-                        # the group, and so the agent, from ever ending
-                        await stop_tasks([bus, *self._tasks])
-                    raise
+                        await self._cancel_background()
+                    if not await self._publisher.flush(settings.exit_flush_s):
+                        log.warning(
+                            "exiting with %d events unpublished (broker unreachable for %.0fs)",
+                            len(self._spool),
+                            settings.exit_flush_s,
+                            extra={"drone": self._drone},
+                        )
                 finally:
-                    await self._cancel_background()
-                if not await self._publisher.flush(settings.exit_flush_s):
-                    log.warning(
-                        "exiting with %d events unpublished (broker unreachable for %.0fs)",
-                        len(self._spool),
-                        settings.exit_flush_s,
-                        extra={"drone": self._drone},
-                    )
-                await stop_tasks([bus])
+                    # however the agent ends (also cancelled while it flushes its last
+                    # events): the task group cancels each task once, and nats-py may
+                    # swallow that (see stop_tasks); a publisher that carried on would
+                    # keep the group, and so the agent, from ever ending
+                    await stop_tasks([bus, *self._tasks])
                 await self._publisher.close()
             log.info("agent exits with %d", code, extra={"drone": self._drone})
             return code

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import os
 import signal
@@ -222,3 +223,29 @@ async def test_killed_agent_resends_its_spool_after_a_restart(
     assert [ev.kind_of(type(e)) for e in later][-2:] == ["agent_exiting", "heartbeat"]
     with Spool.open(spool_dir) as spool:
         assert len(spool) == 0
+
+
+@pytest.mark.parametrize("step", range(16))
+async def test_cancelled_while_flushing_its_last_events_it_still_ends(
+    tmp_path: Path, nats_server: EmbeddedServer, js: JetStreamContext, step: int
+) -> None:
+    """
+    Cancelled (Ctrl-C, the event loop ending) while it publishes its last events at exit,
+    the agent still ends, whatever its publisher was doing when the cancellation came
+
+    Found by the proof (schedule 171): the task group cancels its publisher once, and
+    nats-py can swallow that inside a publish; before the fix a cancellation in the exit
+    flush hung the agent for good. Each step cancels at another moment of the flush.
+    """
+    await provision(js)
+    agent = Agent(settings(tmp_path, nats_server.url, DRONE, heartbeat_s=0.0005, exit_flush_s=60))
+    async with running(agent) as run:
+        await wait_for(lambda: agent.gate_open, what="the gate to open")
+        await asyncio.sleep(0.3)  # a spool of heartbeats to flush
+        agent.request_stop()
+        await wait_for(lambda: agent.snapshot().state is ev.DroneState.EXITING, what="exiting")
+        await asyncio.sleep(step * 0.0007)
+        run.task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):  # or it had finished already
+            await asyncio.wait_for(asyncio.shield(run.task), 20)
+        assert run.task.done(), "the agent hung after a cancellation during its exit flush"

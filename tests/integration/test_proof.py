@@ -119,6 +119,16 @@ class Drone:
         return self.task is not None and not self.task.done()
 
 
+def _stacks() -> str:
+    """Where every task of the loop is waiting (for a failure message)"""
+    out = []
+    for task in asyncio.all_tasks():
+        frames = task.get_stack(limit=12)
+        where = " <- ".join(f"{f.f_code.co_name}:{f.f_lineno}" for f in reversed(frames))
+        out.append(f"{task.get_name()}: {where}")
+    return "\n".join(sorted(out))
+
+
 class World:
     """The nats-server, the manager and the drones of one test"""
 
@@ -184,7 +194,9 @@ class World:
         drone.task.cancel()  # once, as an abrupt end would; the agent must not hang on it
         with contextlib.suppress(asyncio.CancelledError, TimeoutError):
             await asyncio.wait_for(asyncio.shield(drone.task), 20)
-        assert drone.task.done(), f"{drone.name}: the agent did not stop when cancelled"
+        assert drone.task.done(), f"{drone.name}: the agent did not stop when cancelled\n" + (
+            _stacks()
+        )
         if drone.agent.publisher is not None:  # a dead process's sockets close with it
             with contextlib.suppress(Exception):
                 await asyncio.wait_for(drone.agent.publisher.close(), 5)
