@@ -22,6 +22,7 @@ from nats.aio.client import Client
 from remote_agent.cli import add_commands as add_agent_commands
 from remote_agent.events import DEFAULT_MAX_SIZE, Namespace, SchemaError, decode, to_json
 
+from .auth import add_auth_commands
 from .connection import connect_once
 from .errors import BrokerError
 from .ops import add_commands as add_operator_commands
@@ -149,6 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_agent_commands(groups)
     add_operator_commands(groups)  # drain, release, status (broker/ops.py)
     add_timeline_command(groups)  # timeline (broker/timeline.py)
+    add_auth_commands(groups)  # auth init, drone, manager (broker/auth.py)
     _add_demo_command(groups)
 
     return parser

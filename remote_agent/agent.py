@@ -288,7 +288,7 @@ class Agent:
                     # swallow that (see stop_tasks); a publisher that carried on would
                     # keep the group, and so the agent, from ever ending
                     await stop_tasks([bus, *self._tasks])
-                await self._publisher.close()
+                    await self._publisher.close()
             log.info("agent exits with %d", code, extra={"drone": self._drone})
             return code
         finally:

@@ -1,0 +1,402 @@
+"""
+Per-drone NATS credentials: decentralized JWT authentication (operator mode)
+
+NATS can confine each connection to the subjects its user JWT allows. With
+one user per drone, a drone's credentials can publish only its own events and
+write only its own handshake record, so a compromised or confused drone
+cannot speak for another: the server refuses it before the registry's sender
+check ever sees it.
+
+:func:`create_authority` makes the keys once: an operator, the account all of
+cobald-remote lives in (with a signing key that mints users), and the system
+account nats-server needs. It returns the server configuration to include
+(operator JWT, memory resolver with both account JWTs preloaded). The
+authority file holds the seeds: keep it where the manager runs, readable only
+by it. :func:`drone_credentials` mints one drone's ``.creds`` file with the
+permissions of ``docs/agent.md``, :func:`manager_credentials` the manager's
+(everything in the account).
+
+JWTs follow nats-io/jwt v2 (``docs/deployment.md``, checked against a real
+nats-server in ``tests/integration/test_auth.py``): base64url without padding
+of the header ``{"typ":"JWT","alg":"ed25519-nkey"}``, of the claims, and of the
+issuer's ed25519 signature over ``header.claims``; ``jti`` is the base32 of
+the SHA-512/256 of the claims.
+"""
+
+from __future__ import annotations
+
+import argparse
+import base64
+import hashlib
+import json
+import os
+import sys
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Final
+
+import nkeys
+
+from remote_agent.events import Namespace, SchemaError, check_token
+
+from .errors import BrokerError
+
+#: how long a drone's credentials are valid by default (a drone lives hours to days)
+DEFAULT_DRONE_VALIDITY_S: Final = 7 * 24 * 3600
+_HEADER: Final = {"typ": "JWT", "alg": "ed25519-nkey"}
+_UNLIMITED: Final = {
+    "subs": -1,
+    "data": -1,
+    "payload": -1,
+    "imports": -1,
+    "exports": -1,
+    "wildcards": True,
+    "conn": -1,
+    "leaf": -1,
+    "mem_storage": -1,
+    "disk_storage": -1,
+    "streams": -1,
+    "consumer": -1,
+}
+_SYSTEM_LIMITS: Final = {
+    key: value for key, value in _UNLIMITED.items() if key not in ("mem_storage", "disk_storage")
+}
+_CREDS: Final = """-----BEGIN NATS USER JWT-----
+{jwt}
+------END NATS USER JWT------
+
+************************* IMPORTANT *************************
+NKEY Seed printed below can be used to sign and prove identity.
+NKEYs are sensitive and should be treated as secrets.
+
+-----BEGIN USER NKEY SEED-----
+{seed}
+------END USER NKEY SEED------
+
+*************************************************************
+"""
+
+
+class AuthError(BrokerError):
+    """Keys or credentials cannot be made or read"""
+
+
+def _b64(data: bytes) -> str:
+    return base64.urlsafe_b64encode(data).rstrip(b"=").decode()
+
+
+def _new_key(prefix: int) -> nkeys.KeyPair:
+    return nkeys.from_seed(nkeys.encode_seed(os.urandom(32), prefix))
+
+
+def _key(seed: str) -> nkeys.KeyPair:
+    return nkeys.from_seed(seed.encode())
+
+
+def _public(key: nkeys.KeyPair) -> str:
+    public: bytes = key.public_key
+    return public.decode()
+
+
+def _seed(key: nkeys.KeyPair) -> str:
+    seed: bytes = key.seed
+    return seed.decode()
+
+
+def encode_jwt(claims: Mapping[str, Any], issuer: nkeys.KeyPair) -> str:
+    """Sign ``claims`` (without ``iss``/``jti``, which are added) as a NATS JWT"""
+    body = {**claims, "iss": _public(issuer)}
+    digest = hashlib.new("sha512_256", json.dumps(body, separators=(",", ":")).encode()).digest()
+    body["jti"] = base64.b32encode(digest).decode().rstrip("=")
+    signing_input = f"{_b64(json.dumps(_HEADER).encode())}.{_b64(json.dumps(body).encode())}"
+    signature: bytes = issuer.sign(signing_input.encode())
+    return f"{signing_input}.{_b64(signature)}"
+
+
+def decode_jwt(token: str) -> dict[str, Any]:
+    """The claims of a JWT (not verified: for reading what was issued)"""
+    try:
+        payload = token.split(".")[1]
+        claims = json.loads(base64.urlsafe_b64decode(payload + "=" * (-len(payload) % 4)))
+    except (IndexError, ValueError) as err:
+        raise AuthError(f"not a JWT: {err}") from None
+    if not isinstance(claims, dict):
+        raise AuthError("not a JWT: the claims are not an object")
+    return claims
+
+
+@dataclass(frozen=True, slots=True)
+class Authority:
+    """The seeds that make and sign everything (keep the file secret)"""
+
+    operator: str
+    account: str
+    account_signing: str
+    system: str
+    name: str = "cobald-remote"
+
+    @property
+    def account_public(self) -> str:
+        return _public(_key(self.account))
+
+    def server_config(self) -> str:
+        """The nats-server configuration of operator mode for this authority"""
+        operator, account, system = _key(self.operator), _key(self.account), _key(self.system)
+        now = int(time.time())
+        operator_jwt = encode_jwt(
+            {
+                "iat": now,
+                "sub": _public(operator),
+                "name": self.name,
+                "nats": {"type": "operator", "version": 2, "system_account": _public(system)},
+            },
+            operator,
+        )
+        accounts = {
+            _public(account): encode_jwt(
+                {
+                    "iat": now,
+                    "sub": _public(account),
+                    "name": self.name,
+                    "nats": {
+                        "type": "account",
+                        "version": 2,
+                        "default_permissions": {"pub": {}, "sub": {}},
+                        "signing_keys": [_public(_key(self.account_signing))],
+                        "limits": _UNLIMITED,
+                    },
+                },
+                operator,
+            ),
+            _public(system): encode_jwt(
+                {
+                    "iat": now,
+                    "sub": _public(system),
+                    "name": "SYS",
+                    # nats-server refuses JetStream on the system account
+                    "nats": {"type": "account", "version": 2, "limits": _SYSTEM_LIMITS},
+                },
+                operator,
+            ),
+        }
+        preload = "\n".join(f"  {public}: {jwt}" for public, jwt in accounts.items())
+        return (
+            f"# cobald-remote authority {self.name!r}: operator mode, accounts preloaded\n"
+            f"operator: {operator_jwt}\n"
+            f"system_account: {_public(system)}\n"
+            "resolver: MEMORY\n"
+            f"resolver_preload: {{\n{preload}\n}}\n"
+        )
+
+    def _user(self, name: str, permissions: Mapping[str, Any], valid_for_s: float | None) -> str:
+        user = _new_key(nkeys.PREFIX_BYTE_USER)
+        now = int(time.time())
+        claims: dict[str, Any] = {
+            "iat": now,
+            "sub": _public(user),
+            "name": name,
+            "nats": {
+                "type": "user",
+                "version": 2,
+                "subs": -1,
+                "data": -1,
+                "payload": -1,
+                "issuer_account": self.account_public,
+                **permissions,
+            },
+        }
+        if valid_for_s is not None:
+            claims["exp"] = now + int(valid_for_s)
+        jwt = encode_jwt(claims, _key(self.account_signing))
+        return _CREDS.format(jwt=jwt, seed=_seed(user))
+
+
+def create_authority(name: str = "cobald-remote") -> Authority:
+    """New keys for an operator, the cobald-remote account (and its signing key), SYS"""
+    return Authority(
+        operator=_seed(_new_key(nkeys.PREFIX_BYTE_OPERATOR)),
+        account=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
+        account_signing=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
+        system=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
+        name=name,
+    )
+
+
+def save_authority(authority: Authority, path: Path) -> None:
+    """Write the seeds to ``path`` (mode 0600); refuses to overwrite"""
+    data = json.dumps(
+        {
+            "name": authority.name,
+            "operator": authority.operator,
+            "account": authority.account,
+            "account_signing": authority.account_signing,
+            "system": authority.system,
+        },
+        indent=2,
+    )
+    try:
+        fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    except FileExistsError:
+        raise AuthError(
+            f"{path} exists: an authority is made once (remove it to start over)"
+        ) from None
+    except OSError as err:
+        raise AuthError(f"cannot write {path}: {err.strerror}") from err
+    with os.fdopen(fd, "w") as out:
+        out.write(data + "\n")
+
+
+def load_authority(path: Path) -> Authority:
+    """:raises AuthError: if ``path`` is missing or not an authority file"""
+    try:
+        values = json.loads(path.read_text())
+        authority = Authority(**values)
+        for seed in (authority.operator, authority.account, authority.account_signing):
+            _key(seed)
+    except OSError as err:
+        raise AuthError(f"cannot read {path}: {err.strerror}") from err
+    except (ValueError, TypeError, nkeys.NkeysError) as err:
+        raise AuthError(f"{path} is not a cobald-remote authority file: {err}") from err
+    return authority
+
+
+def drone_permissions(
+    namespace: Namespace, site: str, drone: str, domain: str | None = None
+) -> dict[str, Any]:
+    """
+    What one drone's agent may publish and subscribe (``docs/agent.md``)
+
+    Its own events; its own handshake record (direct-get reads, compare-and-set
+    writes, and the core subscription it uses as a hint); its command subject
+    (answering each request once); its own inboxes. With a JetStream
+    ``domain`` (behind a leaf node) the record subjects carry the domain prefix.
+    """
+    check_token(site, "site")
+    check_token(drone, "drone uuid")
+    bucket = namespace.record_bucket
+    key = namespace.record_key(site, drone)
+    api = f"$JS.{domain}.API" if domain else "$JS.API"
+    write = f"{api}.$KV.{bucket}.{key}" if domain else f"$KV.{bucket}.{key}"
+    root = namespace.drone_root(site, drone)
+    return {
+        "pub": {
+            "allow": [
+                f"{root}.evt.>",
+                write,
+                f"{api}.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}",
+            ]
+        },
+        "sub": {"allow": [f"{root}.cmd", f"$KV.{bucket}.{key}", f"_INBOX_{drone}.>"]},
+        "resp": {"max": 1, "ttl": 0},
+    }
+
+
+def drone_credentials(
+    authority: Authority,
+    namespace: Namespace,
+    site: str,
+    drone: str,
+    *,
+    domain: str | None = None,
+    valid_for_s: float | None = DEFAULT_DRONE_VALIDITY_S,
+) -> str:
+    """A ``.creds`` file (text) for one drone, valid for ``valid_for_s`` seconds"""
+    permissions = drone_permissions(namespace, site, drone, domain)
+    return authority._user(f"drone-{drone}", permissions, valid_for_s)
+
+
+def manager_credentials(authority: Authority, name: str = "manager") -> str:
+    """A ``.creds`` file (text) for the manager, operators and ``broker init``: no limits"""
+    return authority._user(name, {}, None)
+
+
+# ---------------------------------------------------------------------- command line
+
+
+def _site_of(drone: str) -> str:
+    site, dash, _ = drone.rpartition("-")
+    return site if dash and site else ""
+
+
+def _write_secret(text: str, out: str | None) -> None:
+    if out is None or out == "-":
+        sys.stdout.write(text)
+        return
+    try:
+        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    except OSError as err:
+        raise AuthError(f"cannot write {out}: {err.strerror}") from err
+    with os.fdopen(fd, "w") as stream:
+        stream.write(text)
+
+
+def _auth_init(args: argparse.Namespace) -> int:
+    authority = create_authority(args.name)
+    save_authority(authority, Path(args.authority))
+    _write_secret(authority.server_config(), args.server_config)
+    where = "printed above" if args.server_config in (None, "-") else f"in {args.server_config}"
+    print(
+        f"authority written to {args.authority} (keep it secret); include the server "
+        f"configuration {where} from the nats-server configuration (docs/deployment.md)",
+        file=sys.stderr,
+    )
+    return 0
+
+
+def _auth_drone(args: argparse.Namespace) -> int:
+    site = args.site or _site_of(args.drone)
+    if not site:
+        raise AuthError(f"cannot tell the site of drone {args.drone!r}: give --site")
+    try:
+        text = drone_credentials(
+            load_authority(Path(args.authority)),
+            Namespace(args.prefix),
+            site,
+            args.drone,
+            domain=args.domain,
+            valid_for_s=args.valid_for if args.valid_for > 0 else None,
+        )
+    except SchemaError as err:
+        raise AuthError(str(err)) from None
+    _write_secret(text, args.out)
+    return 0
+
+
+def _auth_manager(args: argparse.Namespace) -> int:
+    _write_secret(manager_credentials(load_authority(Path(args.authority)), args.name), args.out)
+    return 0
+
+
+def add_auth_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """``cobald-remote auth init|drone|manager``"""
+    auth = groups.add_parser("auth", help="per-drone NATS credentials (operator mode)")
+    commands = auth.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    init = commands.add_parser(
+        "init", help="make the operator and account keys, print the server configuration"
+    )
+    init.add_argument("--authority", required=True, help="file for the seeds (made 0600, once)")
+    init.add_argument("--server-config", help="write the server configuration here (0600)")
+    init.add_argument("--name", default="cobald-remote", help="operator and account name")
+    init.set_defaults(run=_auth_init)
+    drone = commands.add_parser("drone", help="a .creds file for one drone, on stdout")
+    drone.add_argument("drone", help="the drone's uuid")
+    drone.add_argument("--site", help="default: the uuid before its last '-'")
+    drone.add_argument("--authority", required=True, help="the file auth init wrote")
+    drone.add_argument("--prefix", default=Namespace().prefix, help="first subject token")
+    drone.add_argument("--domain", help="JetStream domain the drone names (behind a leaf node)")
+    drone.add_argument(
+        "--valid-for",
+        type=float,
+        default=DEFAULT_DRONE_VALIDITY_S,
+        metavar="S",
+        help=f"seconds until it expires (default {DEFAULT_DRONE_VALIDITY_S}; 0: never)",
+    )
+    drone.add_argument("--out", help="write here (0600) instead of stdout")
+    drone.set_defaults(run=_auth_drone)
+    manager = commands.add_parser("manager", help="a .creds file for the manager, on stdout")
+    manager.add_argument("--authority", required=True, help="the file auth init wrote")
+    manager.add_argument("--name", default="manager", help="user name")
+    manager.add_argument("--out", help="write here (0600) instead of stdout")
+    manager.set_defaults(run=_auth_manager)

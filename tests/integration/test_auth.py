@@ -1,0 +1,211 @@
+"""Per-drone credentials (broker/auth.py) against a real nats-server in operator mode"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+import nats.errors
+import pytest
+from agent_support import SITE, running, wait_for
+from agent_support import settings as agent_settings
+from nats.aio.client import Client
+
+from broker.auth import (
+    AuthError,
+    create_authority,
+    decode_jwt,
+    drone_credentials,
+    load_authority,
+    manager_credentials,
+    save_authority,
+)
+from broker.cli import main
+from broker.provision import provision
+from broker.server import EmbeddedServer
+from broker.service import ManagerService, ManagerSettings
+from remote_agent import events as ev
+from remote_agent.agent import Agent
+
+pytestmark = pytest.mark.timeout(120)
+NS = ev.Namespace()
+DRONE = "site1-00000000aa"
+OTHER = "site1-00000000bb"
+
+
+@pytest.fixture
+async def secured(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedServer, Path]]:
+    """A server in operator mode with JetStream; yields it and the authority file"""
+    authority_file = tmp_path / "authority.json"
+    save_authority(create_authority(), authority_file)
+    authority = load_authority(authority_file)
+    config = tmp_path / "server.conf"
+    config.write_text(
+        f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\n' + authority.server_config()
+    )
+    server = EmbeddedServer(tmp_path / "nats", config_file=config)
+    async with server:
+        manager = tmp_path / "manager.creds"
+        manager.write_text(manager_credentials(authority))
+        nc = await nats.connect(server.url, user_credentials=str(manager))
+        try:
+            await provision(nc.jetstream())
+        finally:
+            await nc.close()
+        yield server, authority_file
+
+
+def _creds(tmp_path: Path, authority_file: Path, drone: str) -> Path:
+    path = tmp_path / f"{drone}.creds"
+    path.write_text(drone_credentials(load_authority(authority_file), NS, SITE, drone))
+    return path
+
+
+async def test_a_drone_runs_on_its_own_credentials_and_cannot_speak_for_another(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    server, authority_file = secured
+    service = ManagerService(
+        ManagerSettings(servers=[server.url], creds=str(tmp_path / "manager.creds"), retry_s=0.2)
+    )
+    service_task = asyncio.create_task(service.run())
+    agent = Agent(
+        agent_settings(tmp_path, server.url, DRONE, creds=_creds(tmp_path, authority_file, DRONE))
+    )
+    try:
+        await asyncio.wait_for(service.ready.wait(), 30)
+        async with running(agent) as run:
+            # its own claim, events and record reads are allowed
+            await wait_for(
+                lambda: (
+                    (view := service.registry.view(SITE, DRONE)) is not None
+                    and view.phase is ev.RecordPhase.UP
+                    and view.state is ev.DroneState.IDLE
+                ),
+                30,
+                "the drone's claim and events",
+            )
+            # with the same credentials, nothing of another drone is allowed
+            errors: list[str] = []
+
+            async def note(err: Exception) -> None:
+                errors.append(str(err))
+
+            spoof = await nats.connect(
+                server.url,
+                user_credentials=str(tmp_path / f"{DRONE}.creds"),
+                inbox_prefix=f"_INBOX_{DRONE}",
+                error_cb=note,
+            )
+            try:
+                other = ev.Namespace().event(SITE, OTHER, "drained")
+                await spoof.publish(other, b"x")
+                await spoof.publish(f"$KV.{NS.record_bucket}.{SITE}.{OTHER}", b"x")
+                await spoof.subscribe(NS.command(SITE, OTHER))
+                await spoof.flush()
+                await wait_for(lambda: len(errors) >= 3, 10, "three permission violations")
+            finally:
+                await spoof.close()
+            assert all("permissions violation" in error for error in errors), errors
+            assert service.registry.view(SITE, OTHER) is None
+            # commands reach it, and it may answer them (once) and write its last record
+            control = service.control
+            assert control is not None
+            drained = await control.drain(SITE, DRONE, reason="auth test")
+            assert drained.command is not None and drained.outcome in ("accepted", "drained")
+            assert await run.exit_code(60) == 0
+        await wait_for(
+            lambda: (
+                (view := service.registry.view(SITE, DRONE)) is not None
+                and view.phase is ev.RecordPhase.DRAINED
+            ),
+            30,
+            "the drone's final record",
+        )
+    finally:
+        service.stop()
+        await asyncio.wait_for(service_task, 30)
+
+
+@pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
+@pytest.mark.filterwarnings("ignore::ResourceWarning")
+async def test_credentials_of_another_authority_are_refused(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    server, _ = secured
+    stranger = tmp_path / "stranger.creds"
+    stranger.write_text(drone_credentials(create_authority(), NS, SITE, DRONE))
+    refused = ""
+    nc = Client()
+    try:
+        await asyncio.wait_for(
+            nc.connect(server.url, user_credentials=str(stranger), allow_reconnect=False), 30
+        )
+    except nats.errors.Error as err:
+        refused = str(err)
+    finally:
+        await nc.close()  # nats-py leaves the refused connection's socket open otherwise
+    assert "authorization violation" in refused.lower(), refused
+
+
+def test_drone_credentials_carry_its_permissions_and_expire() -> None:
+    authority = create_authority()
+    text = drone_credentials(authority, NS, SITE, DRONE, valid_for_s=3600, domain="hub")
+    jwt = text.split("-----BEGIN NATS USER JWT-----\n")[1].split("\n")[0]
+    claims = decode_jwt(jwt)
+    assert claims["name"] == f"drone-{DRONE}"
+    assert claims["exp"] - claims["iat"] == 3600
+    nats_claims = claims["nats"]
+    assert nats_claims["issuer_account"] == authority.account_public
+    assert set(nats_claims["pub"]["allow"]) == {
+        f"cobald.{SITE}.{DRONE}.evt.>",
+        f"$JS.hub.API.$KV.cobald-drones.{SITE}.{DRONE}",
+        f"$JS.hub.API.DIRECT.GET.KV_cobald-drones.$KV.cobald-drones.{SITE}.{DRONE}",
+    }
+    assert f"_INBOX_{DRONE}.>" in nats_claims["sub"]["allow"]
+    assert "-----BEGIN USER NKEY SEED-----\nSU" in text
+    with pytest.raises(ev.SchemaError):
+        drone_credentials(authority, NS, SITE, "no.dots")
+
+
+def test_the_authority_file_is_private_and_made_once(tmp_path: Path) -> None:
+    path = tmp_path / "authority.json"
+    save_authority(create_authority(), path)
+    assert path.stat().st_mode & 0o777 == 0o600
+    with pytest.raises(AuthError, match="exists"):
+        save_authority(create_authority(), path)
+    (tmp_path / "bad.json").write_text('{"operator": "x"}')
+    with pytest.raises(AuthError, match="not a cobald-remote authority file"):
+        load_authority(tmp_path / "bad.json")
+
+
+async def test_the_commands_make_a_working_setup(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """auth init / drone / manager, as an operator runs them, against a real server"""
+    authority, server_config = tmp_path / "authority.json", tmp_path / "auth.conf"
+    given = ["--authority", str(authority)]
+    assert main(["auth", "init", *given, "--server-config", str(server_config)]) == 0
+    assert server_config.stat().st_mode & 0o777 == 0o600
+    drone_creds, manager_creds = tmp_path / "drone.creds", tmp_path / "manager.creds"
+    assert main(["auth", "drone", DRONE, *given, "--out", str(drone_creds)]) == 0
+    assert main(["auth", "manager", *given]) == 0
+    manager_creds.write_text(capsys.readouterr().out)
+    assert main(["auth", "drone", "nodash", *given]) == 1
+    assert "give --site" in capsys.readouterr().err
+    config = tmp_path / "server.conf"
+    config.write_text(f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\ninclude "auth.conf"\n')
+    async with EmbeddedServer(tmp_path / "nats", config_file=config) as server:
+        manager = await nats.connect(server.url, user_credentials=str(manager_creds))
+        drone = await nats.connect(
+            server.url, user_credentials=str(drone_creds), inbox_prefix=f"_INBOX_{DRONE}"
+        )
+        try:
+            await provision(manager.jetstream())
+            ack = await drone.jetstream().publish(NS.event(SITE, DRONE, "heartbeat"), b"x")
+            assert ack.stream == NS.event_stream
+        finally:
+            await drone.close()
+            await manager.close()
