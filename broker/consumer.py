@@ -106,8 +106,8 @@ class PullSettings:
     :param batch: messages per pull request; another request is issued when
         fewer than half a batch are still owed, so at most two are outstanding.
         Large batches keep the server streaming, so that each read of the
-        socket brings many messages: at 5,000 the manager applies about
-        twice as many events per second as at 500 (``bench/ingest.py
+        socket brings many messages: at 5,000 the manager applied about
+        1.6 times as many events per second as at 500 (``bench/ingest.py
         --batch``); :func:`durable_config`'s ``max_ack_pending`` stays well
         above the 7,500 a consumer can be owed
     :param expires_s: lifetime of a pull request on the server

@@ -209,3 +209,19 @@ async def test_the_commands_make_a_working_setup(
         finally:
             await drone.close()
             await manager.close()
+
+
+def test_drone_credentials_expire_after_a_week_unless_told_otherwise(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/deployment.md: 7 days by default; ``--valid-for 0``: never"""
+
+    def claims(text: str) -> dict[str, object]:
+        return decode_jwt(text.split("-----BEGIN NATS USER JWT-----\n")[1].split("\n")[0])
+
+    default = claims(drone_credentials(create_authority(), NS, SITE, DRONE))
+    assert default["exp"] == default["iat"] + 7 * 24 * 3600  # type: ignore[operator]
+    authority = tmp_path / "authority.json"
+    save_authority(create_authority(), authority)
+    assert main(["auth", "drone", DRONE, "--authority", str(authority), "--valid-for", "0"]) == 0
+    assert "exp" not in claims(capsys.readouterr().out)
