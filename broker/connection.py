@@ -8,6 +8,7 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
+from remote_agent.connect import connect
 from remote_agent.settings import split_urls
 
 from .errors import BrokerError
@@ -31,7 +32,7 @@ async def connect_once(url: str, creds: str | None = None, *, name: str) -> Clie
         log.debug("nats: %s", err)
 
     try:
-        return await nats.connect(
+        return await connect(
             split_urls(url),  # nats-py does not split commas itself
             error_cb=quiet,
             user_credentials=creds,

@@ -39,6 +39,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
+from remote_agent.connect import connect
 from remote_agent.events import Namespace
 from remote_agent.handshake import RecordStore
 
@@ -461,7 +462,7 @@ class ManagerService:
 
     async def _session(self) -> None:
         settings = self.settings
-        nc = await nats.connect(
+        nc = await connect(
             list(settings.servers),
             name="cobald-remote-manager",
             user_credentials=settings.creds,

@@ -44,6 +44,7 @@ import nats.js.errors
 from broker.provision import Topology, provision
 from broker.server import EmbeddedServer
 from broker.timeline import format_table, read_timeline
+from remote_agent.connect import connect
 from remote_agent.events import Namespace, SchemaError, decode_record
 
 from .analysis import analyze
@@ -306,7 +307,7 @@ async def run_mode(
 async def record_outcomes(url: str, namespace: Namespace) -> dict[str, int]:
     """How each drone's handshake record ended: ``phase (writer)`` -> drones"""
     counts: dict[str, int] = {}
-    nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False)
+    nc = await connect(url, connect_timeout=2, allow_reconnect=False)
     try:
         kv = await nc.jetstream().key_value(namespace.record_bucket)
         try:
@@ -345,7 +346,7 @@ def interesting_drone(root: Path) -> str | None:
 
 
 async def sample_timeline(url: str, namespace: Namespace, drone: str) -> str:
-    nc = await nats.connect(url, connect_timeout=2, allow_reconnect=False)
+    nc = await connect(url, connect_timeout=2, allow_reconnect=False)
     try:
         rows = await read_timeline(nc, namespace, drone)
     finally:
@@ -414,7 +415,7 @@ async def demo(
     namespace = Namespace()
     await server.start()
     try:
-        nc = await nats.connect(server.url, connect_timeout=2)
+        nc = await connect(server.url, connect_timeout=2)
         try:
             await provision(nc.jetstream(), Topology(namespace=namespace))
         finally:

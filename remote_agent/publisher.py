@@ -30,6 +30,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from .connect import connect
 from .spool import Spool, SpooledEvent
 
 log = logging.getLogger(__name__)
@@ -150,7 +151,7 @@ class Publisher:
 
     async def connect(self) -> Client:
         """Connect, retrying for as long as it takes"""
-        nc = await nats.connect(
+        nc = await connect(
             self.servers,
             name=self.name,
             user_credentials=str(self.creds) if self.creds else None,
