@@ -207,27 +207,34 @@ async def test_an_announced_drone_is_drained_and_removed_once_drained(
             60,
             "the agent is up with its gate open",
         )
-        site = FakeSite(status=ResourceStatus.Booting)  # the site's view lags: still queued
+        phases: list[ev.RecordPhase | None] = []
+
+        class WatchedSite(FakeSite):
+            async def terminate_resource(self, resource_attributes: Any) -> None:
+                view = bus.registry.view(SITE, uuid)
+                phases.append(None if view is None else view.phase)
+                await super().terminate_resource(resource_attributes)
+
+        site = WatchedSite(status=ResourceStatus.Booting)  # the site's view lags: still queued
         site_agent = SiteAgent(RemoteSiteAdapter(site, bus))
         ra = attributes(uuid)
         assert (await site_agent.resource_status(ra)).resource_status is ResourceStatus.Running
         assert site.called("resource_status") == 0
-        # TARDIS wants it gone: a drain, not a removal
-        with pytest.raises(TardisResourceStatusUpdateFailed, match="deferred"):
-            await site_agent.terminate_resource(ra)
-        assert site.called("terminate_resource") == 0
-        # nothing runs on it: the agent drains at once and ends its job
+        # TARDIS wants it gone: a drain, not a removal. Nothing runs on it, so the
+        # agent drains at once and ends its job; TARDIS retries until it may remove.
+        # Whether the first try already finds the drained record is up to timing.
+        deferred = 0
+        while True:
+            try:
+                await site_agent.terminate_resource(ra)
+                break
+            except TardisResourceStatusUpdateFailed as err:
+                assert "deferred" in str(err)
+                deferred += 1
+            assert deferred < 200, "never removed"
+            await asyncio.sleep(0.25)
+        assert phases == [ev.RecordPhase.DRAINED], "removed only once the agent drained"
         assert await asyncio.wait_for(agent.proc.wait(), 60) == 0
-        await eventually(
-            lambda: (
-                (view := bus.registry.view(SITE, uuid)) is not None
-                and view.phase is ev.RecordPhase.DRAINED
-            ),
-            30,
-            "drained record",
-        )
-        await site_agent.terminate_resource(ra)
-        assert site.called("terminate_resource") == 1
     finally:
         await agent.stop()
 
