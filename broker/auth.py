@@ -14,7 +14,7 @@ account nats-server needs. It returns the server configuration to include
 authority file holds the seeds: keep it where the manager runs, readable only
 by it. :func:`drone_credentials` mints one drone's ``.creds`` file with the
 permissions of ``docs/agent.md``, :func:`manager_credentials` the manager's
-(everything in the account).
+(everything in the account), :func:`leaf_credentials` a site leaf node's.
 
 JWTs follow nats-io/jwt v2 (``docs/deployment.md``, checked against a real
 nats-server in ``tests/integration/test_auth.py``): base64url without padding
@@ -312,6 +312,19 @@ def manager_credentials(authority: Authority, name: str = "manager") -> str:
     return authority._user(name, {}, None)
 
 
+def leaf_credentials(authority: Authority, site: str) -> str:
+    """
+    A ``.creds`` file (text) for a site's leaf node connecting to the hub
+
+    The leaf node checks its drones' own credentials itself (it includes the
+    same server configuration); its connection to the hub carries all of
+    them, so the user has no limits in the account, like the manager's. The
+    leaf's remote also names the account (:attr:`Authority.account_public`).
+    """
+    check_token(site, "site")
+    return authority._user(f"leaf-{site}", {}, None)
+
+
 # ---------------------------------------------------------------------- command line
 
 
@@ -369,8 +382,24 @@ def _auth_manager(args: argparse.Namespace) -> int:
     return 0
 
 
+def _auth_leaf(args: argparse.Namespace) -> int:
+    authority = load_authority(Path(args.authority))
+    try:
+        text = leaf_credentials(authority, args.site)
+    except SchemaError as err:
+        raise AuthError(str(err)) from None
+    _write_secret(text, args.out)
+    where = args.out if args.out not in (None, "-") else "<this file>"
+    print(
+        f"in leaf.conf's remote: credentials: {where} and account: {authority.account_public}; "
+        'and include "auth.conf" (docs/deployment.md)',
+        file=sys.stderr,
+    )
+    return 0
+
+
 def add_auth_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``cobald-remote auth init|drone|manager``"""
+    """``cobald-remote auth init|drone|manager|leaf``"""
     auth = groups.add_parser("auth", help="per-drone NATS credentials (operator mode)")
     commands = auth.add_subparsers(dest="command", required=True, metavar="COMMAND")
     init = commands.add_parser(
@@ -400,3 +429,8 @@ def add_auth_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser
     manager.add_argument("--name", default="manager", help="user name")
     manager.add_argument("--out", help="write here (0600) instead of stdout")
     manager.set_defaults(run=_auth_manager)
+    leaf = commands.add_parser("leaf", help="a .creds file for a site's leaf node, on stdout")
+    leaf.add_argument("site", help="the site's name (as in drone uuids)")
+    leaf.add_argument("--authority", required=True, help="the file auth init wrote")
+    leaf.add_argument("--out", help="write here (0600) instead of stdout")
+    leaf.set_defaults(run=_auth_leaf)

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import asyncio
+import re
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -11,6 +13,7 @@ import nats.errors
 import pytest
 from agent_support import SITE, running, wait_for
 from agent_support import settings as agent_settings
+from helpers import free_ports
 
 from broker.auth import (
     AuthError,
@@ -216,3 +219,126 @@ def test_drone_credentials_expire_after_a_week_unless_told_otherwise(
     save_authority(create_authority(), authority)
     assert main(["auth", "drone", DRONE, "--authority", str(authority), "--valid-for", "0"]) == 0
     assert "exp" not in claims(capsys.readouterr().out)
+
+
+DEPLOY_NATS = Path(__file__).resolve().parents[2] / "deploy" / "nats"
+
+
+def _uncomment(config: str, *keys: str) -> str:
+    """leaf.conf's commented lines for ``keys``, switched on as docs/deployment.md says"""
+    for key in keys:
+        config, found = re.subn(rf"^(\s*)# ({re.escape(key)})", r"\1\2", config, flags=re.M)
+        assert found == 1, f"leaf.conf has no commented {key!r} line"
+    return config
+
+
+@pytest.mark.timeout(180)
+async def test_a_leaf_node_checks_the_credentials_of_its_drones(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """
+    leaf.conf with per-drone credentials, set up with the commands an operator runs
+
+    The hub runs single.conf, the leaf leaf.conf, both with the same auth.conf.
+    A drone on the leaf runs its whole life on its own credentials (claim,
+    events, drain command, final record cross the leaf); with them it can do
+    nothing for another drone, which the leaf refuses before anything reaches
+    the hub.
+    """
+    authority = tmp_path / "authority.json"
+    given = ["--authority", str(authority)]
+    hub_dir, leaf_dir = tmp_path / "hub-conf", tmp_path / "leaf-conf"
+    hub_dir.mkdir()
+    leaf_dir.mkdir()
+    assert main(["auth", "init", *given, "--server-config", str(hub_dir / "auth.conf")]) == 0
+    shutil.copy(hub_dir / "auth.conf", leaf_dir / "auth.conf")
+    leaf_creds, manager_creds = tmp_path / "site1-leaf.creds", tmp_path / "manager.creds"
+    capsys.readouterr()
+    assert main(["auth", "leaf", SITE, *given, "--out", str(leaf_creds)]) == 0
+    account = re.search(r"account: (A[A-Z0-9]{55})", capsys.readouterr().err)
+    assert account is not None and account[1] == load_authority(authority).account_public
+    assert main(["auth", "manager", *given, "--out", str(manager_creds)]) == 0
+    drone_creds = tmp_path / "drone.creds"
+    assert main(["auth", "drone", DRONE, *given, "--domain", "hub", "--out", str(drone_creds)]) == 0
+
+    shutil.copy(DEPLOY_NATS / "single.conf", hub_dir)
+    (hub_dir / "hub.conf").write_text('include "single.conf"\ninclude "auth.conf"\n')
+    leaf_conf = _uncomment(
+        (DEPLOY_NATS / "leaf.conf").read_text(), "credentials:", "account:", 'include "auth.conf"'
+    )
+    leaf_conf = leaf_conf.replace("/etc/cobald-remote/nats/site1-leaf.creds", str(leaf_creds))
+    (leaf_dir / "leaf.conf").write_text(leaf_conf.replace("ACCOUNT_PUBLIC_KEY", account[1]))
+    (hub_leaf_port,) = free_ports(1)
+    hub = EmbeddedServer(
+        tmp_path / "hub",
+        config_file=hub_dir / "hub.conf",
+        env={"NATS_STORE": str(tmp_path / "js"), "NATS_LEAF_LISTEN": f"127.0.0.1:{hub_leaf_port}"},
+    )
+    leaf = EmbeddedServer(
+        tmp_path / "leaf",
+        config_file=leaf_dir / "leaf.conf",
+        env={"NATS_NODE": "site1-leaf", "NATS_HUB": f"nats-leaf://127.0.0.1:{hub_leaf_port}"},
+    )
+    async with hub, leaf:
+        nc = await connect(hub.url, user_credentials=str(manager_creds))
+        try:
+            await provision(nc.jetstream())
+        finally:
+            await nc.close()
+        settings = ManagerSettings(
+            servers=[hub.url], creds=str(manager_creds), domain="hub", retry_s=0.2
+        )
+        service = ManagerService(settings)
+        service_task = asyncio.create_task(service.run())
+        agent = Agent(agent_settings(tmp_path, leaf.url, DRONE, creds=drone_creds, domain="hub"))
+        try:
+            await asyncio.wait_for(service.ready.wait(), 30)
+            async with running(agent) as run:
+                await wait_for(
+                    lambda: (
+                        (view := service.registry.view(SITE, DRONE)) is not None
+                        and view.phase is ev.RecordPhase.UP
+                        and view.state is ev.DroneState.IDLE
+                    ),
+                    60,
+                    "the drone's claim and events at the hub, through the leaf",
+                )
+                errors: list[str] = []
+
+                async def note(err: Exception) -> None:
+                    errors.append(str(err))
+
+                spoof = await connect(
+                    leaf.url,
+                    user_credentials=str(drone_creds),
+                    inbox_prefix=f"_INBOX_{DRONE}",
+                    error_cb=note,
+                )
+                try:
+                    await spoof.publish(NS.event(SITE, OTHER, "drained"), b"x")
+                    await spoof.publish(f"$JS.hub.API.$KV.{NS.record_bucket}.{SITE}.{OTHER}", b"x")
+                    await spoof.subscribe(NS.command(SITE, OTHER))
+                    await spoof.flush()
+                    await wait_for(lambda: len(errors) >= 3, 10, "three permission violations")
+                finally:
+                    await spoof.close()
+                assert all("permissions violation" in error for error in errors), errors
+                control = service.control
+                assert control is not None
+                drained = await control.drain(SITE, DRONE, reason="leaf auth test")
+                assert drained.command is not None, drained  # the command crossed the leaf
+                assert drained.outcome in ("accepted", "drained"), drained
+                assert await run.exit_code(60) == 0
+            await wait_for(
+                lambda: (
+                    (view := service.registry.view(SITE, DRONE)) is not None
+                    and view.phase is ev.RecordPhase.DRAINED
+                ),
+                30,
+                "the drone's final record at the hub",
+            )
+            assert service.registry.view(SITE, OTHER) is None
+            assert service.registry.metrics().rejected_total == 0
+        finally:
+            service.stop()
+            await asyncio.wait_for(service_task, 30)

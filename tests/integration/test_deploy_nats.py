@@ -3,9 +3,7 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import re
-import socket
 import subprocess
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -16,6 +14,7 @@ import nats.js.errors
 import pytest
 from agent_support import SITE, running, wait_for
 from agent_support import settings as agent_settings
+from helpers import free_ports
 
 from broker.errors import ProvisioningError
 from broker.provision import Topology, provision
@@ -54,7 +53,7 @@ def test_config_is_valid(config: Path) -> None:
 
 async def test_single_server_config_runs_and_provisions(tmp_path: Path) -> None:
     # network and store are overridden on the command line; the rest is the file's
-    (leaf_port,) = _free_ports(1)
+    (leaf_port,) = free_ports(1)
     server = EmbeddedServer(
         tmp_path,
         config_file=DEPLOY / "single.conf",
@@ -69,18 +68,9 @@ async def test_single_server_config_runs_and_provisions(tmp_path: Path) -> None:
     assert (tmp_path / "js" / "jetstream").is_dir()  # the file's store_dir was used
 
 
-def _free_ports(count: int) -> list[int]:
-    """Loopback ports for cluster routes, which must be known before the nodes start"""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
-
-
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[dict[str, EmbeddedServer]]:
-    ports = _free_ports(6)
+    ports = free_ports(6)
     routes = ",".join(f"nats://127.0.0.1:{port}" for port in ports[:3])
     nodes = {
         f"n{i}": EmbeddedServer(
@@ -186,7 +176,7 @@ async def test_leaf_config_carries_a_drone_to_the_central_stream_and_bucket(
     reach the central bucket through the leaf connection, and the manager's
     drain command reaches it the other way.
     """
-    (hub_leaf_port,) = _free_ports(1)
+    (hub_leaf_port,) = free_ports(1)
     hub = EmbeddedServer(
         tmp_path / "hub",
         config_file=DEPLOY / "single.conf",
