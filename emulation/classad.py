@@ -44,7 +44,6 @@ _TOKEN_RE = re.compile(
     r"""\s*(?:
         (?P<real>\d+\.\d*(?:[eE][+-]?\d+)?|\.\d+(?:[eE][+-]?\d+)?|\d+[eE][+-]?\d+)
       | (?P<int>\d+)
-      | (?P<str>"(?:[^"\\]|\\.)*")
       | (?P<name>[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)?)
       | (?P<op>=\?=|=!=|==|!=|<=|>=|&&|\|\||[-+*/%<>!?:(),])
     )""",
@@ -52,11 +51,34 @@ _TOKEN_RE = re.compile(
 )
 
 
+def _old_string_end(text: str, pos: int) -> int:
+    """
+    Where the old-syntax string literal starting at ``text[pos]`` ends (after its quote)
+
+    Old ClassAd syntax (HTCondor's config files and ``-long`` lines): a
+    backslash is an ordinary character, but ``\\"`` is a quote inside the
+    string unless it ends the expression.
+    """
+    at = pos + 1
+    while True:
+        quote_at = text.find('"', at)
+        if quote_at < 0:
+            raise ClassAdSyntaxError(f"unterminated string in {text!r}")
+        if text[quote_at - 1] != "\\" or quote_at == at or quote_at == len(text) - 1:
+            return quote_at + 1
+        at = quote_at + 1
+
+
 def _tokens(text: str) -> list[tuple[str, str]]:
     out: list[tuple[str, str]] = []
     pos = 0
     text = text.rstrip()
     while pos < len(text):
+        start = len(text) - len(text[pos:].lstrip())
+        if start < len(text) and text[start] == '"':
+            pos = _old_string_end(text, start)
+            out.append(("str", text[start:pos]))
+            continue
         match = _TOKEN_RE.match(text, pos)
         if not match or match.end() == pos:
             raise ClassAdSyntaxError(f"cannot parse {text!r} at {text[pos:]!r}")
@@ -334,7 +356,8 @@ class _Parser:
 
 
 def _unescape(body: str) -> str:
-    return re.sub(r"\\(.)", lambda m: {"n": "\n", "t": "\t"}.get(m.group(1), m.group(1)), body)
+    """The value of an old-syntax string literal's body (see :func:`_old_string_end`)"""
+    return body.replace('\\"', '"')
 
 
 def parse(text: str) -> Node:
@@ -403,7 +426,7 @@ def unparse_value(value: Value) -> str:
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, str):
-        return '"' + value.replace("\\", "\\\\").replace('"', '\\"') + '"'
+        return '"' + value.replace('"', '\\"') + '"'  # old syntax: backslashes as they are
     return repr(value) if isinstance(value, float) else str(value)
 
 
@@ -458,7 +481,7 @@ class Ad:
         :raises ClassAdSyntaxError: a line is not an assignment or its expression does not parse
         """
         ad = cls()
-        for line in text.splitlines():
+        for line in text.split("\n"):  # HTCondor ends lines at \n only
             if not line.strip() or line.lstrip().startswith("#"):
                 continue
             name, sep, expr = line.partition("=")

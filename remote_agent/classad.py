@@ -5,7 +5,9 @@ HTCondor hands ads to job hooks on stdin and prints them with ``-long``: one
 ``Attr = value`` line per attribute, ads separated by blank lines. This module
 reads exactly that, leniently (a line that is not an assignment is skipped, a
 value that is not a literal is kept as its expression text), and quotes
-strings for the lines a hook prints back. It evaluates nothing.
+strings for the lines a hook prints back. It evaluates nothing. Strings follow
+old ClassAd syntax, as those lines do; ``tests/unit/test_htcondor_library.py``
+checks both directions against HTCondor's own parser.
 
 It is deliberately small and free of heavy imports: the job hooks import it on
 every payload start (see ``docs/htcondor.md``).
@@ -19,8 +21,8 @@ from collections.abc import Iterator, Mapping
 #: an attribute assignment; names may carry a scope (``MY.Foo``) or dots
 _LINE_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*=\s*(.*?)\s*$")
 _INT_RE = re.compile(r"^[+-]?\d+$")
+_LINE_BREAK_RE = re.compile(r"\r\n|\r|\n")
 _REAL_RE = re.compile(r"^[+-]?(\d+\.\d*|\.\d+|\d+)([eE][+-]?\d+)?$")
-_ESCAPES = {"n": "\n", "t": "\t", "r": "\r", "\\": "\\", '"': '"', "'": "'", "/": "/"}
 
 
 class Expr(str):
@@ -96,22 +98,28 @@ class ClassAd(Mapping[str, Value]):
 
 
 def _unquote(text: str) -> str | None:
-    """The string literal ``"..."`` as its value, or ``None`` if it is not exactly one"""
+    """
+    The string literal ``"..."`` as its value, or ``None`` if it is not exactly one
+
+    Old ClassAd syntax, as HTCondor prints and reads ``Attr = value`` lines
+    (its ``Lexer::tokenizeStringOld``): a backslash is an ordinary character,
+    except that ``\\"`` is a quote inside the string, unless that quote ends
+    the value (then the string ends with a backslash).
+    """
     if len(text) < 2 or text[0] != '"' or text[-1] != '"':
         return None
     out: list[str] = []
-    index, end = 1, len(text) - 1
-    while index < end:
-        char = text[index]
-        if char == '"':
-            return None  # an unescaped quote: an expression such as "a" + "b"
-        if char == "\\" and index + 1 < end:
-            nxt = text[index + 1]
-            out.append(_ESCAPES.get(nxt, "\\" + nxt))
-            index += 2
-            continue
-        out.append(char)
-        index += 1
+    start, last = 1, len(text) - 1
+    while True:
+        quote_at = text.find('"', start)
+        chunk = text[start:quote_at]
+        if not chunk.endswith("\\") or quote_at == last:
+            out.append(chunk)
+            break
+        out.append(chunk[:-1] + '"')  # an escaped quote; the string goes on
+        start = quote_at + 1
+    if quote_at != last:
+        return None  # more after the string: an expression such as "a" + "b"
     return "".join(out)
 
 
@@ -144,7 +152,7 @@ def parse_ads(text: str) -> list[ClassAd]:
     """
     ads: list[ClassAd] = []
     current = ClassAd()
-    for line in text.splitlines():
+    for line in text.split("\n"):  # HTCondor ends lines at \n only
         if not line.strip():
             if current:
                 ads.append(current)
@@ -168,7 +176,11 @@ def parse_ad(text: str) -> ClassAd:
 
 
 def quote(text: str) -> str:
-    """``text`` as a ClassAd string literal on one line"""
-    escaped = text.replace("\\", "\\\\").replace('"', '\\"')
-    escaped = escaped.replace("\n", "\\n").replace("\r", "\\r").replace("\t", "\\t")
-    return f'"{escaped}"'
+    """
+    ``text`` as an old-syntax ClassAd string literal on one line
+
+    Quotes become ``\\"``; backslashes stay as they are (see :func:`_unquote`).
+    Old syntax has no way to write a line break inside a string, so line
+    breaks become spaces.
+    """
+    return '"' + _LINE_BREAK_RE.sub(" ", text).replace('"', '\\"') + '"'

@@ -50,7 +50,11 @@ def test_blank_lines_separate_ads() -> None:
         ("TRUE", True),
         ("-17", -17),
         ("1.5e3", 1500.0),
-        ('"a\\\\b"', "a\\b"),
+        # old ClassAd syntax: backslashes are literal, \" is a quote inside
+        ('"a\\\\b"', "a\\\\b"),
+        ('"C:\\new\\t"', "C:\\new\\t"),
+        ('"say \\"hi\\""', 'say "hi"'),
+        ('"ends with \\"', "ends with \\"),
         ('"a" + "b"', Expr('"a" + "b"')),
         ("foo", Expr("foo")),
     ],
@@ -60,10 +64,10 @@ def test_values(text: str, value: object) -> None:
 
 
 def test_quote_round_trips_and_stays_on_one_line() -> None:
-    text = 'drone "x" is\ndraining \\ now'
-    quoted = quote(text)
-    assert "\n" not in quoted
-    assert parse_value(quoted) == text
+    text = 'drone "x" is draining \\ now\\'
+    assert parse_value(quote(text)) == text
+    # old syntax cannot carry a line break inside a string
+    assert quote("two\nlines\r\nhere") == '"two lines here"'
 
 
 def _eval(expr: str, **attrs: emu.Value) -> emu.Value:
