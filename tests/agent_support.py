@@ -6,7 +6,7 @@ import asyncio
 import contextlib
 import datetime as dt
 import time
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
 from typing import Any
@@ -14,6 +14,7 @@ from typing import Any
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from broker.service import ManagerService
 from remote_agent import events as ev
 from remote_agent.agent import Agent
 from remote_agent.interfaces import DrainResult, SlotInfo, StartdError
@@ -131,6 +132,50 @@ async def wait_for(
         if time.monotonic() > deadline:
             raise AssertionError(f"timed out waiting for {what}")
         await asyncio.sleep(0.01)
+
+
+async def drone_life(
+    service: ManagerService,
+    agent: Agent,
+    *,
+    while_up: Callable[[], Awaitable[None]] | None = None,
+    reason: str = "test",
+) -> None:
+    """
+    An agent's whole life as the manager sees it, asserted step by step
+
+    Its claim and first events reach the registry (record UP, drone IDLE);
+    ``while_up`` runs; the manager's drain command reaches it and is answered;
+    the agent ends with 0 and its final record says DRAINED.
+    """
+    site, drone = agent.settings.site, agent.settings.drone
+    await asyncio.wait_for(service.ready.wait(), 30)
+    async with running(agent) as run:
+        await wait_for(
+            lambda: (
+                (view := service.registry.view(site, drone)) is not None
+                and view.phase is ev.RecordPhase.UP
+                and view.state is ev.DroneState.IDLE
+            ),
+            60,
+            "the drone's claim and events at the manager",
+        )
+        if while_up is not None:
+            await while_up()
+        control = service.control
+        assert control is not None
+        drained = await control.drain(site, drone, reason=reason)
+        assert drained.command is not None, drained  # the command reached the agent
+        assert drained.outcome in ("accepted", "drained"), drained
+        assert await run.exit_code(60) == 0
+    await wait_for(
+        lambda: (
+            (view := service.registry.view(site, drone)) is not None
+            and view.phase is ev.RecordPhase.DRAINED
+        ),
+        30,
+        "the drone's final record at the manager",
+    )
 
 
 async def read_events(

@@ -5,6 +5,9 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from pathlib import Path
+
+from broker.server import EmbeddedServer
 
 
 def pid_exists(pid: int) -> bool:
@@ -23,3 +26,26 @@ def free_ports(count: int) -> list[int]:
         for sock in sockets:
             sock.bind(("127.0.0.1", 0))
         return [sock.getsockname()[1] for sock in sockets]
+
+
+def hub_and_leaf(
+    tmp_path: Path, hub_config: Path, leaf_config: Path
+) -> tuple[EmbeddedServer, EmbeddedServer]:
+    """
+    A central server and a site's leaf node connected to it (not started yet)
+
+    With the environment ``deploy/systemd`` gives them: the hub's JetStream
+    store and leaf listener, the leaf's node name and its hub URL.
+    """
+    (leaf_port,) = free_ports(1)
+    hub = EmbeddedServer(
+        tmp_path / "hub",
+        config_file=hub_config,
+        env={"NATS_STORE": str(tmp_path / "js"), "NATS_LEAF_LISTEN": f"127.0.0.1:{leaf_port}"},
+    )
+    leaf = EmbeddedServer(
+        tmp_path / "leaf",
+        config_file=leaf_config,
+        env={"NATS_NODE": "site1-leaf", "NATS_HUB": f"nats-leaf://127.0.0.1:{leaf_port}"},
+    )
+    return hub, leaf

@@ -11,9 +11,9 @@ from pathlib import Path
 import nats
 import nats.errors
 import pytest
-from agent_support import SITE, running, wait_for
+from agent_support import SITE, drone_life, wait_for
 from agent_support import settings as agent_settings
-from helpers import free_ports
+from helpers import hub_and_leaf
 
 from broker.auth import (
     AuthError,
@@ -66,6 +66,28 @@ def _creds(tmp_path: Path, authority_file: Path, drone: str) -> Path:
     return path
 
 
+async def refused_for_another(url: str, creds: Path, domain: str | None = None) -> None:
+    """With ``DRONE``'s credentials: ``OTHER``'s event, record and commands are all refused"""
+    errors: list[str] = []
+
+    async def note(err: Exception) -> None:
+        errors.append(str(err))
+
+    spoof = await connect(
+        url, user_credentials=str(creds), inbox_prefix=f"_INBOX_{DRONE}", error_cb=note
+    )
+    api = f"$JS.{domain}.API.$KV" if domain else "$KV"
+    try:
+        await spoof.publish(NS.event(SITE, OTHER, "drained"), b"x")
+        await spoof.publish(f"{api}.{NS.record_bucket}.{SITE}.{OTHER}", b"x")
+        await spoof.subscribe(NS.command(SITE, OTHER))
+        await spoof.flush()
+        await wait_for(lambda: len(errors) >= 3, 10, "three permission violations")
+    finally:
+        await spoof.close()
+    assert all("permissions violation" in error for error in errors), errors
+
+
 async def test_a_drone_runs_on_its_own_credentials_and_cannot_speak_for_another(
     tmp_path: Path, secured: tuple[EmbeddedServer, Path]
 ) -> None:
@@ -78,55 +100,15 @@ async def test_a_drone_runs_on_its_own_credentials_and_cannot_speak_for_another(
         agent_settings(tmp_path, server.url, DRONE, creds=_creds(tmp_path, authority_file, DRONE))
     )
     try:
-        await asyncio.wait_for(service.ready.wait(), 30)
-        async with running(agent) as run:
-            # its own claim, events and record reads are allowed
-            await wait_for(
-                lambda: (
-                    (view := service.registry.view(SITE, DRONE)) is not None
-                    and view.phase is ev.RecordPhase.UP
-                    and view.state is ev.DroneState.IDLE
-                ),
-                30,
-                "the drone's claim and events",
-            )
-            # with the same credentials, nothing of another drone is allowed
-            errors: list[str] = []
-
-            async def note(err: Exception) -> None:
-                errors.append(str(err))
-
-            spoof = await nats.connect(
-                server.url,
-                user_credentials=str(tmp_path / f"{DRONE}.creds"),
-                inbox_prefix=f"_INBOX_{DRONE}",
-                error_cb=note,
-            )
-            try:
-                other = ev.Namespace().event(SITE, OTHER, "drained")
-                await spoof.publish(other, b"x")
-                await spoof.publish(f"$KV.{NS.record_bucket}.{SITE}.{OTHER}", b"x")
-                await spoof.subscribe(NS.command(SITE, OTHER))
-                await spoof.flush()
-                await wait_for(lambda: len(errors) >= 3, 10, "three permission violations")
-            finally:
-                await spoof.close()
-            assert all("permissions violation" in error for error in errors), errors
-            assert service.registry.view(SITE, OTHER) is None
-            # commands reach it, and it may answer them (once) and write its last record
-            control = service.control
-            assert control is not None
-            drained = await control.drain(SITE, DRONE, reason="auth test")
-            assert drained.command is not None and drained.outcome in ("accepted", "drained")
-            assert await run.exit_code(60) == 0
-        await wait_for(
-            lambda: (
-                (view := service.registry.view(SITE, DRONE)) is not None
-                and view.phase is ev.RecordPhase.DRAINED
-            ),
-            30,
-            "the drone's final record",
+        # its own claim, events, record and answers are allowed; with the same
+        # credentials, nothing of another drone is
+        await drone_life(
+            service,
+            agent,
+            while_up=lambda: refused_for_another(server.url, tmp_path / f"{DRONE}.creds"),
+            reason="auth test",
         )
+        assert service.registry.view(SITE, OTHER) is None
     finally:
         service.stop()
         await asyncio.wait_for(service_task, 30)
@@ -268,17 +250,7 @@ async def test_a_leaf_node_checks_the_credentials_of_its_drones(
     )
     leaf_conf = leaf_conf.replace("/etc/cobald-remote/nats/site1-leaf.creds", str(leaf_creds))
     (leaf_dir / "leaf.conf").write_text(leaf_conf.replace("ACCOUNT_PUBLIC_KEY", account[1]))
-    (hub_leaf_port,) = free_ports(1)
-    hub = EmbeddedServer(
-        tmp_path / "hub",
-        config_file=hub_dir / "hub.conf",
-        env={"NATS_STORE": str(tmp_path / "js"), "NATS_LEAF_LISTEN": f"127.0.0.1:{hub_leaf_port}"},
-    )
-    leaf = EmbeddedServer(
-        tmp_path / "leaf",
-        config_file=leaf_dir / "leaf.conf",
-        env={"NATS_NODE": "site1-leaf", "NATS_HUB": f"nats-leaf://127.0.0.1:{hub_leaf_port}"},
-    )
+    hub, leaf = hub_and_leaf(tmp_path, hub_dir / "hub.conf", leaf_dir / "leaf.conf")
     async with hub, leaf:
         nc = await connect(hub.url, user_credentials=str(manager_creds))
         try:
@@ -292,50 +264,13 @@ async def test_a_leaf_node_checks_the_credentials_of_its_drones(
         service_task = asyncio.create_task(service.run())
         agent = Agent(agent_settings(tmp_path, leaf.url, DRONE, creds=drone_creds, domain="hub"))
         try:
-            await asyncio.wait_for(service.ready.wait(), 30)
-            async with running(agent) as run:
-                await wait_for(
-                    lambda: (
-                        (view := service.registry.view(SITE, DRONE)) is not None
-                        and view.phase is ev.RecordPhase.UP
-                        and view.state is ev.DroneState.IDLE
-                    ),
-                    60,
-                    "the drone's claim and events at the hub, through the leaf",
-                )
-                errors: list[str] = []
-
-                async def note(err: Exception) -> None:
-                    errors.append(str(err))
-
-                spoof = await connect(
-                    leaf.url,
-                    user_credentials=str(drone_creds),
-                    inbox_prefix=f"_INBOX_{DRONE}",
-                    error_cb=note,
-                )
-                try:
-                    await spoof.publish(NS.event(SITE, OTHER, "drained"), b"x")
-                    await spoof.publish(f"$JS.hub.API.$KV.{NS.record_bucket}.{SITE}.{OTHER}", b"x")
-                    await spoof.subscribe(NS.command(SITE, OTHER))
-                    await spoof.flush()
-                    await wait_for(lambda: len(errors) >= 3, 10, "three permission violations")
-                finally:
-                    await spoof.close()
-                assert all("permissions violation" in error for error in errors), errors
-                control = service.control
-                assert control is not None
-                drained = await control.drain(SITE, DRONE, reason="leaf auth test")
-                assert drained.command is not None, drained  # the command crossed the leaf
-                assert drained.outcome in ("accepted", "drained"), drained
-                assert await run.exit_code(60) == 0
-            await wait_for(
-                lambda: (
-                    (view := service.registry.view(SITE, DRONE)) is not None
-                    and view.phase is ev.RecordPhase.DRAINED
-                ),
-                30,
-                "the drone's final record at the hub",
+            # the claim, the events, the drain command and the final record all
+            # cross the leaf; the leaf refuses what the drone may not do
+            await drone_life(
+                service,
+                agent,
+                while_up=lambda: refused_for_another(leaf.url, drone_creds, domain="hub"),
+                reason="leaf auth test",
             )
             assert service.registry.view(SITE, OTHER) is None
             assert service.registry.metrics().rejected_total == 0

@@ -12,9 +12,9 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from agent_support import SITE, running, wait_for
+from agent_support import drone_life
 from agent_support import settings as agent_settings
-from helpers import free_ports
+from helpers import free_ports, hub_and_leaf
 
 from broker.errors import ProvisioningError
 from broker.provision import Topology, provision
@@ -176,17 +176,7 @@ async def test_leaf_config_carries_a_drone_to_the_central_stream_and_bucket(
     reach the central bucket through the leaf connection, and the manager's
     drain command reaches it the other way.
     """
-    (hub_leaf_port,) = free_ports(1)
-    hub = EmbeddedServer(
-        tmp_path / "hub",
-        config_file=DEPLOY / "single.conf",
-        env={"NATS_STORE": str(tmp_path / "js"), "NATS_LEAF_LISTEN": f"127.0.0.1:{hub_leaf_port}"},
-    )
-    leaf = EmbeddedServer(
-        tmp_path / "leaf",
-        config_file=DEPLOY / "leaf.conf",
-        env={"NATS_NODE": "site1-leaf", "NATS_HUB": f"nats-leaf://127.0.0.1:{hub_leaf_port}"},
-    )
+    hub, leaf = hub_and_leaf(tmp_path, DEPLOY / "single.conf", DEPLOY / "leaf.conf")
     async with hub, leaf:
         nc = await nats.connect(hub.url)
         try:
@@ -199,32 +189,8 @@ async def test_leaf_config_carries_a_drone_to_the_central_stream_and_bucket(
         drone = "site1-00000000aa"
         agent = Agent(agent_settings(tmp_path, leaf.url, drone, domain="hub"))
         try:
-            await asyncio.wait_for(service.ready.wait(), 30)
-            async with running(agent) as run:
-                # the claim crossed the leaf: the manager sees the record and the events
-                await wait_for(
-                    lambda: (
-                        (view := service.registry.view(SITE, drone)) is not None
-                        and view.phase is ev.RecordPhase.UP
-                        and view.state is ev.DroneState.IDLE
-                    ),
-                    60,
-                    "the agent's claim and events at the hub",
-                )
-                control = service.control
-                assert control is not None
-                drained = await control.drain(SITE, drone, reason="leaf test")
-                assert drained.command is not None, drained  # the command crossed the leaf
-                assert drained.outcome in ("accepted", "drained"), drained
-                assert await run.exit_code(60) == 0
-            await wait_for(
-                lambda: (
-                    (view := service.registry.view(SITE, drone)) is not None
-                    and view.phase is ev.RecordPhase.DRAINED
-                ),
-                30,
-                "the agent's final record at the hub",
-            )
+            # claim, events, the drain command and the final record cross the leaf
+            await drone_life(service, agent, reason="leaf test")
         finally:
             service.stop()
             await asyncio.wait_for(service_task, 30)

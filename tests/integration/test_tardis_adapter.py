@@ -27,6 +27,7 @@ from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
 from tardis.interfaces.batchsystemadapter import MachineStatus
 from tardis.interfaces.siteadapter import ResourceStatus
 from tardis.resources.drone import Drone
+from tardis.utilities.attributedict import AttributeDict
 from tardis_support import SITE, FakeOverlay, FakeSite, attributes
 
 from broker.provision import provision
@@ -192,6 +193,27 @@ async def test_a_drone_whose_agent_never_connects_is_run_by_the_wrapped_adapters
     assert bus.registry.metrics().rejected_total == 0
 
 
+async def terminate_when_allowed(
+    site_agent: SiteAgent, ra: AttributeDict, limit_s: float
+) -> tuple[int, float]:
+    """
+    Call terminate_resource every 0.25 s, as TARDIS retries it, until it is allowed
+
+    :returns: how often it was deferred, and when (epoch) the allowed call began
+    """
+    deferred, started = 0, time.monotonic()
+    while True:
+        attempt = time.time()
+        try:
+            await site_agent.terminate_resource(ra)
+            return deferred, attempt
+        except TardisResourceStatusUpdateFailed as err:
+            assert "deferred" in str(err)
+            deferred += 1
+        assert time.monotonic() - started < limit_s, "never removed"
+        await asyncio.sleep(0.25)
+
+
 async def test_an_announced_drone_is_drained_and_removed_once_drained(
     tmp_path: Path, make_bus: BusFactory, nats_server: EmbeddedServer
 ) -> None:
@@ -223,16 +245,7 @@ async def test_an_announced_drone_is_drained_and_removed_once_drained(
         # TARDIS wants it gone: a drain, not a removal. Nothing runs on it, so the
         # agent drains at once and ends its job; TARDIS retries until it may remove.
         # Whether the first try already finds the drained record is up to timing.
-        deferred = 0
-        while True:
-            try:
-                await site_agent.terminate_resource(ra)
-                break
-            except TardisResourceStatusUpdateFailed as err:
-                assert "deferred" in str(err)
-                deferred += 1
-            assert deferred < 200, "never removed"
-            await asyncio.sleep(0.25)
+        await terminate_when_allowed(site_agent, ra, 60)
         assert phases == [ev.RecordPhase.DRAINED], "removed only once the agent drained"
         assert await asyncio.wait_for(agent.proc.wait(), 60) == 0
     finally:
@@ -267,18 +280,7 @@ async def test_a_lost_agent_whose_job_runs_is_not_removed_before_the_deadline(
         ra = attributes(uuid)
         # no longer fresh: the wrapped adapter answers again
         assert (await site_agent.resource_status(ra)).resource_status is ResourceStatus.Running
-        deferred = 0
-        started = time.monotonic()
-        while True:
-            attempt = time.time()
-            try:
-                await site_agent.terminate_resource(ra)
-                break
-            except TardisResourceStatusUpdateFailed as err:
-                assert "deferred" in str(err)
-                deferred += 1
-            assert time.monotonic() - started < 90, "never removed"
-            await asyncio.sleep(0.25)
+        deferred, attempt = await terminate_when_allowed(site_agent, ra, 90)
         view = bus.registry.view(SITE, uuid)
         assert view is not None and view.last_seen is not None and view.record is not None
         assert view.record.drain is not None  # the intent waits for the agent's return
