@@ -15,6 +15,9 @@ authority file holds the seeds: keep it where the manager runs, readable only
 by it. :func:`drone_credentials` mints one drone's ``.creds`` file with the
 permissions of ``docs/agent.md``, :func:`manager_credentials` the manager's
 (everything in the account), :func:`leaf_credentials` a site leaf node's.
+The commands note every user they issue (:func:`note_issued`), so that
+:func:`revoke` can name a drone's users in the account JWT's revocations;
+servers take that on a configuration reload.
 
 JWTs follow nats-io/jwt v2 (``docs/deployment.md``, checked against a real
 nats-server in ``tests/integration/test_auth.py``): base64url without padding
@@ -30,10 +33,11 @@ import base64
 import hashlib
 import json
 import os
+import re
 import sys
 import time
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
@@ -136,18 +140,38 @@ class Authority:
     account_signing: str
     system: str
     name: str = "cobald-remote"
+    #: when the authority was made (epoch s): the operator JWT's issue time, so that
+    #: the server configuration made again later has the same operator, which a
+    #: running nats-server requires to reload it
+    issued_at: int = 0
+    #: revoked user public keys -> epoch s: their credentials issued until then are refused
+    revocations: Mapping[str, int] = field(default_factory=dict)
 
     @property
     def account_public(self) -> str:
         return _public(_key(self.account))
 
     def server_config(self) -> str:
-        """The nats-server configuration of operator mode for this authority"""
+        """
+        The nats-server configuration of operator mode for this authority
+
+        The same authority always gives the same text; a revocation changes only
+        the account JWT, so servers take it on a configuration reload.
+        """
         operator, account, system = _key(self.operator), _key(self.account), _key(self.system)
-        now = int(time.time())
+        issued = self.issued_at
+        account_claims: dict[str, Any] = {
+            "type": "account",
+            "version": 2,
+            "default_permissions": {"pub": {}, "sub": {}},
+            "signing_keys": [_public(_key(self.account_signing))],
+            "limits": _UNLIMITED,
+        }
+        if self.revocations:
+            account_claims["revocations"] = dict(sorted(self.revocations.items()))
         operator_jwt = encode_jwt(
             {
-                "iat": now,
+                "iat": issued,
                 "sub": _public(operator),
                 "name": self.name,
                 "nats": {"type": "operator", "version": 2, "system_account": _public(system)},
@@ -157,22 +181,16 @@ class Authority:
         accounts = {
             _public(account): encode_jwt(
                 {
-                    "iat": now,
+                    "iat": max([issued, *self.revocations.values()]),
                     "sub": _public(account),
                     "name": self.name,
-                    "nats": {
-                        "type": "account",
-                        "version": 2,
-                        "default_permissions": {"pub": {}, "sub": {}},
-                        "signing_keys": [_public(_key(self.account_signing))],
-                        "limits": _UNLIMITED,
-                    },
+                    "nats": account_claims,
                 },
                 operator,
             ),
             _public(system): encode_jwt(
                 {
-                    "iat": now,
+                    "iat": issued,
                     "sub": _public(system),
                     "name": "SYS",
                     # nats-server refuses JetStream on the system account
@@ -221,21 +239,27 @@ def create_authority(name: str = "cobald-remote") -> Authority:
         account_signing=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
         system=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
         name=name,
+        issued_at=int(time.time()),
     )
 
 
-def save_authority(authority: Authority, path: Path) -> None:
-    """Write the seeds to ``path`` (mode 0600); refuses to overwrite"""
-    data = json.dumps(
+def _authority_json(authority: Authority) -> str:
+    return json.dumps(
         {
             "name": authority.name,
             "operator": authority.operator,
             "account": authority.account,
             "account_signing": authority.account_signing,
             "system": authority.system,
+            "issued_at": authority.issued_at,
+            "revocations": dict(authority.revocations),
         },
         indent=2,
     )
+
+
+def save_authority(authority: Authority, path: Path) -> None:
+    """Write the seeds to ``path`` (mode 0600); refuses to overwrite"""
     try:
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
@@ -245,7 +269,19 @@ def save_authority(authority: Authority, path: Path) -> None:
     except OSError as err:
         raise AuthError(f"cannot write {path}: {err.strerror}") from err
     with os.fdopen(fd, "w") as out:
-        out.write(data + "\n")
+        out.write(_authority_json(authority) + "\n")
+
+
+def update_authority(authority: Authority, path: Path) -> None:
+    """Replace the authority file at ``path`` (mode 0600) in one step"""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(_authority_json(authority) + "\n")
+        os.replace(temporary, path)
+    except OSError as err:
+        raise AuthError(f"cannot write {path}: {err.strerror}") from err
 
 
 def load_authority(path: Path) -> Authority:
@@ -325,6 +361,65 @@ def leaf_credentials(authority: Authority, site: str) -> str:
     return authority._user(f"leaf-{site}", {}, None)
 
 
+def creds_claims(text: str) -> dict[str, Any]:
+    """The claims of the user JWT in a ``.creds`` file's text"""
+    match = re.search(r"-----BEGIN NATS USER JWT-----\s*(\S+)", text)
+    if match is None:
+        raise AuthError("not a .creds file: no user JWT in it")
+    return decode_jwt(match[1])
+
+
+def issued_log(authority_path: Path) -> Path:
+    """Where the commands note every user they issue: ``<authority>.issued.jsonl``"""
+    return authority_path.with_name(f"{authority_path.stem}.issued.jsonl")
+
+
+def note_issued(authority_path: Path, creds: str) -> None:
+    """Append the user of ``creds`` (name, public key, issue and expiry time) to the log"""
+    claims = creds_claims(creds)
+    entry = {key: claims.get(key) for key in ("name", "sub", "iat", "exp")}
+    log_path = issued_log(authority_path)
+    try:
+        fd = os.open(log_path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+        with os.fdopen(fd, "a") as out:
+            out.write(json.dumps(entry) + "\n")
+    except OSError as err:
+        raise AuthError(f"cannot write {log_path}: {err.strerror}") from err
+
+
+def issued_users(authority_path: Path, name: str) -> list[str]:
+    """The public keys of every user issued as ``name`` (or ``drone-<name>``)"""
+    log_path = issued_log(authority_path)
+    try:
+        lines = log_path.read_text().splitlines()
+    except FileNotFoundError:
+        return []
+    except OSError as err:
+        raise AuthError(f"cannot read {log_path}: {err.strerror}") from err
+    users = []
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except ValueError:
+            continue  # a torn last line: the rest still counts
+        if isinstance(entry, dict) and entry.get("name") in (name, f"drone-{name}"):
+            users.append(str(entry.get("sub")))
+    return users
+
+
+def revoke(authority: Authority, users: list[str], at: int | None = None) -> Authority:
+    """
+    The authority with ``users`` (public keys) revoked: their credentials issued
+    until ``at`` (default now) are refused once the servers reload the new
+    configuration (existing connections of theirs are closed)
+    """
+    for user in users:
+        if not (user.startswith("U") and len(user) == 56 and user.isalnum()):
+            raise AuthError(f"not a user public key: {user!r}")
+    when = int(time.time()) if at is None else at
+    return replace(authority, revocations={**authority.revocations, **dict.fromkeys(users, when)})
+
+
 # ---------------------------------------------------------------------- command line
 
 
@@ -373,12 +468,18 @@ def _auth_drone(args: argparse.Namespace) -> int:
         )
     except SchemaError as err:
         raise AuthError(str(err)) from None
-    _write_secret(text, args.out)
+    _issue(args, text)
     return 0
 
 
+def _issue(args: argparse.Namespace, creds: str) -> None:
+    """Write the credentials where asked, and note the user as issued"""
+    note_issued(Path(args.authority), creds)
+    _write_secret(creds, args.out)
+
+
 def _auth_manager(args: argparse.Namespace) -> int:
-    _write_secret(manager_credentials(load_authority(Path(args.authority)), args.name), args.out)
+    _issue(args, manager_credentials(load_authority(Path(args.authority)), args.name))
     return 0
 
 
@@ -388,7 +489,7 @@ def _auth_leaf(args: argparse.Namespace) -> int:
         text = leaf_credentials(authority, args.site)
     except SchemaError as err:
         raise AuthError(str(err)) from None
-    _write_secret(text, args.out)
+    _issue(args, text)
     where = args.out if args.out not in (None, "-") else "<this file>"
     print(
         f"in leaf.conf's remote: credentials: {where} and account: {authority.account_public}; "
@@ -398,8 +499,31 @@ def _auth_leaf(args: argparse.Namespace) -> int:
     return 0
 
 
+def _auth_revoke(args: argparse.Namespace) -> int:
+    path = Path(args.authority)
+    users = list(args.user or [])
+    for name in args.names:
+        found = issued_users(path, name)
+        if not found:
+            raise AuthError(
+                f"no credentials issued as {name!r} in {issued_log(path)}; give --user KEY"
+            )
+        users += found
+    if not users:
+        raise AuthError("name a drone (or user) to revoke, or give --user KEY")
+    authority = revoke(load_authority(path), users)
+    update_authority(authority, path)
+    _write_secret(authority.server_config(), args.server_config)
+    print(
+        f"revoked {len(users)} credentials; reload every server and leaf node that includes "
+        "this configuration (systemctl reload cobald-remote-nats...; docs/deployment.md)",
+        file=sys.stderr,
+    )
+    return 0
+
+
 def add_auth_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``cobald-remote auth init|drone|manager|leaf``"""
+    """``cobald-remote auth init|drone|manager|leaf|revoke``"""
     auth = groups.add_parser("auth", help="per-drone NATS credentials (operator mode)")
     commands = auth.add_subparsers(dest="command", required=True, metavar="COMMAND")
     init = commands.add_parser(
@@ -434,3 +558,13 @@ def add_auth_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser
     leaf.add_argument("--authority", required=True, help="the file auth init wrote")
     leaf.add_argument("--out", help="write here (0600) instead of stdout")
     leaf.set_defaults(run=_auth_leaf)
+    revoke_ = commands.add_parser(
+        "revoke", help="refuse credentials before they expire; prints the new server configuration"
+    )
+    revoke_.add_argument(
+        "names", nargs="*", metavar="NAME", help="drone uuid (or user name) as issued"
+    )
+    revoke_.add_argument("--user", action="append", help="a user public key (U...), repeatable")
+    revoke_.add_argument("--authority", required=True, help="the file auth init wrote")
+    revoke_.add_argument("--server-config", help="write the server configuration here (0600)")
+    revoke_.set_defaults(run=_auth_revoke)

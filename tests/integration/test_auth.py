@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import asyncio
+import os
 import re
 import shutil
+import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import nats.errors
@@ -22,6 +25,7 @@ from broker.auth import (
     drone_credentials,
     load_authority,
     manager_credentials,
+    revoke,
     save_authority,
 )
 from broker.cli import main
@@ -277,3 +281,81 @@ async def test_a_leaf_node_checks_the_credentials_of_its_drones(
         finally:
             service.stop()
             await asyncio.wait_for(service_task, 30)
+
+
+def test_the_server_configuration_is_the_same_each_time_it_is_made() -> None:
+    """A running nats-server reloads only a configuration with the same operator JWT"""
+    authority = create_authority()
+    assert authority.server_config() == authority.server_config()
+    user = "U" + "A" * 55
+    revoked = revoke(authority, [user], at=authority.issued_at + 60)
+    config = revoked.server_config()
+    operator_line = next(line for line in config.splitlines() if line.startswith("operator:"))
+    assert operator_line in authority.server_config()  # only the account JWT changed
+    account_jwt = config.split(f"  {authority.account_public}: ")[1].split("\n")[0]
+    claims = decode_jwt(account_jwt)
+    assert claims["nats"]["revocations"] == {user: authority.issued_at + 60}
+    assert claims["iat"] == authority.issued_at + 60
+    with pytest.raises(AuthError, match="not a user public key"):
+        revoke(authority, ["ADRONE"])
+
+
+@pytest.mark.timeout(120)
+async def test_a_revoked_drone_is_cut_off_and_refused_after_a_reload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """auth revoke DRONE, then a configuration reload: only that drone loses the bus"""
+    authority, server_config = tmp_path / "authority.json", tmp_path / "auth.conf"
+    given = ["--authority", str(authority)]
+    assert main(["auth", "init", *given, "--server-config", str(server_config)]) == 0
+    creds = {name: tmp_path / f"{name}.creds" for name in (DRONE, OTHER, "manager")}
+    for drone in (DRONE, OTHER):
+        assert main(["auth", "drone", drone, *given, "--out", str(creds[drone])]) == 0
+    assert main(["auth", "manager", *given, "--out", str(creds["manager"])]) == 0
+    config = tmp_path / "server.conf"
+    config.write_text(f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\ninclude "auth.conf"\n')
+    async with EmbeddedServer(tmp_path / "nats", config_file=config) as server:
+        closed = asyncio.Event()
+
+        async def on_close() -> None:
+            closed.set()
+
+        async def quiet(err: Exception) -> None:
+            pass
+
+        def drone(name: str, **options: Any) -> Any:
+            return connect(
+                server.url,
+                user_credentials=str(creds[name]),
+                inbox_prefix=f"_INBOX_{name}",
+                error_cb=quiet,
+                **options,
+            )
+
+        revoked = await drone(DRONE, closed_cb=on_close, max_reconnect_attempts=2)
+        other = await drone(OTHER)
+        manager = await connect(server.url, user_credentials=str(creds["manager"]))
+        try:
+            await provision(manager.jetstream())
+            await revoked.publish(NS.event(SITE, DRONE, "heartbeat"), b"x")
+            await revoked.flush()
+
+            capsys.readouterr()
+            assert (
+                main(["auth", "revoke", DRONE, *given, "--server-config", str(server_config)]) == 0
+            )
+            assert "revoked 1 credentials" in capsys.readouterr().err
+            assert main(["auth", "revoke", "site1-unknown", *given]) == 1
+            assert server.pid is not None
+            os.kill(server.pid, signal.SIGHUP)  # systemctl reload does this
+
+            await asyncio.wait_for(closed.wait(), 30)  # cut off, and its reconnects refused
+            with pytest.raises(nats.errors.Error, match=r"(?i)authorization violation"):
+                await drone(DRONE, allow_reconnect=False, connect_timeout=2)
+            # the other drone and the manager go on
+            ack = await other.jetstream().publish(NS.event(SITE, OTHER, "heartbeat"), b"x")
+            assert ack.stream == NS.event_stream and other.is_connected
+            assert manager.is_connected
+        finally:
+            for client in (revoked, other, manager):
+                await client.close()
