@@ -36,7 +36,7 @@ import os
 import re
 import sys
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
@@ -387,8 +387,8 @@ def note_issued(authority_path: Path, creds: str) -> None:
         raise AuthError(f"cannot write {log_path}: {err.strerror}") from err
 
 
-def issued_users(authority_path: Path, name: str) -> list[str]:
-    """The public keys of every user issued as ``name`` (or ``drone-<name>``)"""
+def _issued(authority_path: Path) -> list[dict[str, Any]]:
+    """Every entry of the issuance log (none if there is no log yet)"""
     log_path = issued_log(authority_path)
     try:
         lines = log_path.read_text().splitlines()
@@ -396,28 +396,55 @@ def issued_users(authority_path: Path, name: str) -> list[str]:
         return []
     except OSError as err:
         raise AuthError(f"cannot read {log_path}: {err.strerror}") from err
-    users = []
+    entries = []
     for line in lines:
         try:
             entry = json.loads(line)
         except ValueError:
             continue  # a torn last line: the rest still counts
-        if isinstance(entry, dict) and entry.get("name") in (name, f"drone-{name}"):
-            users.append(str(entry.get("sub")))
-    return users
+        if isinstance(entry, dict):
+            entries.append(entry)
+    return entries
 
 
-def revoke(authority: Authority, users: list[str], at: int | None = None) -> Authority:
+def issued_users(authority_path: Path, name: str) -> list[str]:
+    """The public keys of every user issued as ``name`` (or ``drone-<name>``)"""
+    names = (name, f"drone-{name}")
+    return [
+        str(entry.get("sub")) for entry in _issued(authority_path) if entry.get("name") in names
+    ]
+
+
+def expired_users(authority_path: Path, now: float | None = None) -> set[str]:
+    """The public keys of issued users whose credentials have expired"""
+    now = time.time() if now is None else now
+    return {
+        str(entry.get("sub"))
+        for entry in _issued(authority_path)
+        if isinstance(entry.get("exp"), int) and entry["exp"] < now
+    }
+
+
+def revoke(
+    authority: Authority,
+    users: list[str],
+    at: int | None = None,
+    expired: Collection[str] = (),
+) -> Authority:
     """
     The authority with ``users`` (public keys) revoked: their credentials issued
     until ``at`` (default now) are refused once the servers reload the new
     configuration (existing connections of theirs are closed)
+
+    :param expired: users whose credentials expired: their revocations are
+        dropped, as the server refuses them anyway (keeps the account JWT small)
     """
     for user in users:
         if not (user.startswith("U") and len(user) == 56 and user.isalnum()):
             raise AuthError(f"not a user public key: {user!r}")
     when = int(time.time()) if at is None else at
-    return replace(authority, revocations={**authority.revocations, **dict.fromkeys(users, when)})
+    kept = {user: t for user, t in authority.revocations.items() if user not in expired}
+    return replace(authority, revocations={**kept, **dict.fromkeys(users, when)})
 
 
 # ---------------------------------------------------------------------- command line
@@ -511,7 +538,7 @@ def _auth_revoke(args: argparse.Namespace) -> int:
         users += found
     if not users:
         raise AuthError("name a drone (or user) to revoke, or give --user KEY")
-    authority = revoke(load_authority(path), users)
+    authority = revoke(load_authority(path), users, expired=expired_users(path))
     update_authority(authority, path)
     _write_secret(authority.server_config(), args.server_config)
     print(

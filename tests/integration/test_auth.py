@@ -7,6 +7,7 @@ import os
 import re
 import shutil
 import signal
+import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
@@ -23,8 +24,13 @@ from broker.auth import (
     create_authority,
     decode_jwt,
     drone_credentials,
+    expired_users,
+    issued_log,
+    issued_users,
+    leaf_credentials,
     load_authority,
     manager_credentials,
+    note_issued,
     revoke,
     save_authority,
 )
@@ -298,6 +304,28 @@ def test_the_server_configuration_is_the_same_each_time_it_is_made() -> None:
     assert claims["iat"] == authority.issued_at + 60
     with pytest.raises(AuthError, match="not a user public key"):
         revoke(authority, ["ADRONE"])
+    # a revocation is dropped once the revoked credentials expired (the server refuses them)
+    later = "U" + "B" * 55
+    pruned = revoke(revoked, [later], at=authority.issued_at + 90, expired={user})
+    assert pruned.revocations == {later: authority.issued_at + 90}
+
+
+def test_revoke_finds_what_was_issued_and_what_expired(tmp_path: Path) -> None:
+    authority_file = tmp_path / "authority.json"
+    save_authority(create_authority(), authority_file)
+    authority = load_authority(authority_file)
+    for valid_for_s in (3600.0, 1.0):
+        note_issued(
+            authority_file,
+            drone_credentials(authority, NS, SITE, DRONE, valid_for_s=valid_for_s),
+        )
+    note_issued(authority_file, leaf_credentials(authority, SITE))
+    users = issued_users(authority_file, DRONE)
+    assert len(users) == 2 and users == issued_users(authority_file, f"drone-{DRONE}")
+    assert len(issued_users(authority_file, "leaf-site1")) == 1
+    assert issued_users(authority_file, OTHER) == []
+    assert expired_users(authority_file, now=time.time() + 60) == {users[1]}
+    assert issued_log(authority_file).stat().st_mode & 0o777 == 0o600
 
 
 @pytest.mark.timeout(120)
