@@ -1,255 +1,248 @@
 """
-Our HTCondor seam checked against HTCondor's own code
-
-The ``htcondor`` wheel (PyPI) carries HTCondor's ClassAd library and its
-configuration reader, though no daemons. With it these tests check, without
-an HTCondor installation:
-
-- that HTCondor reads ``deploy/htcondor/cobald-remote-drone.conf`` as we
-  intend (START gate, hooks, master shutdown), and that the emulator's config
-  reader and ClassAd evaluator agree with HTCondor's on it;
-- that the agent reads every ``Attr = value`` line exactly as HTCondor reads
-  it (the job ad on a hook's stdin, ``condor_who``/``condor_status -long``),
-  and that HTCondor reads the lines a hook prints back as the hook meant them;
-- that what the emulated ``condor_*`` tools print is what HTCondor would read.
-
-(``tests/integration/test_deploy_cobald.py`` gives HTCondor's submit reader
-the drone JDL as TARDIS's own HTCondor site adapter writes it.)
+deploy/cobald: every COBalD/TARDIS configuration loads with COBalD's own machinery and
+builds TARDIS wrapped in the decorators; the real daemon starts with it; the drone job
+template and script run the agent as documented
 """
 
 from __future__ import annotations
 
-import os
-import re
+import asyncio
+import signal
+import sys
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import classad2
 import htcondor2
 import pytest
-from hypothesis import given
-from hypothesis import strategies as st
+from agent_support import read_events
+from cobald.composite.factory import FactoryPool
+from cobald.daemon.core.config import load
+from nats.js import JetStreamContext
+from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
+from tardis.adapters.sites.htcondor import HTCondorAdapter as HTCondorSiteAdapter
+from tardis.configuration.configuration import Configuration
+from tardis.interfaces.siteadapter import SiteAdapter
+from tardis.plugins.sqliteregistry import SqliteRegistry
+from tardis.utilities.attributedict import AttributeDict
 
-from emulation import DEPLOY_CONFIG, DEPLOY_DIR
-from emulation import classad as emu
-from emulation.config import Config
-from remote_agent import classad as ours
-from remote_agent.hooks import HOOK_KEYWORD
-from remote_agent.htcondor import GATE_ATTRIBUTE
+from broker.provision import provision
+from broker.server import EmbeddedServer
+from broker.tardis_adapter import (
+    RemoteBatchSystemAdapter,
+    RemoteFactoryPool,
+    RemoteSiteAdapter,
+    TardisStateNotes,
+)
+from emulation import install_fake_condor
+from emulation.demo import render_config
+from emulation.groundtruth import read_ground_truth
+from emulation.scenario import Scenario
+from remote_agent import events as ev
 
-OLD = classad2.ParserType.Old
+pytestmark = pytest.mark.timeout(120)
 
-
-def read_old(text: str) -> classad2.ClassAd:
-    """``text`` as HTCondor reads ``Attr = value`` lines: exactly one ad"""
-    ads = list(classad2.parseAds(text, OLD))
-    assert len(ads) == 1, f"HTCondor reads {len(ads)} ads from {text!r}"
-    return ads[0]
-
-
-def as_ours(value: Any) -> ours.Value:
-    """A value HTCondor evaluated, as the agent's reader represents it"""
-    if value is classad2.Value.Undefined:
-        return None
-    assert isinstance(value, bool | int | float | str), value
-    return value
-
-
-# ---------------------------------------------------------------- configuration
+DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "cobald"
 
 
 @pytest.fixture
-def condor_config(tmp_path: Path) -> Iterator[Path]:
-    """HTCondor's configuration reader pointed at the drone's configuration"""
-    config = tmp_path / "condor_config"
-    config.write_text(
-        f"LOCAL_DIR = {tmp_path}\n"
-        "START = Memory > 4096\n"  # what the site's own execution-point config may say
-        f"include : {DEPLOY_CONFIG}\n"
-        f"COBALD_REMOTE_LIBEXEC = {DEPLOY_DIR}\n"
+def fresh_tardis(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """TARDIS's configuration is a process-wide Borg: empty it around each load"""
+    monkeypatch.chdir(tmp_path)  # SqliteRegistry's db_file is relative to the daemon's cwd
+    Configuration._shared_state.clear()
+    SiteAdapter.site_configuration.fget.cache_clear()
+    yield
+    Configuration._shared_state.clear()
+    SiteAdapter.site_configuration.fget.cache_clear()
+
+
+def _pipeline(config: dict[Any, Any]) -> list[Any]:
+    """The built pipeline from what ``cobald.daemon.core.config.load`` yields (keyed by plugin)"""
+    [pipeline] = [value for plugin, value in config.items() if plugin.section == "pipeline"]
+    return list(pipeline)
+
+
+def _pools(pipeline: list[Any]) -> list[Any]:
+    """The FactoryPools under TARDIS's composite (WeightedComposite > Standardiser > ...)"""
+    found: list[Any] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, FactoryPool):
+            found.append(node)
+            return
+        for child in getattr(node, "children", []) or []:
+            walk(child)
+        if hasattr(node, "target"):
+            walk(node.target)
+
+    walk(pipeline[-1])
+    return found
+
+
+def test_every_config_is_covered() -> None:
+    names = {p.name for p in DEPLOY.iterdir()}
+    assert names == {"htcondor.yaml", "demo.yaml", "drone.jdl", "drone-job"}
+
+
+async def test_the_htcondor_config_builds_tardis_with_the_decorators(fresh_tardis: None) -> None:
+    with load(str(DEPLOY / "htcondor.yaml")) as config:
+        [pool] = _pools(_pipeline(config))
+        assert isinstance(pool, RemoteFactoryPool)
+        assert pool.interval == 30
+        site_agent = pool.factory.keywords["site_agent"]
+        batch_agent = pool.factory.keywords["batch_system_agent"]
+        site = site_agent._site_adapter
+        batch = batch_agent._batch_system_adapter
+        assert isinstance(site, RemoteSiteAdapter)
+        assert isinstance(site.inner, HTCondorSiteAdapter)
+        assert isinstance(batch, RemoteBatchSystemAdapter)
+        assert isinstance(batch.inner, HTCondorBatchAdapter)
+        plugins = pool.factory.keywords["plugins"]
+        assert [type(p) for p in plugins] == [SqliteRegistry, TardisStateNotes]
+        bus = pool.bus
+        assert bus is not None and site.bus_site == pool.site == "mysite"
+        assert len(bus.config.servers) == 3
+        assert bus.config.drone_servers == ("nats://nats-leaf.site.example.org:4222",)
+        assert (bus.config.lost_after_s, bus.config.drain_deadline_s) == (90.0, 86400.0)
+        # TARDIS's own settings are untouched
+        assert site.drone_heartbeat_interval == 60
+        assert site.machine_meta_data["Cores"] == 8
+
+
+class SubmitRecorder:
+    """A TARDIS executor that records ``condor_submit``'s input and answers like it"""
+
+    def __init__(self) -> None:
+        self.stdin: list[str] = []
+
+    async def run_command(self, command: str, stdin_input: str | None = None) -> AttributeDict:
+        self.stdin.append(stdin_input or "")
+        return AttributeDict(stdout="** Proc 42.0:\n", stderr="", exit_code=0)
+
+
+async def test_the_drone_jdl_passes_the_agents_settings(fresh_tardis: None) -> None:
+    with load(str(DEPLOY / "htcondor.yaml")) as config:
+        [pool] = _pools(_pipeline(config))
+        bus = pool.bus
+        site_config = Configuration().MySite
+        site_config.MachineTypeConfiguration.wn8.jdl = str(DEPLOY / "drone.jdl")
+        site_config.executor = recorder = SubmitRecorder()
+        site_config.bulk_delay = 0.01
+        adapter = RemoteSiteAdapter(HTCondorSiteAdapter("wn8", "MySite"), bus)
+        attributes = AttributeDict(
+            drone_uuid="mysite-0123456789",
+            obs_machine_meta_data_translation_mapping=AttributeDict(
+                Cores=1, Memory=1024, Disk=1024 * 1024
+            ),
+        )
+        answer = await adapter.deploy_resource(attributes)
+        assert answer.remote_resource_uuid == "42.0"
+    [jdl] = recorder.stdin
+    lines = dict(line.split(" = ", 1) for line in jdl.splitlines() if " = " in line)
+    environment = dict(item.split("=", 1) for item in lines["environment"].split(";"))
+    assert environment["TardisDroneUuid"] == "mysite-0123456789"
+    assert environment["TardisDroneCobaldRemoteUrl"] == "nats://nats-leaf.site.example.org:4222"
+    assert environment["TardisDroneCobaldRemoteSite"] == "mysite"
+    assert environment["TardisDroneCobaldRemotePrefix"] == "cobald"
+    assert lines["request_cpus"] == "8" and lines["request_memory"] == "16384"
+    assert lines["output"] == "drone.$(Cluster).$(Process).out"
+    # HTCondor's own submit-description reader (the htcondor wheel) accepts it as TARDIS wrote it
+    submit = htcondor2.Submit(jdl)
+    assert submit["executable"] == "/usr/libexec/cobald-remote/drone-job"
+    assert "TardisDroneCobaldRemoteSite=mysite" in submit["environment"].split(";")
+    assert submit.expand("output") != submit["output"]  # $(Cluster) is left to HTCondor
+
+
+@pytest.mark.parametrize("bus", [True, False], ids=["with-bus", "stock"])
+async def test_the_demo_config_builds(fresh_tardis: None, tmp_path: Path, bus: bool) -> None:
+    section = {"servers": "nats://127.0.0.1:4222", "lost_after_s": 10} if bus else None
+    path = tmp_path / "demo.yaml"
+    path.write_text(render_config(Scenario(), tmp_path, start=0.0, bus=section))
+    with load(str(path)) as config:
+        [pool] = _pools(_pipeline(config))
+        assert isinstance(pool, RemoteFactoryPool) is bus
+        assert pool.interval == 1.0
+        site = pool.factory.keywords["site_agent"]._site_adapter
+        assert isinstance(site, RemoteSiteAdapter) is bus
+        assert _pipeline(config)[0].schedule[0] == [0.0, 4.0]
+
+
+async def test_the_real_daemon_runs_the_htcondor_config(tmp_path: Path) -> None:
+    log = tmp_path / "cobald.log"
+    proc = await asyncio.create_subprocess_exec(
+        sys.executable,
+        "-m",
+        "cobald.daemon",
+        str(DEPLOY / "htcondor.yaml"),
+        "--log-target",
+        str(log),
+        cwd=tmp_path,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.PIPE,
+        preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
     )
-    before = os.environ.get("CONDOR_CONFIG")
-    os.environ["CONDOR_CONFIG"] = str(config)
-    htcondor2.reload_config()
-    yield config
-    if before is None:
-        del os.environ["CONDOR_CONFIG"]
-    else:
-        os.environ["CONDOR_CONFIG"] = before
-    htcondor2.reload_config()
+    try:
+        for _ in range(600):
+            text = log.read_text() if log.exists() else ""
+            # stop it once its first connection attempt is over: a pending name lookup
+            # would hold up asyncio's shutdown
+            if "manager session failed" in text or proc.returncode is not None:
+                break
+            await asyncio.sleep(0.1)
+        assert "cobald-remote bus for TARDIS: nats://nats1.example.org:4222" in text, text
+        assert proc.returncode is None  # built and running (the bus retries its servers)
+    finally:
+        if proc.returncode is None:
+            proc.send_signal(signal.SIGINT)
+        _, err = await asyncio.wait_for(proc.communicate(), 60)
+    assert proc.returncode == 0, err.decode()
+    assert "Traceback" not in log.read_text()
+    assert (tmp_path / "drone_registry.db").exists()
 
 
-def emulated_config() -> Config:
-    cfg = Config(environ={})
-    cfg.set("START", "Memory > 4096")
-    cfg.read(DEPLOY_CONFIG)
-    cfg.set("COBALD_REMOTE_LIBEXEC", str(DEPLOY_DIR))
-    return cfg
+async def _kinds(js: JetStreamContext, drone: str) -> list[str]:
+    return [ev.kind_of(type(event)) for _, event in await read_events(js, drone, site="mysite")]
 
 
-def test_htcondor_reads_the_hooks_we_configure(condor_config: Path) -> None:
-    param = htcondor2.param
-    assert param["STARTER_JOB_HOOK_KEYWORD"] == HOOK_KEYWORD
-    for hook in ("PREPARE_JOB", "JOB_EXIT"):
-        path = Path(param[f"{HOOK_KEYWORD}_HOOK_{hook}"])
-        assert path.parent == DEPLOY_DIR and os.access(path, os.X_OK)
-    assert int(param[f"{HOOK_KEYWORD}_HOOK_JOB_EXIT_TIMEOUT"]) > 0
-
-
-@pytest.mark.parametrize(
-    ("machine", "starts"),
-    [
-        ({"Memory": 8192, GATE_ATTRIBUTE: True}, True),
-        ({"Memory": 8192}, False),  # undefined until the agent opens the gate
-        ({"Memory": 8192, GATE_ATTRIBUTE: False}, False),
-        ({"Memory": 2048, GATE_ATTRIBUTE: True}, False),  # the site's own START still rules
-    ],
-)
-def test_htcondor_and_the_emulator_agree_on_start(
-    condor_config: Path, machine: dict[str, Any], starts: bool
+async def test_the_drone_job_runs_the_agent_around_the_master(
+    tmp_path: Path, nats_server: EmbeddedServer, js: JetStreamContext
 ) -> None:
-    start = htcondor2.param["START"]
-    assert classad2.ExprTree(start).eval(classad2.ClassAd(machine)) is starts
-    emulated = emulated_config().get("START") or ""
-    nodes = {name: emu.literal(value) for name, value in machine.items()}
-    assert emu.evaluate(emulated, nodes) is starts
-
-
-def test_htcondor_ends_only_the_master_once_the_startd_is_gone(condor_config: Path) -> None:
-    param = htcondor2.param
-    assert param.get("DAEMON_SHUTDOWN") is None  # a global one would end the startd itself
-    expr = classad2.ExprTree(param["MASTER.DAEMON_SHUTDOWN"])
-    assert expr.eval(classad2.ClassAd({"STARTD_StartTime": 0})) is True
-    assert expr.eval(classad2.ClassAd({"STARTD_StartTime": 1_700_000_000})) is False
-    retirement = classad2.ExprTree(param["MAXJOBRETIREMENTTIME"]).eval()
-    assert isinstance(retirement, int) and retirement >= 7 * 24 * 3600
-
-
-def test_the_emulators_config_reader_reads_what_htcondor_reads(condor_config: Path) -> None:
-    names = re.findall(r"^([A-Za-z_][A-Za-z0-9_.]*)\s*=", DEPLOY_CONFIG.read_text(), re.M)
-    assert len(names) >= 8
-    emulated = emulated_config()
-    for name in names:
-        subsystem, dot, knob = name.rpartition(".")
-        value = emulated.get(knob, subsystem=subsystem) if dot else emulated.get(name)
-        assert value == str(htcondor2.param[name]), name
-
-
-# ---------------------------------------------------------------- expressions
-
-#: expressions the emulated startd and tools evaluate (START, DAEMON_SHUTDOWN,
-#: constraints of condor_status/condor_who), with machine ads to try them on
-EXPRESSIONS = [
-    "(True) && (DroneGateOpen =?= True)",
-    "DroneGateOpen == True",
-    "Undef && false",
-    "Undef || true",
-    "Undef && true",
-    'State =!= "Claimed"',
-    'State == "claimed"',
-    'State =?= "claimed"',
-    "STARTD_StartTime =?= 0",
-    "ifThenElse(Cpus > 2, 1, 2) + 3 * 2",
-    "isUndefined(nope) ? 10000000 : 0",
-    "1 / 0",
-    "7 % 3 - -2",
-    'Memory >= 4096 && !(Activity == "Busy")',
-    "isError(1 / 0) || Cpus < 1.5",
-    'Name == "slot1@h\\"x"',
-]
-MACHINES = [
-    {},
-    {"DroneGateOpen": True, "State": "Claimed", "Cpus": 4, "Memory": 8192, "Activity": "Busy"},
-    {"DroneGateOpen": False, "State": "Unclaimed", "Cpus": 1, "Memory": 2048, "Name": 'slot1@h"x'},
-    {"STARTD_StartTime": 0, "Activity": "Idle", "Memory": 4096},
-]
-
-
-def _htcondor_eval(expr: str, machine: dict[str, Any]) -> emu.Value:
-    value = classad2.ExprTree(expr).eval(classad2.ClassAd(machine))
-    if value is classad2.Value.Undefined:
-        return emu.UNDEFINED
-    if value is classad2.Value.Error:
-        return emu.ERROR
-    assert isinstance(value, bool | int | float | str), value
-    return value
-
-
-@pytest.mark.parametrize("machine", MACHINES)
-@pytest.mark.parametrize("expr", EXPRESSIONS)
-def test_the_emulator_evaluates_as_htcondor_does(expr: str, machine: dict[str, Any]) -> None:
-    nodes = {name: emu.literal(value) for name, value in machine.items()}
-    assert emu.evaluate(expr, nodes) == _htcondor_eval(expr, machine)
-
-
-# ---------------------------------------------------------------- long form
-
-_NAMES = st.from_regex(r"[A-Za-z_][A-Za-z0-9_]{0,15}", fullmatch=True).filter(
-    lambda name: (
-        name.casefold()
-        not in {"true", "false", "undefined", "error", "is", "isnt", "parent", "my", "target"}
+    await provision(js)
+    drone = "mysite-00000000d7"
+    env = install_fake_condor(tmp_path / "bin", tmp_path / "ep", slots=1)
+    env.update(
+        {
+            # what TARDIS and the decorators put into the job's environment
+            "TardisDroneUuid": drone,
+            "TardisDroneCores": "1",
+            "TardisDroneCobaldRemoteUrl": nats_server.url,
+            "TardisDroneCobaldRemoteSite": "mysite",
+            "TardisDroneCobaldRemotePrefix": "cobald",
+            "COBALD_REMOTE": str(Path(sys.executable).parent / "cobald-remote"),
+            "COBALD_REMOTE_SPOOL_DIR": str(tmp_path / "spool"),
+            "COBALD_REMOTE_POLL_S": "0.5",
+        }
     )
-)
-#: what can stand in an ``Attr = value`` line: no line break, no NUL
-_LINE_TEXT = st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\n\x00"))
-_VALUES = st.one_of(
-    st.integers(min_value=-(2**63) + 1, max_value=2**63 - 1),
-    st.floats(allow_nan=False, allow_infinity=False),
-    st.booleans(),
-    _LINE_TEXT,
-    st.just(classad2.ExprTree("undefined")),
-    st.sampled_from(
-        [classad2.ExprTree(e) for e in ("Cpus * 2", 'strcat("a", Name)', "x =?= undefined")]
-    ),
-)
-_ADS = st.dictionaries(_NAMES, _VALUES, max_size=8).filter(
-    lambda ad: len({name.casefold() for name in ad}) == len(ad)
-)
-
-
-@given(_ADS)
-def test_the_agent_reads_long_form_as_htcondor_does(values: dict[str, Any]) -> None:
-    ad = classad2.ClassAd()
-    for name, value in values.items():
-        ad[name] = value
-    printed = ad.printOld()  # as condor_who -long and the starter's hook stdin print it
-    theirs = read_old(printed) if values else classad2.ClassAd()
-    parsed = ours.parse_ads(printed)
-    mine = parsed[0] if parsed else ours.ClassAd()
-    assert {name.casefold() for name in mine} == {name.casefold() for name in values}
-    for name, value in values.items():
-        if isinstance(value, classad2.ExprTree) and str(value) != "undefined":
-            # not a literal: the agent keeps the expression's text as HTCondor printed it
-            text = mine[name]
-            assert isinstance(text, ours.Expr), name
-            assert str(classad2.ExprTree(text)) == str(theirs.lookup(name)), name
-        else:
-            assert mine[name] == as_ours(theirs.eval(name)), name
-            assert type(mine[name]) is type(as_ours(theirs.eval(name))), name
-
-
-@given(st.text(st.characters(blacklist_categories=["Cs"], blacklist_characters="\x00")))
-def test_htcondor_reads_what_a_hook_prints_as_the_hook_meant_it(message: str) -> None:
-    line = f"HookStatusMessage = {ours.quote(message)}"
-    assert "\n" not in line
-    expected = re.sub(r"\r\n|\r|\n", " ", message)
-    assert read_old(f"HookStatusCode = 390\n{line}\n")["HookStatusMessage"] == expected
-    assert ours.parse_value(ours.quote(message)) == expected
-
-
-@given(_ADS)
-def test_htcondor_reads_what_the_emulated_tools_print(values: dict[str, Any]) -> None:
-    ad = emu.Ad()
-    literals = {n: v for n, v in values.items() if not isinstance(v, classad2.ExprTree)}
-    for name, value in literals.items():
-        ad.set(name, value)
-    if not literals:
-        return
-    theirs = read_old(ad.long())
-    for name, value in literals.items():
-        got = theirs[name]
-        assert got == value and type(got) is type(value), name
-    # and the emulator reads its own output back as HTCondor does
-    again = emu.Ad.from_long(ad.long())
-    assert {n: again.get(n) for n in literals} == literals
+    proc = await asyncio.create_subprocess_exec(
+        str(DEPLOY / "drone-job"),
+        env=env,
+        cwd=tmp_path,
+        stdin=asyncio.subprocess.DEVNULL,
+        stdout=asyncio.subprocess.DEVNULL,
+        stderr=asyncio.subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(600):
+            seen = await _kinds(js, drone)
+            if "gate_opened" in seen:
+                break
+            await asyncio.sleep(0.1)
+        assert {"agent_started", "worker_started", "startd_ready", "gate_opened"} <= set(seen)
+    finally:
+        proc.send_signal(signal.SIGTERM)  # the batch system ends the job
+        code = await asyncio.wait_for(proc.wait(), 60)
+    assert code == 0
+    assert "agent_exiting" in await _kinds(js, drone)
+    truth = read_ground_truth(tmp_path / "ep" / "ground_truth.jsonl")
+    assert truth[-1]["event"] == "master_exiting"  # the master ended with the job

@@ -11,16 +11,16 @@ an HTCondor installation:
 - that the agent reads every ``Attr = value`` line exactly as HTCondor reads
   it (the job ad on a hook's stdin, ``condor_who``/``condor_status -long``),
   and that HTCondor reads the lines a hook prints back as the hook meant them;
-- that what the emulated ``condor_*`` tools print is what HTCondor would read;
-- that ``deploy/cobald/drone.jdl``, filled in as TARDIS fills it in, is a
-  submit description HTCondor accepts.
+- that what the emulated ``condor_*`` tools print is what HTCondor would read.
+
+(``tests/integration/test_deploy_cobald.py`` gives HTCondor's submit reader
+the drone JDL as TARDIS's own HTCondor site adapter writes it.)
 """
 
 from __future__ import annotations
 
 import os
 import re
-import string
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -39,7 +39,6 @@ from remote_agent.hooks import HOOK_KEYWORD
 from remote_agent.htcondor import GATE_ATTRIBUTE
 
 OLD = classad2.ParserType.Old
-DRONE_JDL = DEPLOY_DIR.parents[0] / "cobald" / "drone.jdl"
 
 
 def read_old(text: str) -> classad2.ClassAd:
@@ -254,30 +253,3 @@ def test_htcondor_reads_what_the_emulated_tools_print(values: dict[str, Any]) ->
     # and the emulator reads its own output back as HTCondor does
     again = emu.Ad.from_long(ad.long())
     assert {n: again.get(n) for n in literals} == literals
-
-
-# ---------------------------------------------------------------- the drone's submit description
-
-
-def test_htcondor_accepts_the_drone_submit_description_tardis_fills_in() -> None:
-    """As TARDIS's HTCondor site adapter fills it in (``string.Template``, ``htcondor.py``)"""
-    environment = {
-        "Uuid": "site1-0123456789",
-        "Cores": 8,
-        "Memory": 16384,
-        "Disk": 20971520,
-        "CobaldRemoteUrl": "nats://nats1.example.org:4222",
-        "CobaldRemoteSite": "site1",
-    }
-    text = string.Template(DRONE_JDL.read_text()).substitute(
-        Cores=8,
-        Memory=16384,
-        Disk=20971520,
-        Environment=";".join(f"TardisDrone{key}={value}" for key, value in environment.items()),
-        Arguments=" ".join(f"--{key.lower()}={value}" for key, value in environment.items()),
-    )
-    submit = htcondor2.Submit(text)
-    assert submit["executable"] == "/usr/libexec/cobald-remote/drone-job"
-    assert submit["request_cpus"] == "8"
-    assert "TardisDroneUuid=site1-0123456789" in submit["environment"].split(";")
-    assert submit.expand("output") != submit["output"]  # $(Cluster) is HTCondor's, not TARDIS's
