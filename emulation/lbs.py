@@ -114,6 +114,8 @@ class Job:
     proc: asyncio.subprocess.Process | None = None
     family: ProcessFamily | None = None
     removed: bool = False
+    #: the submit description's ``executable``, where a fake condor_submit gave one
+    executable: str = ""
 
 
 #: builds a job's command and environment: ``(job) -> (argv, env)``; the env
@@ -200,7 +202,11 @@ class LocalBatchSystem:
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
         if op == "submit":
-            job = self.submit(str(request["drone"]), dict(request.get("env") or {}))
+            job = self.submit(
+                str(request["drone"]),
+                dict(request.get("env") or {}),
+                str(request.get("executable") or ""),
+            )
             return {"ok": True, "job_id": job.job_id}
         if op == "q":
             return {
@@ -216,7 +222,7 @@ class LocalBatchSystem:
 
     # ------------------------------------------------------------ queue
 
-    def submit(self, drone: str, env: dict[str, str]) -> Job:
+    def submit(self, drone: str, env: dict[str, str], executable: str = "") -> Job:
         index = self._cluster
         self._cluster += 1
         job_id = f"{index + 1}.0"
@@ -228,6 +234,7 @@ class LocalBatchSystem:
             submitted=time.time(),
             queue_delay_s=delay,
             sandbox=self.workdir / "jobs" / job_id.replace(".", "_"),
+            executable=executable,
         )
         self.jobs[job_id] = job
         self.truth.record("job_submitted", job_id=job_id, drone=drone, queue_delay_s=delay)

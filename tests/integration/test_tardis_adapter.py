@@ -21,11 +21,13 @@ from fake_drones import FakeDrone, eventually, publish
 from helpers import pid_exists
 from nats.js import JetStreamContext
 from prometheus_client.parser import text_string_to_metric_families
+from tardis.adapters.sites.htcondor import HTCondorAdapter as HTCondorSiteAdapter
 from tardis.agents.batchsystemagent import BatchSystemAgent
 from tardis.agents.siteagent import SiteAgent
+from tardis.configuration.configuration import Configuration
 from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
 from tardis.interfaces.batchsystemadapter import MachineStatus
-from tardis.interfaces.siteadapter import ResourceStatus
+from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.resources.drone import Drone
 from tardis.utilities.attributedict import AttributeDict
 from tardis_support import SITE, FakeOverlay, FakeSite, attributes
@@ -40,6 +42,10 @@ from broker.tardis_adapter import (
     TardisStateNotes,
 )
 from broker.timeline import read_timeline
+from emulation import install_fake_condor
+from emulation.groundtruth import GroundTruth, read_ground_truth
+from emulation.lbs import Job, LocalBatchSystem
+from emulation.schedd import install_fake_schedd
 from remote_agent import events as ev
 
 pytestmark = pytest.mark.timeout(180)
@@ -335,3 +341,160 @@ async def test_the_bus_serves_metrics_of_what_it_consumed(
     assert samples[("cobald_remote_drones", (("state", "idle"),))] == 2
     assert samples[("cobald_remote_rebuild_seconds", ())] >= 0
     assert ("cobald_remote_tardis_notes_buffered", ()) in samples
+
+
+# ------------------------------------------------- TARDIS's own HTCondor site adapter
+
+DEPLOY_COBALD = Path(__file__).resolve().parents[2] / "deploy" / "cobald"
+
+
+@pytest.fixture
+async def htcondor_site(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[Callable[[float], Awaitable[LocalBatchSystem]]]:
+    """
+    The site as TARDIS's own HTCondor site adapter sees it, configured like
+    ``deploy/cobald/htcondor.yaml``: fake schedd tools (``emulation/schedd.py``) on
+    the ``PATH`` of TARDIS's ``ShellExecutor``, in front of an emulated local batch
+    system whose jobs run ``deploy/cobald/drone-job`` (the real agent around an
+    emulated startd with the real hooks)
+    """
+    script = Path(sys.executable).parent / "cobald-remote"
+    assert script.is_file(), "the cobald-remote command of this environment"
+    systems: list[tuple[LocalBatchSystem, GroundTruth]] = []
+
+    def launch(job: Job) -> tuple[list[str], dict[str, str]]:
+        # the drone job drone.jdl names, as it is installed on the worker nodes
+        assert job.executable == "/usr/libexec/cobald-remote/drone-job"
+        env = install_fake_condor(job.sandbox / "bin", job.sandbox / "ep", slots=1)
+        env.update(job.env)  # what TARDIS and the decorators put in the submit description
+        env.update(
+            COBALD_REMOTE=str(script),
+            COBALD_REMOTE_SPOOL_DIR=str(job.sandbox / "spool"),
+            COBALD_REMOTE_POLL_S="0.2",
+            COBALD_REMOTE_HEARTBEAT_S="5",
+            COBALD_REMOTE_END_GRACE_S="2",
+        )
+        return [str(DEPLOY_COBALD / "drone-job")], env
+
+    async def start(queue_delay_s: float) -> LocalBatchSystem:
+        truth = GroundTruth(tmp_path / "lbs.jsonl")
+        lbs = LocalBatchSystem(tmp_path / "lbs", launch, lambda _: queue_delay_s, truth)
+        await lbs.start()
+        systems.append((lbs, truth))
+        schedd = install_fake_schedd(tmp_path / "schedd-bin", lbs.socket)
+        monkeypatch.setenv("PATH", f"{schedd}{os.pathsep}{os.environ['PATH']}")
+        Configuration().update_config(
+            {
+                "Sites": [
+                    {
+                        "name": "Site1",
+                        "adapter": "HTCondor",
+                        "quota": 1,
+                        "drone_heartbeat_interval": 1,
+                    }
+                ],
+                "Site1": {
+                    "MachineTypes": ["m1"],
+                    "MachineTypeConfiguration": {"m1": {"jdl": str(DEPLOY_COBALD / "drone.jdl")}},
+                    "MachineMetaData": {"m1": {"Cores": 1, "Memory": 1, "Disk": 1}},
+                    "bulk_delay": 0.1,
+                },
+            }
+        )
+        return lbs
+
+    Configuration._shared_state.clear()
+    SiteAdapter.site_configuration.fget.cache_clear()
+    try:
+        yield start
+    finally:
+        for lbs, truth in systems:
+            await lbs.close()
+            truth.close()
+        Configuration._shared_state.clear()
+        SiteAdapter.site_configuration.fget.cache_clear()
+
+
+def _lbs_events(tmp_path: Path) -> list[str]:
+    return [entry["event"] for entry in read_ground_truth(tmp_path / "lbs.jsonl")]
+
+
+async def test_tardis_htcondor_adapter_wrapped_lets_a_drone_drain_instead_of_removing_it(
+    tmp_path: Path,
+    make_bus: BusFactory,
+    htcondor_site: Callable[[float], Awaitable[LocalBatchSystem]],
+) -> None:
+    """
+    A drone's whole life through TARDIS's own HTCondor site adapter: submitted with
+    condor_submit, seen running from its agent, drained when TARDIS lets it go, and
+    gone by itself, so the adapter's condor_suspend/condor_rm never hit a running job
+    """
+    bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0, drain_deadline_s=60.0)
+    await htcondor_site(0.5)
+    site_adapter = RemoteSiteAdapter(HTCondorSiteAdapter("m1", "Site1"), bus)
+    recorder = Transitions()
+    drone = Drone(  # the real TARDIS drone and state machine
+        site_agent=SiteAgent(site_adapter),
+        batch_system_agent=BatchSystemAgent(
+            RemoteBatchSystemAdapter(FakeOverlay(status=MachineStatus.Available), bus)
+        ),
+        plugins=[recorder],
+    )
+    uuid = drone.resource_attributes.drone_uuid
+    task = asyncio.create_task(drone.run())
+    try:
+        await eventually(lambda: "AvailableState" in recorder.states, 90, "Available")
+        view = bus.registry.view("site1", uuid)
+        assert view is not None and view.phase is ev.RecordPhase.UP  # the agent claimed it
+        drone.demand = 0  # COBalD lets it go
+        await asyncio.wait_for(task, 90)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert recorder.states[0] == "RequestState" and recorder.states[-1] == "DownState"
+    assert site_adapter.counts["status_from_agent"] > 0
+    view = bus.registry.view("site1", uuid)
+    assert view is not None and view.phase is ev.RecordPhase.DRAINED
+    events = _lbs_events(tmp_path)
+    assert events[:2] == ["job_submitted", "job_started"]
+    assert "job_removed" not in events and "job_suspended" not in events
+    [ended] = [e for e in read_ground_truth(tmp_path / "lbs.jsonl") if e["event"] == "job_exited"]
+    assert ended["returncode"] == 0 and ended["removed"] is False
+
+
+async def test_tardis_htcondor_adapter_wrapped_removes_a_drone_released_before_it_started(
+    tmp_path: Path,
+    make_bus: BusFactory,
+    htcondor_site: Callable[[float], Awaitable[LocalBatchSystem]],
+) -> None:
+    """TARDIS gives up a queued drone: the release wins, and condor_rm removes the idle job"""
+    bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0)
+    await htcondor_site(600.0)  # it stays queued
+    site_adapter = RemoteSiteAdapter(HTCondorSiteAdapter("m1", "Site1"), bus)
+    recorder = Transitions()
+    drone = Drone(
+        site_agent=SiteAgent(site_adapter),
+        batch_system_agent=BatchSystemAgent(
+            RemoteBatchSystemAdapter(FakeOverlay(status=MachineStatus.NotAvailable), bus)
+        ),
+        plugins=[recorder],
+    )
+    uuid = drone.resource_attributes.drone_uuid
+    task = asyncio.create_task(drone.run())
+    try:
+        await eventually(lambda: "BootingState" in recorder.states, 30, "Booting")
+        drone.demand = 0  # demand drops while the job waits in the queue (tardis#172, path 1)
+        await asyncio.wait_for(task, 60)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert "CleanupState" in recorder.states and recorder.states[-1] == "DownState"
+    view = bus.registry.view("site1", uuid)
+    assert view is not None and view.phase is ev.RecordPhase.RELEASED  # the manager won
+    assert site_adapter.counts["terminate_resource_allowed"] >= 1
+    removed = [e for e in read_ground_truth(tmp_path / "lbs.jsonl") if e["event"] == "job_removed"]
+    assert [e["was"] for e in removed] == ["idle"]  # condor_rm, parsed by TARDIS's adapter
+    assert "job_started" not in _lbs_events(tmp_path)

@@ -1,0 +1,53 @@
+"""emulation/schedd.py: the fake schedd tools read what TARDIS's HTCondor site adapter sends"""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from tardis.adapters.sites.htcondor import _submit_description
+
+from emulation.schedd import install_fake_schedd, parse_environment, parse_submit
+
+
+def test_jobs_of_a_bulk_submission_as_tardis_writes_it() -> None:
+    jdls = (
+        "executable = /bin/a\nenvironment = TardisDroneUuid=site1-01;TardisDroneCores=8\n",
+        "executable = /bin/b\nEnvironment = TardisDroneUuid=site1-02\n",
+    )
+    jobs = parse_submit(_submit_description(jdls))  # TARDIS appends "queue 1" to each
+    assert [job["executable"] for job in jobs] == ["/bin/a", "/bin/b"]
+    assert parse_environment(jobs[0]["environment"]) == {
+        "TardisDroneUuid": "site1-01",
+        "TardisDroneCores": "8",
+    }
+    assert parse_submit("a = 1\n# comment\nqueue 3\n") == [{"a": "1"}] * 3
+
+
+def test_environment_in_both_syntaxes() -> None:
+    assert parse_environment("A=1;B=x=y") == {"A": "1", "B": "x=y"}
+    assert parse_environment('"A=1 B=2"') == {"A": "1", "B": "2"}
+    with pytest.raises(ValueError, match="not emulated"):
+        parse_environment("\"A='1 2'\"")
+    with pytest.raises(ValueError, match="NAME=VALUE"):
+        parse_environment("justaword")
+
+
+def _run(tool: Path, *args: str, stdin: str = "") -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
+        [str(tool), *args], input=stdin, capture_output=True, text=True, timeout=60, check=False
+    )
+
+
+def test_tools_fail_clearly_without_a_schedd_or_for_other_invocations(tmp_path: Path) -> None:
+    bin_dir = install_fake_schedd(tmp_path / "bin", tmp_path / "no.sock", python=sys.executable)
+    q = _run(bin_dir / "condor_q", "1.0", "-af:t", "JobStatus")
+    assert q.returncode == 1 and "schedd" in q.stderr
+    other = _run(bin_dir / "condor_q", "-long")
+    assert other.returncode == 1 and "not emulated" in other.stderr
+    rm = _run(bin_dir / "condor_rm", "-all")
+    assert rm.returncode == 1 and "not emulated" in rm.stderr
+    submit = _run(bin_dir / "condor_submit", "-verbose", "-maxjobs", "1", stdin="a = 1\n")
+    assert submit.returncode == 1 and "no queue statement" in submit.stderr
