@@ -21,6 +21,7 @@ from fake_drones import FakeDrone, eventually, publish
 from helpers import pid_exists
 from nats.js import JetStreamContext
 from prometheus_client.parser import text_string_to_metric_families
+from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
 from tardis.adapters.sites.htcondor import HTCondorAdapter as HTCondorSiteAdapter
 from tardis.agents.batchsystemagent import BatchSystemAgent
 from tardis.agents.siteagent import SiteAgent
@@ -43,8 +44,10 @@ from broker.tardis_adapter import (
 )
 from broker.timeline import read_timeline
 from emulation import install_fake_condor
+from emulation.collector import install_fake_collector
 from emulation.groundtruth import GroundTruth, read_ground_truth
 from emulation.lbs import Job, LocalBatchSystem
+from emulation.overlay import OverlayPool
 from emulation.schedd import install_fake_schedd
 from remote_agent import events as ev
 
@@ -348,20 +351,24 @@ async def test_the_bus_serves_metrics_of_what_it_consumed(
 DEPLOY_COBALD = Path(__file__).resolve().parents[2] / "deploy" / "cobald"
 
 
+SiteFactory = Callable[[float], Awaitable[LocalBatchSystem]]
+
+
 @pytest.fixture
 async def htcondor_site(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> AsyncIterator[Callable[[float], Awaitable[LocalBatchSystem]]]:
+) -> AsyncIterator[SiteFactory]:
     """
-    The site as TARDIS's own HTCondor site adapter sees it, configured like
-    ``deploy/cobald/htcondor.yaml``: fake schedd tools (``emulation/schedd.py``) on
-    the ``PATH`` of TARDIS's ``ShellExecutor``, in front of an emulated local batch
-    system whose jobs run ``deploy/cobald/drone-job`` (the real agent around an
-    emulated startd with the real hooks)
+    The site and the overlay pool as TARDIS's own HTCondor adapters see them, configured
+    like ``deploy/cobald/htcondor.yaml``: fake schedd tools (``emulation/schedd.py``) in
+    front of an emulated local batch system whose jobs run ``deploy/cobald/drone-job``
+    (the real agent around an emulated startd with the real hooks), and fake collector
+    tools (``emulation/collector.py``) in front of an emulated overlay pool that offers
+    3-second payloads to every startd; all on the ``PATH`` of TARDIS's ``ShellExecutor``
     """
     script = Path(sys.executable).parent / "cobald-remote"
     assert script.is_file(), "the cobald-remote command of this environment"
-    systems: list[tuple[LocalBatchSystem, GroundTruth]] = []
+    running: list[tuple[LocalBatchSystem, OverlayPool, list[GroundTruth]]] = []
 
     def launch(job: Job) -> tuple[list[str], dict[str, str]]:
         # the drone job drone.jdl names, as it is installed on the worker nodes
@@ -378,14 +385,31 @@ async def htcondor_site(
         return [str(DEPLOY_COBALD / "drone-job")], env
 
     async def start(queue_delay_s: float) -> LocalBatchSystem:
-        truth = GroundTruth(tmp_path / "lbs.jsonl")
-        lbs = LocalBatchSystem(tmp_path / "lbs", launch, lambda _: queue_delay_s, truth)
+        truths = [GroundTruth(tmp_path / "lbs.jsonl"), GroundTruth(tmp_path / "obs.jsonl")]
+        overlay = OverlayPool(tmp_path / "obs", lambda _: 3.0, truths[1])
+        lbs = LocalBatchSystem(
+            tmp_path / "lbs",
+            launch,
+            lambda _: queue_delay_s,
+            truths[0],
+            on_start=lambda job: overlay.join(job.drone, job.sandbox / "ep"),
+            on_end=lambda job: overlay.leave(job.drone),
+        )
+        await overlay.start()
         await lbs.start()
-        systems.append((lbs, truth))
-        schedd = install_fake_schedd(tmp_path / "schedd-bin", lbs.socket)
-        monkeypatch.setenv("PATH", f"{schedd}{os.pathsep}{os.environ['PATH']}")
+        running.append((lbs, overlay, truths))
+        tools = [
+            install_fake_schedd(tmp_path / "schedd-bin", lbs.socket),
+            install_fake_collector(tmp_path / "collector-bin", overlay.socket),
+        ]
+        monkeypatch.setenv("PATH", os.pathsep.join([*map(str, tools), os.environ["PATH"]]))
         Configuration().update_config(
             {
+                "BatchSystem": {
+                    "adapter": "HTCondor",
+                    "max_age": 0.5,  # minutes: condor_status is cached for 30 s
+                    "ratios": {"cpu_ratio": "Real(TotalSlotCpus-Cpus)/TotalSlotCpus"},
+                },
                 "Sites": [
                     {
                         "name": "Site1",
@@ -409,9 +433,11 @@ async def htcondor_site(
     try:
         yield start
     finally:
-        for lbs, truth in systems:
+        for lbs, overlay, truths in running:
+            await overlay.close()
             await lbs.close()
-            truth.close()
+            for truth in truths:
+                truth.close()
         Configuration._shared_state.clear()
         SiteAdapter.site_configuration.fget.cache_clear()
 
@@ -423,22 +449,22 @@ def _lbs_events(tmp_path: Path) -> list[str]:
 async def test_tardis_htcondor_adapter_wrapped_lets_a_drone_drain_instead_of_removing_it(
     tmp_path: Path,
     make_bus: BusFactory,
-    htcondor_site: Callable[[float], Awaitable[LocalBatchSystem]],
+    htcondor_site: SiteFactory,
 ) -> None:
     """
-    A drone's whole life through TARDIS's own HTCondor site adapter: submitted with
-    condor_submit, seen running from its agent, drained when TARDIS lets it go, and
-    gone by itself, so the adapter's condor_suspend/condor_rm never hit a running job
+    A drone's whole life through TARDIS's own HTCondor adapters: submitted with
+    condor_submit, seen running from its agent, let go by TARDIS while a payload
+    runs, drained (the payload finishes), and gone by itself, so the adapters'
+    condor_suspend/condor_rm never hit a running job
     """
     bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0, drain_deadline_s=60.0)
-    await htcondor_site(0.5)
+    lbs = await htcondor_site(0.5)
     site_adapter = RemoteSiteAdapter(HTCondorSiteAdapter("m1", "Site1"), bus)
+    batch_adapter = RemoteBatchSystemAdapter(HTCondorBatchAdapter(), bus)
     recorder = Transitions()
     drone = Drone(  # the real TARDIS drone and state machine
         site_agent=SiteAgent(site_adapter),
-        batch_system_agent=BatchSystemAgent(
-            RemoteBatchSystemAdapter(FakeOverlay(status=MachineStatus.Available), bus)
-        ),
+        batch_system_agent=BatchSystemAgent(batch_adapter),
         plugins=[recorder],
     )
     uuid = drone.resource_attributes.drone_uuid
@@ -447,7 +473,15 @@ async def test_tardis_htcondor_adapter_wrapped_lets_a_drone_drain_instead_of_rem
         await eventually(lambda: "AvailableState" in recorder.states, 90, "Available")
         view = bus.registry.view("site1", uuid)
         assert view is not None and view.phase is ev.RecordPhase.UP  # the agent claimed it
-        drone.demand = 0  # COBalD lets it go
+        await eventually(
+            lambda: (
+                (view := bus.registry.view("site1", uuid)) is not None
+                and view.state is ev.DroneState.BUSY
+            ),
+            60,
+            "a payload runs",
+        )
+        drone.demand = 0  # COBalD lets it go while the payload runs
         await asyncio.wait_for(task, 90)
     finally:
         task.cancel()
@@ -462,12 +496,18 @@ async def test_tardis_htcondor_adapter_wrapped_lets_a_drone_drain_instead_of_rem
     assert "job_removed" not in events and "job_suspended" not in events
     [ended] = [e for e in read_ground_truth(tmp_path / "lbs.jsonl") if e["event"] == "job_exited"]
     assert ended["returncode"] == 0 and ended["removed"] is False
+    # every payload the startd started ran to its end
+    [job] = lbs.jobs.values()
+    startd = [e["event"] for e in read_ground_truth(job.sandbox / "ep" / "ground_truth.jsonl")]
+    assert startd.count("payload_started") >= 1
+    assert startd.count("payload_finished") == startd.count("payload_started")
+    assert "payload_killed" not in startd
 
 
 async def test_tardis_htcondor_adapter_wrapped_removes_a_drone_released_before_it_started(
     tmp_path: Path,
     make_bus: BusFactory,
-    htcondor_site: Callable[[float], Awaitable[LocalBatchSystem]],
+    htcondor_site: SiteFactory,
 ) -> None:
     """TARDIS gives up a queued drone: the release wins, and condor_rm removes the idle job"""
     bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0)
@@ -498,3 +538,51 @@ async def test_tardis_htcondor_adapter_wrapped_removes_a_drone_released_before_i
     removed = [e for e in read_ground_truth(tmp_path / "lbs.jsonl") if e["event"] == "job_removed"]
     assert [e["was"] for e in removed] == ["idle"]  # condor_rm, parsed by TARDIS's adapter
     assert "job_started" not in _lbs_events(tmp_path)
+
+
+async def test_tardis_htcondor_adapters_run_a_drone_whose_agent_never_reaches_the_bus(
+    tmp_path: Path, make_bus: BusFactory, htcondor_site: SiteFactory
+) -> None:
+    """
+    The fallback, with TARDIS's own HTCondor adapters doing all the work: condor_q,
+    condor_status (with TARDIS's ratio expression), condor_drain, condor_suspend and
+    condor_rm, each parsed by TARDIS. The agent cannot reach the bus, so it never
+    opens the gate and no payload ever runs: the removal is safe.
+    """
+    # the drones are told a broker address where nobody listens
+    bus = await make_bus(
+        lost_after_s=10.0, request_timeout_s=2.0, drone_servers="nats://127.0.0.1:9"
+    )
+    lbs = await htcondor_site(0.5)
+    Configuration().BatchSystem.max_age = 0.05  # minutes: 3 s, to keep the test short
+    site_adapter = RemoteSiteAdapter(HTCondorSiteAdapter("m1", "Site1"), bus)
+    batch_adapter = RemoteBatchSystemAdapter(HTCondorBatchAdapter(), bus)
+    recorder = Transitions()
+    drone = Drone(
+        site_agent=SiteAgent(site_adapter),
+        batch_system_agent=BatchSystemAgent(batch_adapter),
+        plugins=[recorder],
+    )
+    uuid = drone.resource_attributes.drone_uuid
+    task = asyncio.create_task(drone.run())
+    try:
+        await eventually(lambda: "AvailableState" in recorder.states, 90, "Available")
+        drone.demand = 0
+        await asyncio.wait_for(task, 120)
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+    assert recorder.states[-1] == "DownState" and "DrainingState" in recorder.states
+    view = bus.registry.view("site1", uuid)
+    assert view is not None and view.phase is ev.RecordPhase.RELEASED  # released by the drain
+    assert site_adapter.counts["status_from_agent"] == 0
+    assert batch_adapter.counts["get_machine_status_from_adapter"] > 0
+    assert batch_adapter.counts["drain_machine_from_adapter"] >= 1
+    assert not any(key.endswith("_failed") for key in batch_adapter.counts), batch_adapter.counts
+    [job] = lbs.jobs.values()
+    startd = [e["event"] for e in read_ground_truth(job.sandbox / "ep" / "ground_truth.jsonl")]
+    assert "drain_requested" in startd  # TARDIS's condor_drain reached the startd
+    assert "payload_started" not in startd  # the gate never opened
+    # TARDIS's condor_suspend (ShutDownState) and condor_rm (CleanupState) took effect
+    assert {"job_suspended", "job_removed"} <= set(_lbs_events(tmp_path))

@@ -1,4 +1,7 @@
-"""emulation/schedd.py: the fake schedd tools read what TARDIS's HTCondor site adapter sends"""
+"""
+emulation/schedd.py and emulation/collector.py: the fake schedd and collector tools
+read what TARDIS's HTCondor adapters send, and fail clearly otherwise
+"""
 
 from __future__ import annotations
 
@@ -9,6 +12,7 @@ from pathlib import Path
 import pytest
 from tardis.adapters.sites.htcondor import _submit_description
 
+from emulation.collector import COLLECTOR, install_fake_collector
 from emulation.schedd import install_fake_schedd, parse_environment, parse_submit
 
 
@@ -51,3 +55,27 @@ def test_tools_fail_clearly_without_a_schedd_or_for_other_invocations(tmp_path: 
     assert rm.returncode == 1 and "not emulated" in rm.stderr
     submit = _run(bin_dir / "condor_submit", "-verbose", "-maxjobs", "1", stdin="a = 1\n")
     assert submit.returncode == 1 and "no queue statement" in submit.stderr
+
+
+def test_the_collector_answers_tardis_collector_queries(tmp_path: Path) -> None:
+    """What ``htcondor_get_collector_start_dates`` asks before every status update"""
+    bin_dir = install_fake_collector(tmp_path / "bin", tmp_path / "no.sock")
+    collectors = _run(bin_dir / "condor_status", "-af:t", "Machine", "-collector")
+    assert (collectors.returncode, collectors.stdout) == (0, f"{COLLECTOR}\n")
+    masters = _run(
+        bin_dir / "condor_status",
+        "-af:t",
+        "Machine",
+        "DaemonStartTime",
+        "-constraint",
+        f'Machine == "{COLLECTOR}"',
+        "-master",
+    )
+    machine, started = masters.stdout.strip().split("\t")
+    assert machine == COLLECTOR and started.isdigit()
+    # startds: the overlay pool is not running here
+    startds = _run(bin_dir / "condor_status", "-af:t", "Name", "-constraint", "true")
+    assert startds.returncode == 1 and "condor_collector" in startds.stderr
+    assert _run(bin_dir / "condor_status", "-long").returncode == 1
+    drain = _run(bin_dir / "condor_drain", "-graceful", "slot1@x.overlay")
+    assert drain.returncode == 1 and "Can't find address" in drain.stderr
