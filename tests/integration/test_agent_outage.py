@@ -51,13 +51,20 @@ def _check_stream(events: list[tuple[str, ev.AnyEvent]]) -> None:
         )
 
 
-async def _restart_after(server: EmbeddedServer, down_s: float) -> None:
-    """Stop the server, keep it down for ``down_s``, start it on the same port and store"""
+async def _restart_after(server: EmbeddedServer, down_s: float, spool: Spool) -> int:
+    """
+    Stop the server, keep it down for ``down_s``, start it on the same port and store
+
+    :returns: how many events waited in ``spool`` just before the restart (once the
+        server is back the agent may have caught up before the caller looks)
+    """
     server.port = int(server.url.rpartition(":")[2])
     await server.stop()
     await asyncio.sleep(down_s)
+    waiting = len(spool)
     await server.start()
     assert server.url.endswith(f":{server.port}")
+    return waiting
 
 
 async def test_broker_restart_loses_and_duplicates_nothing(
@@ -72,8 +79,7 @@ async def test_broker_restart_loses_and_duplicates_nothing(
         waiting: list[int] = []
         for target in (10, 20):
             await wait_for(lambda n=target: publisher.published > n, what="heartbeats")
-            await _restart_after(nats_server, 0.5)
-            waiting.append(len(publisher.spool))
+            waiting.append(await _restart_after(nats_server, 0.5, publisher.spool))
             await wait_for(lambda: not len(publisher.spool), what="the spool to catch up")
         for i in range(5):  # payloads across the outages
             assert agent.prepare_job(JobStart(f"{i}.0")).allow
