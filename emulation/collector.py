@@ -36,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from .control import EmulatorUnavailable, request_sync
+from .schedd import install_socket_tools
 
 COLLECTOR = "collector.overlay"
 _SUFFIX = ".overlay"
@@ -159,17 +160,4 @@ def install_fake_collector(bin_dir: Path, obs_socket: Path, python: str = sys.ex
 
     :return: ``bin_dir``
     """
-    bin_dir = Path(bin_dir).resolve()
-    bin_dir.mkdir(parents=True, exist_ok=True)
-    for tool in TOOLS:
-        script = bin_dir / tool
-        script.write_text(
-            f"#!{python}\n"
-            f"# fake {tool} for tests: see emulation/collector.py\n"
-            "import sys\n"
-            "from pathlib import Path\n"
-            "from emulation.collector import TOOLS\n"
-            f"sys.exit(TOOLS[{tool!r}](sys.argv, Path({str(obs_socket)!r})))\n"
-        )
-        script.chmod(0o755)
-    return bin_dir
+    return install_socket_tools(bin_dir, __name__, list(TOOLS), obs_socket, python)

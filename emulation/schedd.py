@@ -235,17 +235,24 @@ def install_fake_schedd(bin_dir: Path, lbs_socket: Path, python: str = sys.execu
 
     :return: ``bin_dir``
     """
+    return install_socket_tools(bin_dir, __name__, list(TOOLS), lbs_socket, python)
+
+
+def install_socket_tools(
+    bin_dir: Path, module: str, tools: Sequence[str], socket: Path, python: str
+) -> Path:
+    """Scripts in ``bin_dir`` running ``module.TOOLS[name](argv, socket)``, one per tool"""
     bin_dir = Path(bin_dir).resolve()
     bin_dir.mkdir(parents=True, exist_ok=True)
-    for tool in TOOLS:
+    for tool in tools:
         script = bin_dir / tool
         script.write_text(
             f"#!{python}\n"
-            f"# fake {tool} for tests: see emulation/schedd.py\n"
+            f"# fake {tool} for tests: see {module.replace('.', '/')}.py\n"
             "import sys\n"
             "from pathlib import Path\n"
-            "from emulation.schedd import TOOLS\n"
-            f"sys.exit(TOOLS[{tool!r}](sys.argv, Path({str(lbs_socket)!r})))\n"
+            f"from {module} import TOOLS\n"
+            f"sys.exit(TOOLS[{tool!r}](sys.argv, Path({str(socket)!r})))\n"
         )
         script.chmod(0o755)
     return bin_dir

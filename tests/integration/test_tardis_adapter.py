@@ -12,6 +12,7 @@ import signal
 import sys
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -442,6 +443,47 @@ async def htcondor_site(
         SiteAdapter.site_configuration.fget.cache_clear()
 
 
+@dataclass
+class HTCondorDrone:
+    """A real TARDIS drone on TARDIS's own HTCondor adapters, wrapped by the decorators"""
+
+    drone: Drone
+    site: RemoteSiteAdapter
+    batch: RemoteBatchSystemAdapter
+    states: Transitions
+
+    @classmethod
+    def make(cls, bus: RemoteBus) -> HTCondorDrone:
+        site = RemoteSiteAdapter(HTCondorSiteAdapter("m1", "Site1"), bus)
+        batch = RemoteBatchSystemAdapter(HTCondorBatchAdapter(), bus)
+        states = Transitions()
+        drone = Drone(
+            site_agent=SiteAgent(site), batch_system_agent=BatchSystemAgent(batch), plugins=[states]
+        )
+        return cls(drone, site, batch, states)
+
+    @property
+    def uuid(self) -> str:
+        return str(self.drone.resource_attributes.drone_uuid)
+
+    async def let_go_in(
+        self, state: str, before: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Run it; once it reaches ``state`` (and ``before`` is done) COBalD lets it go"""
+        task = asyncio.create_task(self.drone.run())
+        try:
+            await eventually(lambda: state in self.states.states, 90, state)
+            if before is not None:
+                await before()
+            self.drone.demand = 0
+            await asyncio.wait_for(task, 120)
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+        assert self.states.states[-1] == "DownState"
+
+
 def _lbs_events(tmp_path: Path) -> list[str]:
     return [entry["event"] for entry in read_ground_truth(tmp_path / "lbs.jsonl")]
 
@@ -459,37 +501,24 @@ async def test_tardis_htcondor_adapter_wrapped_lets_a_drone_drain_instead_of_rem
     """
     bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0, drain_deadline_s=60.0)
     lbs = await htcondor_site(0.5)
-    site_adapter = RemoteSiteAdapter(HTCondorSiteAdapter("m1", "Site1"), bus)
-    batch_adapter = RemoteBatchSystemAdapter(HTCondorBatchAdapter(), bus)
-    recorder = Transitions()
-    drone = Drone(  # the real TARDIS drone and state machine
-        site_agent=SiteAgent(site_adapter),
-        batch_system_agent=BatchSystemAgent(batch_adapter),
-        plugins=[recorder],
-    )
-    uuid = drone.resource_attributes.drone_uuid
-    task = asyncio.create_task(drone.run())
-    try:
-        await eventually(lambda: "AvailableState" in recorder.states, 90, "Available")
-        view = bus.registry.view("site1", uuid)
+    tardis = HTCondorDrone.make(bus)
+
+    async def claimed_and_busy() -> None:
+        view = bus.registry.view("site1", tardis.uuid)
         assert view is not None and view.phase is ev.RecordPhase.UP  # the agent claimed it
         await eventually(
             lambda: (
-                (view := bus.registry.view("site1", uuid)) is not None
+                (view := bus.registry.view("site1", tardis.uuid)) is not None
                 and view.state is ev.DroneState.BUSY
             ),
             60,
             "a payload runs",
         )
-        drone.demand = 0  # COBalD lets it go while the payload runs
-        await asyncio.wait_for(task, 90)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    assert recorder.states[0] == "RequestState" and recorder.states[-1] == "DownState"
-    assert site_adapter.counts["status_from_agent"] > 0
-    view = bus.registry.view("site1", uuid)
+
+    await tardis.let_go_in("AvailableState", before=claimed_and_busy)  # while the payload runs
+    assert tardis.states.states[0] == "RequestState"
+    assert tardis.site.counts["status_from_agent"] > 0
+    view = bus.registry.view("site1", tardis.uuid)
     assert view is not None and view.phase is ev.RecordPhase.DRAINED
     events = _lbs_events(tmp_path)
     assert events[:2] == ["job_submitted", "job_started"]
@@ -512,29 +541,13 @@ async def test_tardis_htcondor_adapter_wrapped_removes_a_drone_released_before_i
     """TARDIS gives up a queued drone: the release wins, and condor_rm removes the idle job"""
     bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0)
     await htcondor_site(600.0)  # it stays queued
-    site_adapter = RemoteSiteAdapter(HTCondorSiteAdapter("m1", "Site1"), bus)
-    recorder = Transitions()
-    drone = Drone(
-        site_agent=SiteAgent(site_adapter),
-        batch_system_agent=BatchSystemAgent(
-            RemoteBatchSystemAdapter(FakeOverlay(status=MachineStatus.NotAvailable), bus)
-        ),
-        plugins=[recorder],
-    )
-    uuid = drone.resource_attributes.drone_uuid
-    task = asyncio.create_task(drone.run())
-    try:
-        await eventually(lambda: "BootingState" in recorder.states, 30, "Booting")
-        drone.demand = 0  # demand drops while the job waits in the queue (tardis#172, path 1)
-        await asyncio.wait_for(task, 60)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    assert "CleanupState" in recorder.states and recorder.states[-1] == "DownState"
-    view = bus.registry.view("site1", uuid)
+    tardis = HTCondorDrone.make(bus)
+    # demand drops while the job waits in the queue (tardis#172, path 1)
+    await tardis.let_go_in("BootingState")
+    assert "CleanupState" in tardis.states.states
+    view = bus.registry.view("site1", tardis.uuid)
     assert view is not None and view.phase is ev.RecordPhase.RELEASED  # the manager won
-    assert site_adapter.counts["terminate_resource_allowed"] >= 1
+    assert tardis.site.counts["terminate_resource_allowed"] >= 1
     removed = [e for e in read_ground_truth(tmp_path / "lbs.jsonl") if e["event"] == "job_removed"]
     assert [e["was"] for e in removed] == ["idle"]  # condor_rm, parsed by TARDIS's adapter
     assert "job_started" not in _lbs_events(tmp_path)
@@ -555,31 +568,15 @@ async def test_tardis_htcondor_adapters_run_a_drone_whose_agent_never_reaches_th
     )
     lbs = await htcondor_site(0.5)
     Configuration().BatchSystem.max_age = 0.05  # minutes: 3 s, to keep the test short
-    site_adapter = RemoteSiteAdapter(HTCondorSiteAdapter("m1", "Site1"), bus)
-    batch_adapter = RemoteBatchSystemAdapter(HTCondorBatchAdapter(), bus)
-    recorder = Transitions()
-    drone = Drone(
-        site_agent=SiteAgent(site_adapter),
-        batch_system_agent=BatchSystemAgent(batch_adapter),
-        plugins=[recorder],
-    )
-    uuid = drone.resource_attributes.drone_uuid
-    task = asyncio.create_task(drone.run())
-    try:
-        await eventually(lambda: "AvailableState" in recorder.states, 90, "Available")
-        drone.demand = 0
-        await asyncio.wait_for(task, 120)
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-    assert recorder.states[-1] == "DownState" and "DrainingState" in recorder.states
-    view = bus.registry.view("site1", uuid)
+    tardis = HTCondorDrone.make(bus)
+    await tardis.let_go_in("AvailableState")
+    assert "DrainingState" in tardis.states.states
+    view = bus.registry.view("site1", tardis.uuid)
     assert view is not None and view.phase is ev.RecordPhase.RELEASED  # released by the drain
-    assert site_adapter.counts["status_from_agent"] == 0
-    assert batch_adapter.counts["get_machine_status_from_adapter"] > 0
-    assert batch_adapter.counts["drain_machine_from_adapter"] >= 1
-    assert not any(key.endswith("_failed") for key in batch_adapter.counts), batch_adapter.counts
+    assert tardis.site.counts["status_from_agent"] == 0
+    assert tardis.batch.counts["get_machine_status_from_adapter"] > 0
+    assert tardis.batch.counts["drain_machine_from_adapter"] >= 1
+    assert not any(key.endswith("_failed") for key in tardis.batch.counts), tardis.batch.counts
     [job] = lbs.jobs.values()
     startd = [e["event"] for e in read_ground_truth(job.sandbox / "ep" / "ground_truth.jsonl")]
     assert "drain_requested" in startd  # TARDIS's condor_drain reached the startd
