@@ -377,6 +377,7 @@ class Agent:
             exit_code=returncode if returncode >= 0 else None,
             signal=-returncode if returncode < 0 else None,
         )
+        payloads_left = bool(self._payloads)
         for job_id in list(self._payloads):
             self._finish_payload(job_id, PayloadEnd.UNKNOWN, None, None)
         if self._seal_gate():
@@ -384,6 +385,10 @@ class Agent:
         if self.lifecycle.state is S.DRAINING:
             self.lifecycle.move(S.DRAINED)
             self._emit(Drained)
+            if self._ending is None and not payloads_left and status in SELF_EXIT_STATUSES:
+                # the startd finished the drain (exit on completion) and the master
+                # followed before the drain flow had confirmed it: the planned end
+                self._ending = "drained"
         if self._ending is not None and (self._terminated or status in SELF_EXIT_STATUSES):
             # the drone ended its own job as planned (drained or released)
             code, reason = 0, self._ending

@@ -30,7 +30,7 @@ from broker.server import EmbeddedServer
 from remote_agent import events as ev
 from remote_agent.agent import Agent
 from remote_agent.handshake import RecordStore
-from remote_agent.interfaces import GATE_CLOSED_STATUS, JobStart
+from remote_agent.interfaces import GATE_CLOSED_STATUS, JobStart, SlotInfo
 
 DRONE = "site1-0123456789"
 
@@ -342,3 +342,49 @@ async def test_a_drain_recorded_for_an_earlier_incarnation_is_carried_on(
     record = await store.read(SITE, DRONE)
     assert record is not None and record.record.phase is ev.RecordPhase.DRAINED
     assert record.record.drain == intent
+
+
+async def test_a_master_that_ends_before_the_drain_is_confirmed_ends_the_job_as_planned(
+    tmp_path: Path,
+    nats_server: EmbeddedServer,
+    nc: Client,
+    js: JetStreamContext,
+    store: RecordStore,
+) -> None:
+    """
+    The startd drained with exit on completion and the master exited (99) while the
+    agent was still asking the startd whether anything runs: the drain is complete,
+    and the drone's job ends with 0, not with the master's 99 (seen in the demo)
+    """
+
+    class SlowStartd(FakeStartd):
+        stuck = False
+
+        async def slots(self) -> list[SlotInfo]:
+            if self.stuck:  # condor_who of a startd that is shutting down
+                await asyncio.Event().wait()
+            return await super().slots()
+
+    flag = tmp_path / "master-exits"
+    worker = ["sh", "-c", f'while [ ! -e "{flag}" ]; do sleep 0.02; done; exit 99']
+    startd = SlowStartd()
+    agent = Agent(
+        settings(tmp_path, nats_server.url, startd=True, command=worker, poll_s=60.0),
+        startd=startd,
+    )
+    async with running(agent) as run:
+        await wait_for(lambda: agent.gate_open, what="the gate to open")
+        assert agent.prepare_job(JobStart("5.0", "slot1_1@wn042")).allow
+        startd.run_job(0, "5.0")
+        reply = await command(nc, drain(DRONE))
+        assert isinstance(reply, ev.Reply) and reply.outcome is ev.Outcome.DRAIN_ACCEPTED
+        startd.stuck = True
+        startd.run_job(0, None)
+        agent.job_exited("5.0", ev.PayloadEnd.EXIT, 0, None)  # the last payload ends
+        await asyncio.sleep(0.2)  # the drain flow now waits for condor_who
+        flag.touch()  # ... and the master exits first
+        assert await run.exit_code() == 0
+    exiting = [e for _, e in await read_events(js, DRONE) if isinstance(e, ev.AgentExiting)]
+    assert [(e.exit_code, e.reason) for e in exiting] == [(0, "drained")]
+    current = await store.read(SITE, DRONE)
+    assert current is not None and current.record.phase is ev.RecordPhase.DRAINED
