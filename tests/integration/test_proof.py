@@ -354,11 +354,20 @@ class World:
         finally:
             await nc.close()
         closed = False
+        seen: set[str] = set()
         for event in sorted(events, key=lambda e: e.seq):
             if isinstance(event, ev.DrainAccepted | ev.Released):
                 closed = True
-            if isinstance(event, ev.PayloadStarted) and closed:
-                raise Violation(f"{drone.name}: {event.job_id} started after the gate was sealed")
+            if isinstance(event, ev.GateOpened) and closed:
+                raise Violation(f"{drone.name}: the gate opened again after it was sealed")
+            if isinstance(event, ev.PayloadStarted):
+                # a restarted agent announces the payloads it finds running again
+                # (the same job ids): only a job never seen before is a new start
+                if closed and event.job_id not in seen:
+                    raise Violation(
+                        f"{drone.name}: {event.job_id} started after the gate was sealed"
+                    )
+                seen.add(event.job_id)
         started = {e.job_id for e in events if isinstance(e, ev.PayloadStarted)}
         assert set(drone.allowed) <= started, (drone.allowed, started)
         if drone.release_won:
