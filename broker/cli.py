@@ -196,6 +196,13 @@ def _add_demo_command(groups: argparse._SubParsersAction[argparse.ArgumentParser
     demo.add_argument(
         "--workdir", metavar="DIR", help="keep every file of the runs here (default: a temp dir)"
     )
+    demo.add_argument(
+        "--tardis-adapters",
+        choices=("emulated", "htcondor"),
+        default="emulated",
+        help="TARDIS's site and batch-system adapters: the demo's polled ones (default), or "
+        "TARDIS's own HTCondor adapters against fake condor_* tools (docs/tardis.md)",
+    )
     demo.set_defaults(run=_demo)
 
 

@@ -48,15 +48,19 @@ from remote_agent.connect import connect
 from remote_agent.events import Namespace, SchemaError, decode_record
 
 from .analysis import analyze
+from .collector import install_fake_collector
 from .groundtruth import GroundTruth, read_ground_truth
 from .install import DEPLOY_CONFIG, install_fake_condor
 from .lbs import Job, LocalBatchSystem
 from .overlay import OverlayPool
 from .paths import GROUND_TRUTH_FILE
 from .scenario import Scenario
+from .schedd import install_fake_schedd
 
 #: the COBalD/TARDIS configuration the demo fills in for each run
 CONFIG_TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "cobald" / "demo.yaml"
+#: the drone job TARDIS's HTCondor site adapter submits (``--tardis-adapters htcondor``)
+DEPLOY_JDL = CONFIG_TEMPLATE.with_name("drone.jdl")
 MODES = {"stock": "stock TARDIS", "remote": "with cobald-remote"}
 
 Progress = Callable[[str], None]
@@ -84,15 +88,50 @@ def render_config(
         "pool_interval": repr(scenario.pool_interval_s),
         "bus": json.dumps(dict(bus)) if bus is not None else "null",
         "recorder": str(root / "tardis.jsonl"),
-        "obs_socket": str(root / "obs.sock"),
-        "lbs_socket": str(root / "lbs.sock"),
-        "batch_max_age": repr(scenario.batch_max_age_s),
-        "site_max_age": repr(scenario.site_max_age_s),
         "quota": str(scenario.max_drones * scenario.slots * 3),
         "heartbeat": str(int(scenario.heartbeat_s)),
-        "cores": str(scenario.slots),
+        **{key: json.dumps(value) for key, value in _adapters(scenario, root).items()},
     }
     return string.Template(template.read_text()).substitute(values)
+
+
+def _adapters(scenario: Scenario, root: Path) -> dict[str, Any]:
+    """The adapter parts of the ``tardis:`` section for ``scenario.tardis_adapters``"""
+    meta = {"drone": {"Cores": scenario.slots, "Memory": 2, "Disk": 4}}
+    if scenario.tardis_adapters == "htcondor":
+        return {
+            "batch_system": {
+                "adapter": "HTCondor",
+                "max_age": scenario.batch_max_age_s / 60,  # minutes
+                "ratios": {"cpu_ratio": "Real(TotalSlotCpus-Cpus)/TotalSlotCpus"},
+            },
+            "site_adapter": "HTCondor",
+            "site_section": {
+                "MachineTypes": ["drone"],
+                "MachineTypeConfiguration": {"drone": {"jdl": str(DEPLOY_JDL)}},
+                "MachineMetaData": meta,
+                "bulk_delay": 0.1,
+            },
+        }
+    if scenario.tardis_adapters != "emulated":
+        raise ValueError(
+            f"tardis_adapters must be emulated or htcondor, not {scenario.tardis_adapters!r}"
+        )
+    return {
+        "batch_system": {
+            "adapter": "emulation.tardis_adapters:OverlayBatchSystemAdapter",
+            "socket": str(root / "obs.sock"),
+            "max_age": scenario.batch_max_age_s,  # seconds
+        },
+        "site_adapter": "emulation.tardis_adapters:LocalBatchSiteAdapter",
+        "site_section": {
+            "socket": str(root / "lbs.sock"),
+            "max_age": scenario.site_max_age_s,  # seconds
+            "MachineTypes": ["drone"],
+            "MachineTypeConfiguration": {"drone": {}},
+            "MachineMetaData": meta,
+        },
+    }
 
 
 def bus_section(scenario: Scenario, url: str) -> dict[str, Any]:
@@ -160,7 +199,9 @@ def _default_sigint() -> None:  # a shell may have left SIGINT ignored for backg
     signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
-async def start_daemon(config: Path, log_path: Path) -> asyncio.subprocess.Process:
+async def start_daemon(
+    config: Path, log_path: Path, env: Mapping[str, str] | None = None
+) -> asyncio.subprocess.Process:
     """The real COBalD daemon, ``python -m cobald.daemon CONFIG``"""
     with log_path.open("ab") as log_file:
         return await asyncio.create_subprocess_exec(
@@ -168,6 +209,7 @@ async def start_daemon(config: Path, log_path: Path) -> asyncio.subprocess.Proce
             "-m",
             "cobald.daemon",
             str(config),
+            env=None if env is None else dict(env),
             stdin=asyncio.subprocess.DEVNULL,
             stdout=log_file,
             stderr=asyncio.subprocess.STDOUT,
@@ -268,7 +310,14 @@ async def run_mode(
     bus = bus_section(scenario, nats_url) if mode == "remote" and nats_url else None
     config = root / "cobald.yaml"
     config.write_text(render_config(scenario, root, start=start, bus=bus))
-    daemon = await start_daemon(config, root / "daemon.log")
+    env = None
+    if scenario.tardis_adapters == "htcondor":  # TARDIS's ShellExecutor finds the fakes
+        tools = [
+            install_fake_schedd(root / "schedd-bin", lbs.socket),
+            install_fake_collector(root / "collector-bin", overlay.socket),
+        ]
+        env = {**os.environ, "PATH": os.pathsep.join([*map(str, tools), os.environ["PATH"]])}
+    daemon = await start_daemon(config, root / "daemon.log", env)
     progress(f"[{mode:6}] COBalD daemon pid {daemon.pid}, files in {root}")
     live = Live(root, lbs)
     end = start + scenario.total_s
@@ -438,7 +487,12 @@ async def demo(
 
 def main(args: argparse.Namespace) -> int:
     """``cobald-remote demo`` (``broker/cli.py`` parses the options)"""
-    scenario = Scenario(seed=args.seed, duration_s=args.duration, max_drones=args.drones)
+    scenario = Scenario(
+        seed=args.seed,
+        duration_s=args.duration,
+        max_drones=args.drones,
+        tardis_adapters=args.tardis_adapters,
+    )
     modes = ["stock", "remote"] if args.compare else ["remote"]
     keep = args.workdir is not None
     root = Path(args.workdir) if keep else Path(tempfile.mkdtemp(prefix="cobald-remote-demo-"))

@@ -237,7 +237,13 @@ class LocalBatchSystem:
             executable=executable,
         )
         self.jobs[job_id] = job
-        self.truth.record("job_submitted", job_id=job_id, drone=drone, queue_delay_s=delay)
+        self.truth.record(
+            "job_submitted",
+            job_id=job_id,
+            drone=drone,
+            queue_delay_s=delay,
+            **({"executable": executable} if executable else {}),
+        )
         self._spawn(self._schedule(job))
         return job
 

@@ -41,6 +41,11 @@ class Scenario:
     :param lost_after_s: cobald-remote: silence after which an agent counts as lost
     :param agent_heartbeat_s: the agents' heartbeat interval
     :param agent_poll_s: how often agents poll their startd (``condor_who``)
+    :param tardis_adapters: ``emulated``: the demo's polled adapters
+        (``tardis_adapters.py``; the site view cached for ``site_max_age_s``);
+        ``htcondor``: TARDIS's own HTCondor adapters against fake ``condor_*`` tools
+        (``schedd.py``, ``collector.py``; ``condor_q`` fresh every heartbeat,
+        ``condor_status`` cached for ``batch_max_age_s``)
     """
 
     seed: int = 1
@@ -62,6 +67,7 @@ class Scenario:
     lost_after_s: float = 10.0
     agent_heartbeat_s: float = 2.0
     agent_poll_s: float = 2.0
+    tardis_adapters: str = "emulated"
 
     @property
     def total_s(self) -> float:

@@ -153,18 +153,26 @@ async def test_the_drone_jdl_passes_the_agents_settings(fresh_tardis: None) -> N
     assert submit.expand("output") != submit["output"]  # $(Cluster) is left to HTCondor
 
 
+@pytest.mark.parametrize("adapters", ["emulated", "htcondor"])
 @pytest.mark.parametrize("bus", [True, False], ids=["with-bus", "stock"])
-async def test_the_demo_config_builds(fresh_tardis: None, tmp_path: Path, bus: bool) -> None:
+async def test_the_demo_config_builds(
+    fresh_tardis: None, tmp_path: Path, bus: bool, adapters: str
+) -> None:
     section = {"servers": "nats://127.0.0.1:4222", "lost_after_s": 10} if bus else None
     path = tmp_path / "demo.yaml"
-    path.write_text(render_config(Scenario(), tmp_path, start=0.0, bus=section))
+    scenario = Scenario(tardis_adapters=adapters)
+    path.write_text(render_config(scenario, tmp_path, start=0.0, bus=section))
     with load(str(path)) as config:
         [pool] = _pools(_pipeline(config))
         assert isinstance(pool, RemoteFactoryPool) is bus
         assert pool.interval == 1.0
         site = pool.factory.keywords["site_agent"]._site_adapter
         assert isinstance(site, RemoteSiteAdapter) is bus
+        inner = site.inner if isinstance(site, RemoteSiteAdapter) else site
+        assert isinstance(inner, HTCondorSiteAdapter) is (adapters == "htcondor")
         assert _pipeline(config)[0].schedule[0] == [0.0, 4.0]
+    with pytest.raises(ValueError, match="tardis_adapters must be emulated or htcondor"):
+        render_config(Scenario(tardis_adapters="slurm"), tmp_path, start=0.0, bus=section)
 
 
 async def test_the_real_daemon_runs_the_htcondor_config(tmp_path: Path) -> None:

@@ -130,7 +130,8 @@ async def test_stock_tardis_kills_payloads_and_the_decorators_kill_none(
 
 
 @pytest.mark.timeout(300)
-async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path) -> None:
+@pytest.mark.parametrize("adapters", ["emulated", "htcondor"])
+async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path, adapters: str) -> None:
     """``cobald-remote demo`` (README's main job) as a user runs it, kept short"""
     report = tmp_path / "demo.json"
     proc = await asyncio.create_subprocess_exec(
@@ -148,6 +149,8 @@ async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path) -> Non
         str(report),
         "--workdir",
         str(tmp_path / "work"),
+        "--tardis-adapters",
+        adapters,
         stdout=asyncio.subprocess.PIPE,
         stderr=asyncio.subprocess.PIPE,
     )
@@ -160,3 +163,17 @@ async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path) -> Non
     assert set(document["runs"]) == {"remote"}
     assert document["runs"]["remote"]["kill_reasons"] == {}
     assert not [pid for pid in _pids(tmp_path / "work" / "remote") if _running(pid)]
+    assert document["scenario"]["tardis_adapters"] == adapters
+    submitted = [
+        entry
+        for entry in read_ground_truth(tmp_path / "work" / "remote" / "lbs.jsonl")
+        if entry["event"] == "job_submitted"
+    ]
+    assert submitted
+    # only TARDIS's own HTCondor site adapter submits through (fake) condor_submit, which
+    # passes on the JDL's executable
+    via_condor_submit = {entry.get("executable") for entry in submitted}
+    if adapters == "htcondor":
+        assert via_condor_submit == {"/usr/libexec/cobald-remote/drone-job"}
+    else:
+        assert via_condor_submit == {None}
