@@ -22,6 +22,7 @@ from helpers import hub_and_leaf
 from broker.auth import (
     AuthError,
     create_authority,
+    creds_claims,
     decode_jwt,
     drone_credentials,
     expired_users,
@@ -139,8 +140,7 @@ async def test_credentials_of_another_authority_are_refused(
 def test_drone_credentials_carry_its_permissions_and_expire() -> None:
     authority = create_authority()
     text = drone_credentials(authority, NS, SITE, DRONE, valid_for_s=3600, domain="hub")
-    jwt = text.split("-----BEGIN NATS USER JWT-----\n")[1].split("\n")[0]
-    claims = decode_jwt(jwt)
+    claims = creds_claims(text)
     assert claims["name"] == f"drone-{DRONE}"
     assert claims["exp"] - claims["iat"] == 3600
     nats_claims = claims["nats"]
@@ -201,16 +201,12 @@ def test_drone_credentials_expire_after_a_week_unless_told_otherwise(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     """docs/deployment.md: 7 days by default; ``--valid-for 0``: never"""
-
-    def claims(text: str) -> dict[str, object]:
-        return decode_jwt(text.split("-----BEGIN NATS USER JWT-----\n")[1].split("\n")[0])
-
-    default = claims(drone_credentials(create_authority(), NS, SITE, DRONE))
+    default = creds_claims(drone_credentials(create_authority(), NS, SITE, DRONE))
     assert default["exp"] == default["iat"] + 7 * 24 * 3600  # type: ignore[operator]
     authority = tmp_path / "authority.json"
     save_authority(create_authority(), authority)
     assert main(["auth", "drone", DRONE, "--authority", str(authority), "--valid-for", "0"]) == 0
-    assert "exp" not in claims(capsys.readouterr().out)
+    assert "exp" not in creds_claims(capsys.readouterr().out)
 
 
 DEPLOY_NATS = Path(__file__).resolve().parents[2] / "deploy" / "nats"
@@ -326,6 +322,38 @@ def test_revoke_finds_what_was_issued_and_what_expired(tmp_path: Path) -> None:
     assert issued_users(authority_file, OTHER) == []
     assert expired_users(authority_file, now=time.time() + 60) == {users[1]}
     assert issued_log(authority_file).stat().st_mode & 0o777 == 0o600
+
+
+def test_revoke_takes_a_user_name_or_a_key(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """docs/deployment.md: ``revoke manager``, ``revoke --user U...``; unknown names refused"""
+    authority_file, server_config = tmp_path / "authority.json", tmp_path / "auth.conf"
+    given = ["--authority", str(authority_file)]
+    assert main(["auth", "init", *given]) == 0
+    assert main(["auth", "manager", *given, "--out", str(tmp_path / "manager.creds")]) == 0
+    manager = creds_claims((tmp_path / "manager.creds").read_text())["sub"]
+    key = "U" + "C" * 55
+    capsys.readouterr()
+    assert (
+        main(
+            [
+                "auth",
+                "revoke",
+                "manager",
+                "--user",
+                key,
+                *given,
+                "--server-config",
+                str(server_config),
+            ]
+        )
+        == 0
+    )
+    assert set(load_authority(authority_file).revocations) == {manager, key}
+    assert server_config.read_text() == load_authority(authority_file).server_config()
+    assert main(["auth", "revoke", "site1-unknown", *given]) == 1
+    assert "no credentials issued as 'site1-unknown'" in capsys.readouterr().err
 
 
 @pytest.mark.timeout(120)
