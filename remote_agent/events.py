@@ -457,6 +457,8 @@ class _Codec(Generic[T]):
             raise SchemaError(f"invalid {self.what}: {err}") from None
         except msgspec.DecodeError as err:
             raise SchemaError(f"malformed {self.what}: {err}") from None
+        except Exception as err:  # e.g. RecursionError for deeply nested unknown fields
+            raise SchemaError(f"malformed {self.what}: {describe_error(err)}") from None
         version = message.v
         if version != SCHEMA_VERSION:
             raise SchemaError(_version_text(self.what, version))
@@ -467,11 +469,24 @@ def _version_text(what: str, version: object) -> str:
     return f"unsupported {what} schema version {version!r} (this side speaks {SCHEMA_VERSION})"
 
 
+def describe_error(err: BaseException) -> str:
+    """
+    What went wrong in decoding, for a rejection: never the input itself
+
+    msgspec raises its own errors for what it understands, and Python's for
+    the rest (``RecursionError`` past about a thousand levels of nesting,
+    ``MemoryError``); every one of them is a rejection of the input.
+    """
+    if isinstance(err, RecursionError):
+        return "nested too deeply"
+    return f"{type(err).__name__}: {err}"[:200]
+
+
 def _raise_version_error(data: bytes) -> None:
     """Prefer "unknown version" over a field error when the version is the cause"""
     try:
         header = _header_decoder.decode(data)
-    except (msgspec.ValidationError, msgspec.DecodeError):
+    except Exception:  # the caller reports the field error instead
         return
     if header.v != SCHEMA_VERSION:
         raise SchemaError(_version_text("message", header.v))

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 import random
+from collections.abc import Callable
 
 import msgpack
 import msgspec
@@ -225,3 +226,22 @@ def test_a_drone_cannot_speak_for_another() -> None:
 def test_times_are_msgpack_timestamps() -> None:
     raw = msgpack.unpackb(ev.encode(example(ev.Drained)), timestamp=0)
     assert raw["at"] == msgpack.Timestamp.from_datetime(T0)
+
+
+@pytest.mark.parametrize(
+    "decoder",
+    [
+        ev.decode,
+        ev.decode_event,
+        ev.decode_command,
+        ev.decode_reply,
+        ev.decode_record,
+        ev.decode_note,
+    ],
+)
+@pytest.mark.parametrize("depth", [1_000, 20_000])
+def test_deep_nesting_is_a_schema_error(decoder: Callable[[bytes], object], depth: int) -> None:
+    """1.2 KB of nested arrays in an unknown field make msgspec recurse past Python's limit"""
+    data = b"\x82\xa1x" + b"\x91" * depth + b"\xc0\xa4kind\xa9heartbeat"
+    with pytest.raises(ev.SchemaError, match="nested too deeply"):
+        decoder(data)
