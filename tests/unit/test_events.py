@@ -103,6 +103,10 @@ def test_size_limit() -> None:
     assert ev.decode_event(big, max_size=len(big)) == example(ev.Drained)
 
 
+def _containers(inner: st.SearchStrategy[object]) -> st.SearchStrategy[object]:
+    return st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4)
+
+
 _ANY = st.recursive(
     st.none()
     | st.booleans()
@@ -110,7 +114,7 @@ _ANY = st.recursive(
     | st.floats()
     | st.text()
     | st.binary(),
-    lambda inner: st.lists(inner, max_size=4) | st.dictionaries(st.text(), inner, max_size=4),
+    _containers,
     max_leaves=20,
 )
 
