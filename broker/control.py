@@ -12,9 +12,10 @@ removed (``condor_rm``, ``scancel``, ...). It answers yes in exactly the four
 safe cases of the design (``docs/architecture.md``, "Control API"):
 
 a. the manager released the drone before its agent came up (record ``released``
-   written by the manager: no payload can ever start);
+   with the manager's proof, :func:`remote_agent.handshake.record_proof`: no
+   payload can ever start);
 b. the agent confirmed that it is idle and has closed its gate (record
-   ``drained`` written by the agent);
+   ``drained`` written by the agent, and its newest event lists no payload);
 c. the agent's own drain deadline expired (record ``deadline_expired``);
 d. the agent is lost (no sign of life for ``lost_after_s``) **and** the local
    batch system says the job is not running.
@@ -50,7 +51,13 @@ from remote_agent.events import (
     encode,
     utcnow,
 )
-from remote_agent.handshake import HandshakeError, RecordStore, Versioned
+from remote_agent.handshake import (
+    HandshakeError,
+    RecordStore,
+    RecordTampered,
+    Versioned,
+    load_proof_key,
+)
 
 from .registry import DroneView, Registry
 
@@ -105,6 +112,7 @@ class DrainOutcome(enum.StrEnum):
     DEADLINE_EXPIRED = "deadline_expired"  #: an earlier drain's deadline expired
     RELEASED = "released"  #: the drone was released before it came up: nothing to drain
     NOT_ANNOUNCED = "not_announced"  #: no record: the agent never came up; release it
+    TAMPERED = "tampered"  #: the record was removed or is invalid; the agent was told
 
 
 @dataclass(frozen=True, slots=True)
@@ -132,12 +140,13 @@ class ReleaseOutcome(enum.StrEnum):
 
     RELEASED = "released"  #: the manager won: no payload can ever start; remove the job
     DRAINING = "draining"  #: the agent had come up first: it was drained instead (see drain)
+    TAMPERED = "tampered"  #: the record was removed or is invalid: not released, agent told
 
 
 @dataclass(frozen=True, slots=True)
 class ReleaseResult:
     outcome: ReleaseOutcome
-    phase: RecordPhase
+    phase: RecordPhase | None  #: ``None``: the record was removed or is invalid
     drain: DrainResult | None = None
     detail: str = ""
 
@@ -159,7 +168,7 @@ class IdleOutcome(enum.StrEnum):
 @dataclass(frozen=True, slots=True)
 class IdleResult:
     outcome: IdleOutcome
-    phase: RecordPhase | None
+    phase: RecordPhase | None  #: ``None``: no valid record
     command: CommandResult | None = None
     detail: str = ""
 
@@ -180,6 +189,9 @@ class Removal(enum.StrEnum):
     LOST_BUT_RUNNING = "lost_but_running"
     LOST_LBS_UNKNOWN = "lost_lbs_unknown"
     UNEXPECTED_WRITER = "unexpected_writer"
+    UNPROVEN_RELEASE = "unproven_release"
+    RECORD_TAMPERED = "record_tampered"
+    DRAINED_BUT_BUSY = "drained_but_busy"
 
 
 SAFE_REMOVALS: Final = frozenset(
@@ -231,20 +243,30 @@ def removal_verdict(
     if view is None:
         return no(Removal.UNKNOWN_DRONE, "nothing is known about this drone: release it first")
     record = view.record
-    odd = ""  # a final phase written by the wrong side: not trusted
+    odd: tuple[Removal, str] | None = None  # a final phase not to be trusted
     if record is not None:
         phase, writer = record.phase, record.writer
-        if phase is RecordPhase.RELEASED and writer == "manager":
-            return yes(
-                Removal.RELEASED_BY_MANAGER,
-                "released before its agent came up: no payload can ever start",
+        if phase is RecordPhase.RELEASED:
+            if record.proven:
+                return yes(
+                    Removal.RELEASED_BY_MANAGER,
+                    "released before its agent came up: no payload can ever start",
+                )
+            odd = (Removal.UNPROVEN_RELEASE, "record released without the manager's proof")
+        elif phase is RecordPhase.DRAINED and writer == "agent":
+            if not view.payloads:
+                return yes(Removal.DRAINED_BY_AGENT, "the agent is idle and has closed its gate")
+            odd = (
+                Removal.DRAINED_BUT_BUSY,
+                f"record drained, but the agent's newest event lists "
+                f"{len(view.payloads)} payload(s)",
             )
-        if phase is RecordPhase.DRAINED and writer == "agent":
-            return yes(Removal.DRAINED_BY_AGENT, "the agent is idle and has closed its gate")
-        if phase is RecordPhase.DEADLINE_EXPIRED and writer == "agent":
+        elif phase is RecordPhase.DEADLINE_EXPIRED and writer == "agent":
             return yes(Removal.DEADLINE_EXPIRED, "the agent's drain deadline expired")
-        if phase in (RecordPhase.RELEASED, RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED):
-            odd = f"record {phase!s} written by the {writer}"
+        elif phase in (RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED):
+            odd = (Removal.UNEXPECTED_WRITER, f"record {phase!s} written by the {writer}")
+        elif phase is None:
+            odd = (Removal.RECORD_TAMPERED, f"the record is tampered: {record.tampered}")
     lost = view.is_lost(now, lost_after_s)
     if lost:
         seen = view.last_seen
@@ -263,8 +285,8 @@ def removal_verdict(
             Removal.LOST_BUT_RUNNING,
             f"agent lost ({silent}), but the batch system says the job runs",
         )
-    if odd:
-        return no(Removal.UNEXPECTED_WRITER, odd)
+    if odd is not None:
+        return no(*odd)
     if record is None:
         return no(
             Removal.NOT_ANNOUNCED,
@@ -301,6 +323,27 @@ class Control:
         self.store = store
         self.registry = registry
         self.request_timeout_s = request_timeout_s
+
+    @classmethod
+    async def open(
+        cls,
+        nc: Client,
+        registry: Registry,
+        *,
+        domain: str | None = None,
+        request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S,
+    ) -> Control:
+        """
+        The control API of the manager: the handshake records with the manager's
+        proof key, which ``registry`` then checks records with
+
+        :raises HandshakeError: if the buckets do not exist or cannot be read
+        """
+        js = nc.jetstream(domain=domain)
+        proof_key = await load_proof_key(js, registry.namespace)
+        registry.proof_key = proof_key
+        store = await RecordStore.open(js, registry.namespace, domain=domain, proof_key=proof_key)
+        return cls(nc, store, registry, request_timeout_s=request_timeout_s)
 
     @property
     def namespace(self) -> Namespace:
@@ -371,9 +414,21 @@ class Control:
             request_id=_request_id(),
             requested_at=now,
         )
+        command = DrainCommand(
+            site=site,
+            drone=drone,
+            request_id=intent.request_id,
+            at=now,
+            deadline=intent.deadline,
+            reason=reason,
+        )
         try:
             written = await self.store.request_drain(site, drone, intent)
+        except RecordTampered as err:
+            return await self._drain_tampered(command, intent, str(err))
         except HandshakeError:
+            if await self.store.removed(site, drone):
+                return await self._drain_tampered(command, intent, "the record was removed")
             if await self.store.read(site, drone) is None:
                 return DrainResult(
                     DrainOutcome.NOT_ANNOUNCED,
@@ -385,14 +440,6 @@ class Control:
         self._note_record(written)
         if record.phase is not RecordPhase.DRAINING or record.drain != intent:
             return _drain_already(record.phase, written)
-        command = DrainCommand(
-            site=site,
-            drone=drone,
-            request_id=intent.request_id,
-            at=now,
-            deadline=intent.deadline,
-            reason=reason,
-        )
         answer = await self.command(command)
         outcome = _drain_outcome(answer)
         log.info(
@@ -405,6 +452,26 @@ class Control:
             extra={"drone": drone, "site": site, "request_id": intent.request_id},
         )
         return DrainResult(outcome, record.phase, intent, answer, answer.detail)
+
+    async def _drain_tampered(
+        self, command: DrainCommand, intent: DrainIntent, why: str
+    ) -> DrainResult:
+        """
+        A drain of a drone whose record was removed or is invalid
+
+        Nothing can be recorded; the command alone tells an agent that is up
+        (which closed its gate when it saw its record go, and drains itself).
+        """
+        answer = await self.command(command)
+        log.warning(
+            "drain of %s/%s: %s; asked its agent directly (%s)",
+            command.site,
+            command.drone,
+            why,
+            answer.detail or answer.outcome,
+            extra={"drone": command.drone, "site": command.site},
+        )
+        return DrainResult(DrainOutcome.TAMPERED, None, intent, answer, why)
 
     async def release(
         self,
@@ -421,10 +488,14 @@ class Control:
         :param deadline: deadline of the drain if the agent had come up first
         :raises HandshakeError: if the record cannot be read or written
         """
-        written = await self.store.release(site, drone, note=note)
+        try:
+            written = await self.store.release(site, drone, note=note)
+        except RecordTampered as err:
+            drained = await self.drain(site, drone, deadline, reason or note or "released")
+            return ReleaseResult(ReleaseOutcome.TAMPERED, None, drained, detail=str(err))
         self._note_record(written)
         record = written.record
-        if record.phase is RecordPhase.RELEASED and record.writer == "manager":
+        if record.phase is RecordPhase.RELEASED and self.store.proven(record):
             return ReleaseResult(
                 ReleaseOutcome.RELEASED,
                 record.phase,
@@ -446,18 +517,18 @@ class Control:
         released through the record (the manager wins or the agent just came
         up, in which case the agent is asked).
         """
-        current = await self.store.read(site, drone)
-        if current is None:
-            written = await self.store.release(site, drone, note="release if idle")
-            self._note_record(written)
-            if written.record.phase is RecordPhase.RELEASED:
-                return IdleResult(IdleOutcome.RELEASED, RecordPhase.RELEASED, detail="released")
-            current = written
-        else:
+        phase: RecordPhase | None
+        try:
+            current = await self.store.read(site, drone)
+            if current is None:
+                current = await self.store.release(site, drone, note="release if idle")
             self._note_record(current)
-        phase = current.record.phase
-        if phase is RecordPhase.RELEASED:
-            return IdleResult(IdleOutcome.RELEASED, phase, detail="released earlier")
+            phase = current.record.phase
+        except RecordTampered:
+            phase = None  # ask the agent all the same: it is the authority on idle
+        else:
+            if phase is RecordPhase.RELEASED and self.store.proven(current.record):
+                return IdleResult(IdleOutcome.RELEASED, phase, detail="released")
         answer = await self.command(
             ReleaseIfIdleCommand(site=site, drone=drone, request_id=_request_id(), at=utcnow())
         )

@@ -99,11 +99,11 @@ def render(sources: Sources, now: float | None = None) -> str:
     views = registry.views()
     lost_after_s = registry.lost_after_s
     by_state = dict.fromkeys([str(state) for state in DroneState] + ["unknown"], 0)
-    by_phase = dict.fromkeys([str(phase) for phase in RecordPhase] + ["none"], 0)
+    by_phase = dict.fromkeys([str(phase) for phase in RecordPhase] + ["tampered", "none"], 0)
     lost = 0
     for view in views.values():
         by_state[str(view.state) if view.state is not None else "unknown"] += 1
-        by_phase[str(view.record.phase) if view.record is not None else "none"] += 1
+        by_phase[view.record.label if view.record is not None else "none"] += 1
         lost += view.is_lost(now, lost_after_s)
 
     lines: list[str] = []

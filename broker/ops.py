@@ -10,6 +10,7 @@ so what an operator sees and does is what the manager sees and does.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import datetime as dt
 import json
 import sys
@@ -24,7 +25,7 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from remote_agent.events import Namespace, SchemaError, check_token
-from remote_agent.handshake import HandshakeError, RecordStore
+from remote_agent.handshake import HandshakeError, load_proof_key
 
 from .connection import connect_once
 from .consumer import api_prefix
@@ -80,16 +81,13 @@ async def _connect(args: argparse.Namespace) -> Client:
 
 
 async def _control(nc: Client, args: argparse.Namespace) -> Control:
-    namespace = Namespace(args.prefix)
+    registry = Registry(Namespace(args.prefix))
     try:
-        store = await RecordStore.open(
-            nc.jetstream(domain=args.domain), namespace, domain=args.domain
-        )
+        return await Control.open(nc, registry, domain=args.domain, request_timeout_s=args.timeout)
     except HandshakeError as err:
         raise OperatorError(str(err)) from None
     except nats.errors.Error as err:
-        raise OperatorError(f"cannot open the handshake bucket: {err}") from None
-    return Control(nc, store, Registry(namespace), request_timeout_s=args.timeout)
+        raise OperatorError(f"cannot open the handshake buckets: {err}") from None
 
 
 def _print_json(value: object) -> None:
@@ -189,8 +187,10 @@ def _row(view: DroneView, now: float, lost_after_s: float) -> dict[str, Any]:
         "last_event_received": _iso(view.received_time),
         "last_heartbeat_received": _iso(view.heartbeat_time),
         "lost": view.is_lost(now, lost_after_s),
-        "record_phase": str(record.phase) if record is not None else None,
+        "record_phase": record.label if record is not None else None,
         "record_writer": record.writer if record is not None else None,
+        "record_proven": record.proven if record is not None else None,
+        "record_tampered": record.tampered if record is not None else None,
         "record_revision": record.revision if record is not None else None,
         "drain_deadline": record.drain.deadline.isoformat()
         if record is not None and record.drain is not None
@@ -234,6 +234,8 @@ async def status(args: argparse.Namespace) -> int:
     try:
         try:
             js = nc.jetstream(domain=args.domain)
+            with contextlib.suppress(HandshakeError):  # without it, no release reads as proven
+                registry.proof_key = await load_proof_key(js, namespace)
             await rebuild(nc, js, registry, api=api_prefix(args.domain))
         except nats.js.errors.NotFoundError as err:
             raise OperatorError(

@@ -93,8 +93,30 @@ class Topology:
             deny_delete=True,
         )
 
+    def manager_bucket(self) -> StreamConfig:
+        """
+        The manager's own KV bucket (the record proof key), as ``create_key_value`` makes it
+
+        Drones have no permission to read it (``broker/auth.py``).
+        """
+        bucket = self.namespace.manager_bucket
+        return StreamConfig(
+            name=f"KV_{bucket}",
+            description="cobald-remote manager secrets",
+            subjects=[f"$KV.{bucket}.>"],
+            retention=RetentionPolicy.LIMITS,
+            discard=DiscardPolicy.NEW,
+            max_msgs_per_subject=1,
+            max_msg_size=1024,
+            storage=StorageType.FILE,
+            num_replicas=self.replicas,
+            duplicate_window=120.0,
+            allow_direct=True,
+            deny_delete=True,
+        )
+
     def streams(self) -> list[StreamConfig]:
-        return [self.event_stream(), self.record_bucket()]
+        return [self.event_stream(), self.record_bucket(), self.manager_bucket()]
 
 
 #: the fields we set and therefore compare; everything else is the operator's

@@ -2,10 +2,20 @@
 The drone registry: the manager's latest knowledge of every drone (pure state, no I/O)
 
 Every event carries the whole snapshot it led to, so the registry keeps, per
-drone, only the event with the highest ``seq`` and the times that say how old
-each fact is. Anything with a lower or equal ``seq`` is stale or a duplicate
-and is counted and dropped; lost, repeated or reordered deliveries therefore
-converge to the same state.
+drone, only the newest valid event and the times that say how old each fact
+is. "Newest" is the order in which the event stream *stored* the events, its
+stream sequence: the server assigns it, no drone can forge it, and it is the
+same whether an event is consumed live, delivered again, or read by a rebuild.
+An event stored earlier than the one known is stale (a redelivery or a replay)
+and is counted and dropped, so lost, repeated and reordered deliveries converge
+to the same state. The agent's own ``seq`` orders its events for people (the
+timeline) and makes its dedupe ids; a wrong or forged one cannot hide events
+stored later, and a restarted agent's events supersede an earlier incarnation's.
+
+An event is valid if it passes the strict decoder and speaks for the drone and
+kind of its subject (:func:`check_event`); whether a message is valid depends
+on its subject and bytes alone. So the state of a drone is a function of its
+stored messages: the valid one stored last, and the valid heartbeat stored last.
 
 The newest event is kept as the bytes that came off the stream, validated in
 full on arrival, beside the few facts readers need at once (``seq``, kind,
@@ -13,7 +23,9 @@ the drone's state); the rest is decoded when someone reads it. A drone
 running eight payloads then costs about a kilobyte instead of the 2.7 KB of
 the decoded event, and replacing a drone's state frees one object instead of
 a tree of them (``bench/scale.py``, ``bench/ingest.py``). Handshake records
-from the KV bucket are merged by revision in the same way.
+from the KV bucket are merged by revision in the same way; a removed or
+invalid record is kept as *tampered* (:attr:`RecordView.tampered`), never
+forgotten, since its drone may be up.
 
 Times are seconds since the epoch (UTC) and come from the caller: the
 consumer passes the time at which JetStream *stored* each message, which is
@@ -56,10 +68,14 @@ from remote_agent.events import (
     decode_event,
     decode_record,
     encode,
+    is_token,
     kind_of,
 )
+from remote_agent.handshake import proven
+from remote_agent.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
+_rejections = RateLimitedLog(log)
 
 #: default time without any event after which a drone counts as lost: three
 #: heartbeats of the agent's default 30 s interval
@@ -67,15 +83,6 @@ DEFAULT_LOST_AFTER_S: Final = 90.0
 
 _KINDS: Final = {event_type: kind_of(event_type) for event_type in EVENT_TYPES}
 _decode = msgspec.msgpack.Decoder(AnyEvent).decode
-
-
-class _Head(msgspec.Struct):
-    """Just the ``seq`` of an event: skipping the rest is much cheaper than decoding it"""
-
-    seq: int = -1
-
-
-_decode_head = msgspec.msgpack.Decoder(_Head).decode
 
 
 class Applied(enum.StrEnum):
@@ -97,10 +104,69 @@ class Rejection(enum.StrEnum):
     RECORD = "record"  #: a KV value that is not a valid record for its key
 
 
-class RecordView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """The drone's handshake record as last seen in the KV bucket"""
+class Rejected(Exception):
+    """A message that is not valid; nothing of it may change any state"""
 
-    phase: RecordPhase
+    def __init__(self, reason: Rejection, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail
+
+
+def check_event(
+    data: bytes, subject: str, prefix: str, max_size: int = DEFAULT_MAX_SIZE
+) -> AnyEvent:
+    """
+    The event in ``data`` if it is valid as it arrived on ``subject``
+
+    Valid means: at most ``max_size`` bytes, a message of the schema (strict
+    decoding, see :func:`remote_agent.events.decode_event`), and speaking for
+    the site, drone and kind that its subject names. Depends on nothing else,
+    so the live registry, a rebuild and the timeline all accept the same events.
+
+    :raises Rejected: with the reason otherwise
+    """
+    if len(data) > max_size:
+        raise Rejected(
+            Rejection.OVERSIZED, f"{len(data)} bytes exceed the limit of {max_size} bytes"
+        )
+    try:
+        # the same strict decoder as events.decode_event, without its wrapper;
+        # anything it does not accept goes through decode_event for the reason
+        event = _decode(data)
+        if event.v != SCHEMA_VERSION:
+            raise msgspec.ValidationError
+    except Exception:
+        try:
+            event = decode_event(data, max_size)
+        except SchemaError as err:
+            raise Rejected(Rejection.MALFORMED, str(err)) from None
+    # the sender check of events.check_sender, inlined: this runs per message.
+    # Site and drone are tokens (no dots), so one comparison of the whole
+    # subject says the same as comparing its parts; only a mismatch is split
+    kind = _KINDS[type(event)]
+    if subject != f"{prefix}.{event.site}.{event.drone}.evt.{kind}":
+        parts = subject.split(".")
+        if len(parts) != 5 or parts[0] != prefix or parts[3] != "evt":
+            raise Rejected(Rejection.SUBJECT, "not an event subject")
+        raise Rejected(
+            Rejection.SENDER,
+            f"event {kind!r} for {event.site}/{event.drone} arrived on the subject of "
+            f"{parts[1]}/{parts[2]} ({parts[4]!r})",
+        )
+    return event
+
+
+class RecordView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """
+    The drone's handshake record as last seen in the KV bucket
+
+    A record that was deleted or purged, or whose value is no valid record of
+    its drone, is *tampered*: ``phase`` is ``None`` and :attr:`tampered` says
+    what was found. Neither side writes that, and the drone may be up.
+    """
+
+    phase: RecordPhase | None
     writer: str
     revision: int
     incarnation: str = ""
@@ -110,6 +176,15 @@ class RecordView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: confirms a record that the manager merged from its own read or write
     stored: float | None = None
     note: str = ""
+    #: the record carries the manager's valid proof (its phases count only then)
+    proven: bool = False
+    #: why the record is not a valid record of its drone (``""``: it is one)
+    tampered: str = ""
+
+    @property
+    def label(self) -> str:
+        """The phase for people and metrics: ``tampered`` for a record that is none"""
+        return "tampered" if self.phase is None else str(self.phase)
 
 
 class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -122,18 +197,22 @@ class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
     site: str
     drone: str
-    #: the newest applied event (the highest ``seq``) as it came off the stream,
-    #: MessagePack that passed the strict decoder; ``None`` if only the record is known
+    #: the newest valid event (stored last in the stream) as it came off the
+    #: stream, MessagePack that passed the strict decoder; ``None`` if only the
+    #: record is known
     encoded: bytes | None = None
-    #: ``seq``, ``kind`` and the snapshot's drone state of that event
+    #: the agent's ``seq``, ``kind`` and the snapshot's drone state of that event
     seq: int | None = None
     kind: str = ""
     state: DroneState | None = None
-    #: when the newest event reached the bus
+    #: its stream sequence, and when it reached the bus
+    stream_seq: int | None = None
     received_time: float | None = None
-    #: ``seq`` of the newest heartbeat, when it reached the bus, and its interval;
-    #: kept even if the heartbeat arrived after a newer event
+    #: the newest valid heartbeat: the agent's ``seq``, its stream sequence, when
+    #: it reached the bus, and its interval; kept even if it was delivered after
+    #: a newer event
     heartbeat_seq: int | None = None
+    heartbeat_stream_seq: int | None = None
     heartbeat_time: float | None = None
     heartbeat_interval_s: float | None = None
     record: RecordView | None = None
@@ -257,6 +336,8 @@ class Registry:
         self.rejected: dict[str, int] = dict.fromkeys(Rejection, 0)
         self.records_applied = 0
         self.records_ignored = 0
+        #: the manager's record proof key; records prove the manager's phases with it
+        self.proof_key: bytes | None = None
 
     # ------------------------------------------------------------------ readers
 
@@ -287,136 +368,104 @@ class Registry:
     # ------------------------------------------------------------------ events
 
     def reject(self, reason: Rejection, subject: str, error: object) -> Applied:
-        """Count and log a rejected message; nothing else changes"""
+        """Count and log (rate-limited) a rejected message; nothing else changes"""
         self.rejected[reason] += 1
-        log.warning("rejected %s on %s: %s", reason, subject, error, extra={"subject": subject})
+        _rejections.warning(
+            reason, "rejected %s on %s: %s", reason, subject, error, extra={"subject": subject}
+        )
         return Applied.REJECTED
 
-    def apply_message(self, data: bytes, subject: str, received_time: float) -> Applied:
+    def apply_message(
+        self, data: bytes, subject: str, received_time: float, stream_seq: int | None = None
+    ) -> Applied:
         """
-        Decode, check and apply one event as it came off the stream
+        Check and apply one event as it came off the stream
 
-        Never raises for bad input: an invalid message is counted under its
-        :class:`Rejection` reason, logged, and changes no state.
+        Never raises for bad input: an invalid message (:func:`check_event`) is
+        counted under its :class:`Rejection` reason, logged, and changes no state.
+
+        :param received_time: when the stream stored it (epoch seconds)
+        :param stream_seq: its stream sequence; ``None`` (no stream: tests, tools)
+            takes it for newer than anything known about its drone
         """
-        if len(data) > self.max_message_bytes:
-            return self.reject(
-                Rejection.OVERSIZED,
-                subject,
-                f"{len(data)} bytes exceed the limit of {self.max_message_bytes} bytes",
-            )
         try:
-            # the same strict decoder as events.decode_event, without its wrapper;
-            # anything it does not accept goes through decode_event for the reason
-            event = _decode(data)
-            if event.v != SCHEMA_VERSION:
-                raise msgspec.ValidationError
-        except (msgspec.ValidationError, msgspec.DecodeError):
-            try:
-                event = decode_event(data, self.max_message_bytes)
-            except SchemaError as err:
-                return self.reject(Rejection.MALFORMED, subject, err)
-        return self._apply(event, data, subject, received_time)
+            event = check_event(data, subject, self._prefix, self.max_message_bytes)
+        except Rejected as err:
+            return self.reject(err.reason, subject, err.detail)
+        return self._apply(event, data, received_time, stream_seq)
 
-    def replay_message(self, data: bytes, subject: str, received_time: float) -> Applied:
+    def apply(
+        self,
+        event: AnyEvent,
+        subject: str,
+        received_time: float,
+        stream_seq: int | None = None,
+    ) -> Applied:
         """
-        :meth:`apply_message` for a replay, which is mostly events already superseded
+        Apply one decoded event that arrived on ``subject`` (see :meth:`apply_message`)
 
-        An event whose ``seq`` is not newer than the newest event known for the
-        drone of its subject (nor, for a heartbeat, than its newest heartbeat)
-        is counted as stale or duplicate *without* being decoded and validated
-        in full: it could not change anything. Everything else goes through
-        :meth:`apply_message`.
-        """
-        parts = subject.split(".")
-        if len(parts) == 5:
-            old = self._views.get((parts[1], parts[2]))
-            if old is not None and old.seq is not None:
-                try:
-                    seq = _decode_head(data).seq
-                except (msgspec.ValidationError, msgspec.DecodeError):
-                    seq = -1
-                known = old.seq
-                newest_beat = old.heartbeat_seq if old.heartbeat_seq is not None else -1
-                if 0 <= seq <= known and (parts[4] != "heartbeat" or seq <= newest_beat):
-                    if seq == known:
-                        self.duplicate += 1
-                        return Applied.DUPLICATE
-                    self.stale += 1
-                    return Applied.STALE
-        return self.apply_message(data, subject, received_time)
-
-    def apply(self, event: AnyEvent, subject: str, received_time: float) -> Applied:
-        """
-        Apply one decoded event that arrived on ``subject``
-
-        :param received_time: when the event reached the bus (epoch seconds)
         :returns: whether it changed the drone's state, and if not, why not
         """
-        return self._apply(event, encode(event), subject, received_time)
+        return self.apply_message(encode(event), subject, received_time, stream_seq)
 
-    def _apply(self, event: AnyEvent, data: bytes, subject: str, received_time: float) -> Applied:
-        """:meth:`apply` for ``event`` decoded from ``data``, which the view keeps"""
-        # the sender check of events.check_sender, inlined: this runs per message.
-        # Site and drone are tokens (no dots), so one comparison of the whole
-        # subject says the same as comparing its parts; only a mismatch is split
-        site = event.site
-        drone = event.drone
-        kind = _KINDS[type(event)]
-        if subject != f"{self._prefix}.{site}.{drone}.evt.{kind}":
-            parts = subject.split(".")
-            if len(parts) != 5 or parts[0] != self._prefix or parts[3] != "evt":
-                return self.reject(Rejection.SUBJECT, subject, "not an event subject")
-            return self.reject(
-                Rejection.SENDER,
-                subject,
-                f"event {kind!r} for {site}/{drone} arrived on the subject of "
-                f"{parts[1]}/{parts[2]} ({parts[4]!r})",
-            )
-        key = (site, drone)
+    def _apply(
+        self, event: AnyEvent, data: bytes, received_time: float, stream_seq: int | None
+    ) -> Applied:
+        """Apply the valid ``event`` decoded from ``data``, which the view keeps"""
+        key = (event.site, event.drone)
         old = self._views.get(key)
-        seq = event.seq
         heartbeat = isinstance(event, Heartbeat)
         if old is not None:
-            old_seq = old.seq
-            if old_seq is not None and seq <= old_seq:
-                if seq == old_seq:
-                    self.duplicate += 1
-                    return Applied.DUPLICATE
-                self.stale += 1
-                if heartbeat and (old.heartbeat_seq is None or seq > old.heartbeat_seq):
+            known = old.stream_seq
+            if stream_seq is None:
+                stream_seq = max(known or 0, old.heartbeat_stream_seq or 0) + 1
+            if known is not None and stream_seq <= known:
+                if heartbeat and (
+                    old.heartbeat_stream_seq is None or stream_seq > old.heartbeat_stream_seq
+                ):
                     # the newest heartbeat is a fact of its own, whatever order it came in
                     self._views[key] = msgspec.structs.replace(
                         old,
-                        heartbeat_seq=seq,
+                        heartbeat_seq=event.seq,
+                        heartbeat_stream_seq=stream_seq,
                         heartbeat_time=received_time,
                         heartbeat_interval_s=event.interval_s,  # type: ignore[union-attr]
                     )
+                if stream_seq == known:
+                    self.duplicate += 1
+                    return Applied.DUPLICATE
+                self.stale += 1
                 return Applied.STALE
             # the strings of the old view serve on: the event's copies are freed with it
             site, drone, record = old.site, old.drone, old.record
-            beat_seq, beat_time, beat_interval = (
+            beat_seq, beat_stream, beat_time, beat_interval = (
                 old.heartbeat_seq,
+                old.heartbeat_stream_seq,
                 old.heartbeat_time,
                 old.heartbeat_interval_s,
             )
         else:
-            site = sys.intern(site)  # a site name repeats for thousands of drones: one copy
+            if stream_seq is None:
+                stream_seq = 1
+            site = sys.intern(event.site)  # a site name repeats for thousands of drones
+            drone = event.drone
             key = (site, drone)
             record = None
-            beat_seq = beat_time = beat_interval = None
+            beat_seq = beat_stream = beat_time = beat_interval = None
         if heartbeat:
-            beat_seq, beat_time = seq, received_time
+            beat_seq, beat_stream, beat_time = event.seq, stream_seq, received_time
             beat_interval = event.interval_s  # type: ignore[union-attr]
         self._views[key] = DroneView(
             site=site,
             drone=drone,
             encoded=data,
-            seq=seq,
-            kind=kind,
+            seq=event.seq,
+            kind=_KINDS[type(event)],
             state=event.snapshot.state,
+            stream_seq=stream_seq,
             received_time=received_time,
             heartbeat_seq=beat_seq,
+            heartbeat_stream_seq=beat_stream,
             heartbeat_time=beat_time,
             heartbeat_interval_s=beat_interval,
             record=record,
@@ -428,9 +477,7 @@ class Registry:
 
     def _record_key(self, key: str) -> tuple[str, str] | None:
         site, dot, drone = key.partition(".")
-        if not dot or "." in drone:
-            return None
-        return (site, drone)
+        return (site, drone) if dot and is_token(site) and is_token(drone) else None
 
     def apply_record_message(
         self, key: str, data: bytes, revision: int, stored_time: float
@@ -440,19 +487,22 @@ class Registry:
 
         Ignores revisions not newer than the known one. A value that is not a
         valid record, or one whose site or drone disagree with its key, is
-        rejected and counted as :attr:`Rejection.RECORD`.
+        rejected, counted as :attr:`Rejection.RECORD`, and makes the drone's
+        record *tampered*: it replaced whatever was there (the bucket keeps
+        one value per key), so the registry does not pretend to know better.
+        A key that names no drone changes nothing.
         """
         target = self._record_key(key)
         if target is None:
             return self.reject(Rejection.RECORD, key, "not a <site>.<drone> key")
         try:
             record = decode_record(data, self.max_message_bytes)
+            if (record.site, record.drone) != target:
+                raise SchemaError(f"record of {record.site}/{record.drone} under key {key!r}")
         except SchemaError as err:
-            return self.reject(Rejection.RECORD, key, err)
-        if (record.site, record.drone) != target:
-            return self.reject(
-                Rejection.RECORD, key, f"record of {record.site}/{record.drone} under key {key!r}"
-            )
+            self.reject(Rejection.RECORD, key, err)
+            self._tamper(target, revision, stored_time, "invalid value")
+            return Applied.REJECTED
         return self.apply_record(record, revision, stored_time)
 
     def apply_record(
@@ -481,25 +531,43 @@ class Registry:
             at=record.at.timestamp(),
             stored=stored_time,
             note=record.note,
+            proven=proven(self.proof_key, record),
         )
         if old is None:
-            old = DroneView(site=record.site, drone=record.drone)
+            old = DroneView(site=sys.intern(record.site), drone=record.drone)
         self._views[key] = msgspec.structs.replace(old, record=new_record)
         self.records_applied += 1
         return Applied.APPLIED
 
-    def forget_record(self, key: str, revision: int) -> None:
-        """A KV delete or purge of ``key`` at ``revision``: the drone has no record any more"""
+    def record_removed(self, key: str, revision: int, stored_time: float, how: str) -> Applied:
+        """
+        A delete or purge marker of ``key`` at ``revision``: the record is tampered
+
+        Neither side removes records, and a removed record is no sign that the
+        drone never came up; the drone keeps a tampered record.
+        """
         target = self._record_key(key)
-        old = self._views.get(target) if target is not None else None
-        if old is None or old.record is None or old.record.revision >= revision:
+        if target is None:
+            return self.reject(Rejection.RECORD, key, "not a <site>.<drone> key")
+        self.reject(Rejection.RECORD, key, f"the record was removed ({how})")
+        self._tamper(target, revision, stored_time, f"removed ({how})")
+        return Applied.REJECTED
+
+    def _tamper(self, key: tuple[str, str], revision: int, stored_time: float, why: str) -> None:
+        old = self._views.get(key)
+        if old is not None and old.record is not None and old.record.revision >= revision:
             return
-        assert target is not None
-        if old.encoded is None:
-            del self._views[target]
-        else:
-            self._views[target] = msgspec.structs.replace(old, record=None)
-        self.records_applied += 1
+        record = RecordView(
+            phase=None,
+            writer="",
+            revision=revision,
+            at=stored_time,
+            stored=stored_time,
+            tampered=why,
+        )
+        if old is None:
+            old = DroneView(site=sys.intern(key[0]), drone=key[1])
+        self._views[key] = msgspec.structs.replace(old, record=record)
 
     # ------------------------------------------------------------------ liveness
 

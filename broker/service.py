@@ -8,18 +8,21 @@ raises (COBalD aborts the daemon on either): connection and server failures
 are logged and retried.
 
 :func:`rebuild` restores a registry after a restart from the stream and the
-bucket (``docs/architecture.md``, "Rebuilding the registry"):
+bucket (``docs/architecture.md``, "Rebuilding the registry"). A drone's state
+is its valid event stored last and its valid heartbeat stored last
+(:mod:`broker.registry`), so the rebuild reads:
 
-1. read the newest heartbeat of every drone (a ``LAST_PER_SUBJECT``
-   consumer on ``<prefix>.*.*.evt.heartbeat``) and apply it;
-2. replay every event from the oldest of those heartbeats that belongs to a
-   drone still active (not ``exiting``, heard from within the replay
-   horizon) up to the stream's end at the start, applying by ``seq`` so that
-   older events are dropped;
-3. load every handshake record.
+1. the last message of every event subject (a ``LAST_PER_SUBJECT`` consumer
+   on ``<prefix>.*.*.evt.>``: one per drone and event kind), applied by stream
+   sequence;
+2. every message of the few subjects whose last message was invalid, since
+   the newest valid one is hidden behind it (bounded by the stream's limit of
+   messages per subject);
+3. every handshake record.
 
-The durable consumer then carries on from its last acknowledgement; what it
-delivers again is dropped by ``seq``.
+That is the same state as the live registry's for any stream content. The
+durable consumer then carries on from its last acknowledgement; what it
+delivers again is dropped by stream sequence.
 """
 
 from __future__ import annotations
@@ -29,7 +32,7 @@ import contextlib
 import gc
 import logging
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 import nats
@@ -40,8 +43,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from remote_agent.connect import connect
-from remote_agent.events import Namespace
-from remote_agent.handshake import RecordStore
+from remote_agent.events import EVENT_TYPES, Namespace, kind_of
 
 from .consumer import (
     DEFAULT_DURABLE,
@@ -56,18 +58,21 @@ from .consumer import (
     ensure_consumer,
     metadata,
     read_all,
-    stored_time,
 )
 from .control import DEFAULT_REQUEST_TIMEOUT_S, Control
 from .errors import BrokerError
-from .registry import DEFAULT_LOST_AFTER_S, Applied, Registry, finished
+from .registry import DEFAULT_LOST_AFTER_S, Applied, Registry
 
 log = logging.getLogger(__name__)
 
+#: subjects read by one consumer when resolving messages hidden behind invalid ones
+_RESOLVE_SUBJECTS = 100
+
+#: headers of KV delete and purge markers (nats-py ``nats/js/kv.py``) and of
+#: the markers the server writes when it removes a subject's messages; any of
+#: them on a record key means the record is gone, whoever wrote it
 _KV_OPERATION = "KV-Operation"
 _KV_MARKER = "Nats-Marker-Reason"
-_KV_REMOVALS = frozenset({"DEL", "PURGE"})
-_MARKER_REMOVALS = frozenset({"MaxAge", "Purge", "Remove"})
 
 
 def event_handler(registry: Registry) -> Handler:
@@ -87,10 +92,10 @@ def event_handler(registry: Registry) -> Handler:
         subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
     ) -> Disposition:
         try:
-            received = stored_time(reply)
-        except ValueError:
-            received = time.time()
-        return term if apply(data, subject, received) is rejected else ack
+            stream_seq, _, received, _ = metadata(reply)
+        except ValueError:  # not from JetStream: nothing to order it by
+            return term
+        return term if apply(data, subject, received, stream_seq) is rejected else ack
 
     return handle
 
@@ -116,11 +121,9 @@ class RecordFeed:
         seq, _, stored, _ = metadata(reply)
         self.next_seq = max(self.next_seq, seq + 1)
         key = subject.removeprefix(self.prefix)
-        if headers and (
-            headers.get(_KV_OPERATION) in _KV_REMOVALS
-            or headers.get(_KV_MARKER) in _MARKER_REMOVALS
-        ):
-            self.registry.forget_record(key, seq)
+        how = headers and (headers.get(_KV_OPERATION) or headers.get(_KV_MARKER))
+        if how:
+            self.registry.record_removed(key, seq, stored, str(how)[:40])
         else:
             self.registry.apply_record_message(key, data, seq, stored)
         return Disposition.ACK
@@ -221,15 +224,14 @@ async def watch_records(
 class RebuildReport:
     """What :func:`rebuild` read, and from where"""
 
-    heartbeats: int  #: newest heartbeats read (one per drone that ever sent one)
-    replayed: int  #: events replayed after them
+    events: int  #: last messages of event subjects read (one per drone and kind)
+    resolved: int  #: subjects read in full because their last message was invalid
+    resolved_messages: int  #: messages read for those
     records: int  #: handshake records loaded
-    start_seq: int  #: stream sequence the replay started at (0: no replay)
     last_seq: int  #: the event stream's last sequence when the rebuild started
-    skipped: int  #: drones whose replay was skipped (exited, or silent beyond the horizon)
     seconds: float  #: in all; then by step
-    heartbeat_s: float
-    replay_s: float
+    events_s: float
+    resolve_s: float
     records_s: float
     record_next_seq: int = field(default=1)  #: where a record watch continues
 
@@ -239,8 +241,6 @@ async def rebuild(
     js: JetStreamContext,
     registry: Registry,
     *,
-    replay_horizon_s: float | None = None,
-    now: float | None = None,
     api: str = "$JS.API",
     pause_gc: bool = True,
 ) -> tuple[RebuildReport, RecordFeed]:
@@ -248,13 +248,8 @@ async def rebuild(
     Restore ``registry`` from the event stream and the handshake bucket
 
     Safe to run into a registry that already holds state: everything merges
-    by ``seq`` and revision.
+    by stream sequence and revision.
 
-    :param replay_horizon_s: drones whose newest heartbeat is older than this
-        are not replayed (they are long lost; their view is their last
-        heartbeat); default ``2 * lost_after_s``, which bounds the replay
-        to that much of the stream's traffic
-    :param now: the current time, epoch seconds
     :param pause_gc: pause Python's cyclic garbage collector while reading.
         The rebuild allocates hundreds of thousands of acyclic objects that
         all stay alive, and every collection would scan the growing heap
@@ -266,112 +261,88 @@ async def rebuild(
     if collecting:
         gc.disable()
     try:
-        return await _rebuild(nc, js, registry, replay_horizon_s, now, api)
+        return await _rebuild(nc, js, registry, api)
     finally:
         if collecting:
             gc.enable()
 
 
+def _event_reader(
+    registry: Registry, hidden: set[str] | None
+) -> Callable[[str, str, bytes, Mapping[str, str] | None], None]:
+    """
+    A read_all handler applying events by stream sequence; the subjects of
+    rejected messages that may hide a valid one go into ``hidden``
+    """
+    apply = registry.apply_message
+    kinds = frozenset(kind_of(event_type) for event_type in EVENT_TYPES)
+    prefix = registry.namespace.prefix
+
+    def on_event(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:
+        stream_seq, _, stored, _ = metadata(reply)
+        if apply(data, subject, stored, stream_seq) is Applied.REJECTED and hidden is not None:
+            parts = subject.split(".")
+            # only a subject a valid event can arrive on can hide one
+            if len(parts) == 5 and parts[0] == prefix and parts[4] in kinds:
+                hidden.add(subject)
+
+    return on_event
+
+
 async def _rebuild(
-    nc: Client,
-    js: JetStreamContext,
-    registry: Registry,
-    replay_horizon_s: float | None,
-    now: float | None,
-    api: str,
+    nc: Client, js: JetStreamContext, registry: Registry, api: str
 ) -> tuple[RebuildReport, RecordFeed]:
     started = time.perf_counter()
     ns = registry.namespace
     stream = ns.event_stream
-    now = time.time() if now is None else now
-    horizon = now - (
-        replay_horizon_s if replay_horizon_s is not None else 2 * registry.lost_after_s
-    )
     last_seq = (await js.stream_info(stream)).state.last_seq
-
-    newest: dict[tuple[str, str], int] = {}
-    apply = registry.apply_message
-
-    def on_heartbeat(
-        subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
-    ) -> None:
-        seq, _, stored, _ = metadata(reply)
-        if apply(data, subject, stored) is not Applied.REJECTED:
-            parts = subject.split(".")
-            newest[(parts[1], parts[2])] = seq
-
-    heartbeats = await read_all(
+    hidden: set[str] = set()
+    events = await read_all(
         nc,
         js,
         stream,
-        ConsumerConfig(
-            deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            filter_subject=f"{ns.prefix}.*.*.evt.heartbeat",
-        ),
-        on_heartbeat,
+        ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, filter_subject=ns.all_events),
+        _event_reader(registry, hidden),
         api=api,
     )
-    active: list[int] = []
-    skipped = 0
-    for key, seq in newest.items():
-        view = registry.view(*key)
-        if view is None or finished(view) or (view.heartbeat_time or 0.0) < horizon:
-            skipped += 1
-        else:
-            active.append(seq)
-    # with nobody active, replay what came after the newest heartbeat: drones
-    # that started since then and have not sent a heartbeat yet
-    start = min(active) + 1 if active else max(newest.values(), default=0) + 1
-
-    heartbeats_done = time.perf_counter()
-    replayed = 0
-    if start <= last_seq:
-        replay = registry.replay_message
-
-        def on_event(
-            subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
-        ) -> None:
-            replay(data, subject, stored_time(reply))
-
-        replayed = await read_all(
+    events_done = time.perf_counter()
+    resolved_messages = 0
+    subjects = sorted(hidden)
+    for first in range(0, len(subjects), _RESOLVE_SUBJECTS):
+        resolved_messages += await read_all(
             nc,
             js,
             stream,
             ConsumerConfig(
-                deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
-                opt_start_seq=start,
-                filter_subject=ns.all_events,
+                deliver_policy=DeliverPolicy.ALL,
+                filter_subjects=subjects[first : first + _RESOLVE_SUBJECTS],
             ),
-            on_event,
+            _event_reader(registry, None),
             api=api,
         )
-    else:
-        start = 0
-    replay_done = time.perf_counter()
+    resolve_done = time.perf_counter()
     feed = await load_records(nc, js, registry, api=api)
     done = time.perf_counter()
     report = RebuildReport(
-        heartbeats=heartbeats,
-        replayed=replayed,
+        events=events,
+        resolved=len(subjects),
+        resolved_messages=resolved_messages,
         records=registry.records_applied,
-        start_seq=start,
         last_seq=last_seq,
-        skipped=skipped,
         seconds=done - started,
-        heartbeat_s=heartbeats_done - started,
-        replay_s=replay_done - heartbeats_done,
-        records_s=done - replay_done,
+        events_s=events_done - started,
+        resolve_s=resolve_done - events_done,
+        records_s=done - resolve_done,
         record_next_seq=feed.next_seq,
     )
     log.info(
-        "registry rebuilt in %.2fs: %d drones from %d heartbeats, %d replayed events "
-        "(from seq %d to %d), %d records",
+        "registry rebuilt in %.2fs: %d drones from %d events (up to seq %d), "
+        "%d subjects read in full behind invalid messages, %d records",
         report.seconds,
         len(registry),
-        heartbeats,
-        replayed,
-        start,
+        events,
         last_seq,
+        len(subjects),
         report.records,
     )
     return report, feed
@@ -393,7 +364,6 @@ class ManagerSettings:
     :param lost_check_s: how often drones are checked for being lost
     :param retry_s: wait before reconnecting after the connection or the consumer failed
     :param request_timeout_s: how long commands wait for an agent's answer
-    :param replay_horizon_s: see :func:`rebuild`
     """
 
     servers: Sequence[str] = ("nats://127.0.0.1:4222",)
@@ -406,7 +376,6 @@ class ManagerSettings:
     lost_check_s: float = 5.0
     retry_s: float = 5.0
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
-    replay_horizon_s: float | None = None
     pull: PullSettings = field(default_factory=PullSettings)
 
 
@@ -483,18 +452,16 @@ class ManagerService:
             # create the durable before the rebuild reads the stream's end, so
             # no event falls between the two
             await ensure_consumer(js, ns.event_stream, config)
-            report, feed = await rebuild(
+            # the proof key first: the rebuild checks the records' proofs with it
+            control = await Control.open(
                 nc,
-                js,
                 self.registry,
-                replay_horizon_s=settings.replay_horizon_s,
-                api=self._api,
+                domain=settings.domain,
+                request_timeout_s=settings.request_timeout_s,
             )
+            report, feed = await rebuild(nc, js, self.registry, api=self._api)
             self.last_rebuild = report
-            store = await RecordStore.open(js, ns, domain=settings.domain)
-            self.control = Control(
-                nc, store, self.registry, request_timeout_s=settings.request_timeout_s
-            )
+            self.control = control
             consumer = PullConsumer(
                 nc,
                 ns.event_stream,

@@ -7,8 +7,12 @@ and ``<prefix>.<site>.<drone>.mgr.>`` (TARDIS's state transitions, published by
 the TARDIS integration), and prints them in one time order: the table the
 report that started this project had to piece together from three logs.
 
-Read-only: an ephemeral consumer, deleted afterwards. Without ``--site`` the
-drone's site is a wildcard, since drone uuids are unique.
+Rows are in the order the stream stored them (the writers' clocks may be
+off by minutes), and only what the registry accepts is shown: an event must
+pass :func:`broker.registry.check_event`, a note must speak for the drone and
+kind of its subject. So the drone state of the last agent row is the state the
+manager's registry holds. Read-only: an ephemeral consumer, deleted afterwards.
+Without ``--site`` the drone's site is a wildcard, since drone uuids are unique.
 """
 
 from __future__ import annotations
@@ -49,13 +53,14 @@ from remote_agent.events import (
     WorkerExited,
     WorkerStarted,
     check_token,
-    decode,
+    decode_note,
     kind_of,
 )
 
 from .connection import connect_once
 from .consumer import api_prefix, metadata, read_all
 from .errors import BrokerError
+from .registry import Rejected, Rejection, check_event
 
 
 class TimelineError(BrokerError):
@@ -67,7 +72,7 @@ class Row:
     """One line of a drone's timeline"""
 
     at: float  #: when it happened (the writer's clock), epoch seconds
-    stream_seq: int  #: order in the stream, for equal times
+    stream_seq: int  #: order in the stream: the order of the rows
     drone_event: str  #: what the agent reported, e.g. ``payload_started 12.0``
     drone_state: str  #: the agent's state right after it
     tardis_state: str  #: TARDIS's state then (a change is marked with ``->``)
@@ -105,9 +110,26 @@ def describe(event: Event) -> str:
     return kind
 
 
+def check_message(data: bytes, subject: str, namespace: Namespace) -> Event | TardisState:
+    """
+    The event or manager note in ``data`` if the registry would accept it on ``subject``
+
+    :raises Rejected: otherwise
+    """
+    if ".mgr." not in subject:
+        return check_event(data, subject, namespace.prefix)
+    try:
+        note = decode_note(data)
+    except SchemaError as err:
+        raise Rejected(Rejection.MALFORMED, str(err)) from None
+    if subject != namespace.manager_note(note.site, note.drone, kind_of(type(note))):
+        raise Rejected(Rejection.SENDER, f"note for {note.site}/{note.drone} on {subject!r}")
+    return note
+
+
 def build(messages: Sequence[tuple[int, Message]], *, heartbeats: bool = False) -> list[Row]:
     """
-    The rows of a timeline from ``(stream sequence, message)`` pairs
+    The rows of a timeline from ``(stream sequence, message)`` pairs, in stream order
 
     Heartbeats are left out unless ``heartbeats``; TARDIS's state is carried
     forward to every row.
@@ -116,7 +138,7 @@ def build(messages: Sequence[tuple[int, Message]], *, heartbeats: bool = False) 
     for seq, message in messages:
         if isinstance(message, Event | TardisState):
             items.append((message.at.timestamp(), seq, message))
-    items.sort(key=lambda item: (item[0], item[1]))
+    items.sort(key=lambda item: item[1])
     rows: list[Row] = []
     tardis = ""
     drone_state = ""
@@ -160,9 +182,9 @@ async def read_timeline(
     heartbeats: bool = False,
 ) -> list[Row]:
     """
-    Every event and manager note of one drone in the stream, as timeline rows
+    Every valid event and manager note of one drone in the stream, as timeline rows
 
-    Messages that do not decode are skipped (the registry counts them).
+    Messages the registry rejects are left out (it counts them).
 
     :raises TimelineError: if the stream cannot be read
     """
@@ -175,8 +197,8 @@ async def read_timeline(
 
     def collect(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         try:
-            message = decode(data)
-        except SchemaError:
+            message = check_message(data, subject, namespace)
+        except Rejected:
             return
         messages.append((metadata(reply)[0], message))
 

@@ -342,6 +342,10 @@ class DroneRecord(Message, frozen=True, kw_only=True, tag="record"):
     drain: DrainIntent | None = None
     at: UtcTime
     note: str = ""
+    #: the manager's HMAC-SHA256 of this record (with an empty ``proof``) under a
+    #: key that drones cannot read; set on the phases only the manager writes
+    #: (:func:`remote_agent.handshake.record_proof`); drones write none and ignore it
+    proof: bytes = b""
 
     def __post_init__(self) -> None:
         _check_tokens(self, _SITE_DRONE)
@@ -543,6 +547,11 @@ def to_json(message: Message) -> bytes:
 # --------------------------------------------------------------------------- subjects
 
 
+def is_token(value: str) -> bool:
+    """Whether ``value`` can be one subject token (see :func:`check_token`)"""
+    return 0 < len(value) <= 128 and not value.strip(_TOKEN_CHARS)
+
+
 def check_token(value: str, what: str = "subject token") -> str:
     """
     Return ``value`` if it can be one subject token (and one KV key part)
@@ -582,6 +591,11 @@ class Namespace:
     def record_bucket(self) -> str:
         """KV bucket holding one handshake record per drone"""
         return f"{self.prefix}-drones"
+
+    @property
+    def manager_bucket(self) -> str:
+        """KV bucket of the manager's own secrets (the record proof key); drones cannot read it"""
+        return f"{self.prefix}-manager"
 
     @property
     def all_events(self) -> str:

@@ -16,7 +16,14 @@ JetStream *domain* (a drone behind a site's leaf node) the subject is
 a plain ``$KV.<bucket>.<key>`` publish does not cross the leaf connection
 (``docs/deployment.md``).
 
-Phase transitions (anything else is refused by :func:`_allowed`)::
+The manager's phases (``released``, and ``draining`` when the manager writes
+it) carry a proof (:func:`record_proof`): an HMAC under a key that only the
+manager can read (:func:`load_proof_key`). The server lets a drone write any
+value to its own key; the proof is what tells the manager's writes from a
+drone's. A ``released`` record without a valid proof releases nothing.
+
+Phase transitions that cooperating clients keep to (anything else is refused
+by :func:`_allowed`; a drone can still write any value to its own key)::
 
     (absent) --agent claim--> UP --drain--> DRAINING --agent--> DRAINED
     (absent) --manager release--> RELEASED          \\--agent--> DEADLINE_EXPIRED
@@ -27,11 +34,16 @@ Phase transitions (anything else is refused by :func:`_allowed`)::
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import hashlib
+import hmac
 import logging
+import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
+import msgspec
 import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
@@ -67,8 +79,67 @@ _EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 
 
+#: key of the record proof key in :attr:`~remote_agent.events.Namespace.manager_bucket`
+PROOF_KEY: Final = "record-proof-key"
+#: bytes of a proof key
+_PROOF_KEY_BYTES: Final = 32
+
+
 class HandshakeError(Exception):
     """The handshake record could not be read or written"""
+
+
+class RecordTampered(HandshakeError):
+    """
+    The record was deleted, purged, or holds no valid record
+
+    Neither side wrote that: the manager never takes it for "never announced"
+    (it does not release over it), the agent takes it for a closed gate.
+    """
+
+
+def record_proof(key: bytes, record: DroneRecord) -> bytes:
+    """The manager's proof of ``record``: HMAC-SHA256 of its encoding without a proof"""
+    unsigned = msgspec.structs.replace(record, proof=b"")
+    return hmac.new(key, encode(unsigned), hashlib.sha256).digest()
+
+
+def proven(key: bytes | None, record: DroneRecord) -> bool:
+    """Whether ``record`` carries the manager's valid proof under ``key``"""
+    if key is None or not record.proof:
+        return False
+    return hmac.compare_digest(record.proof, record_proof(key, record))
+
+
+async def load_proof_key(js: JetStreamContext, namespace: Namespace) -> bytes:
+    """
+    The manager's record proof key, made on first use (create-if-absent: every
+    manager of the bus agrees on the first one made)
+
+    :raises HandshakeError: if the manager bucket does not exist or cannot be read
+    """
+    try:
+        kv = await js.key_value(namespace.manager_bucket)
+    except nats.js.errors.BucketNotFoundError as err:
+        raise HandshakeError(
+            f"manager bucket {namespace.manager_bucket!r} does not exist: "
+            "run 'cobald-remote broker init'"
+        ) from err
+    for _ in range(3):
+        try:
+            entry = await kv.get(PROOF_KEY)
+        except nats.js.errors.KeyNotFoundError:
+            # another manager may make it first: then read that one
+            with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
+                await kv.create(PROOF_KEY, os.urandom(_PROOF_KEY_BYTES))
+            continue
+        if entry.value is None or len(entry.value) != _PROOF_KEY_BYTES:
+            raise HandshakeError(
+                f"{PROOF_KEY!r} in {namespace.manager_bucket!r} is not a key of "
+                f"{_PROOF_KEY_BYTES} bytes"
+            )
+        return entry.value
+    raise HandshakeError(f"cannot read or make {PROOF_KEY!r} in {namespace.manager_bucket!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -96,24 +167,34 @@ class RecordStore:
         *,
         js: JetStreamContext,
         domain: str | None = None,
+        proof_key: bytes | None = None,
     ) -> None:
         self.kv = kv
         self.namespace = namespace
         self.attempts = attempts
         self.domain = domain
+        #: the manager's proof key (:func:`load_proof_key`); ``None`` on the drone
+        self.proof_key = proof_key
         self._js = js
         bucket = namespace.record_bucket
         self._write_prefix = (f"$JS.{domain}.API." if domain else "") + f"$KV.{bucket}."
 
     @classmethod
     async def open(
-        cls, js: JetStreamContext, namespace: Namespace, domain: str | None = None
+        cls,
+        js: JetStreamContext,
+        namespace: Namespace,
+        domain: str | None = None,
+        *,
+        proof_key: bytes | None = None,
     ) -> RecordStore:
         """
         Bind to the (provisioned) bucket of ``namespace``
 
         :param js: a context for ``domain`` (``nc.jetstream(domain=domain)``)
         :param domain: the JetStream domain of the bucket, if it is not the local one
+        :param proof_key: the manager's proof key; needed to release and to tell
+            the manager's records from forgeries
         """
         try:
             kv = await js.key_value(namespace.record_bucket)
@@ -122,7 +203,7 @@ class RecordStore:
                 f"handshake bucket {namespace.record_bucket!r} does not exist: "
                 "run 'cobald-remote broker init'"
             ) from err
-        return cls(kv, namespace, js=js, domain=domain)
+        return cls(kv, namespace, js=js, domain=domain, proof_key=proof_key)
 
     def key(self, site: str, drone: str) -> str:
         return self.namespace.record_key(site, drone)
@@ -139,15 +220,39 @@ class RecordStore:
             return None
         try:
             record = decode_record(entry.value or b"")
+            if (record.site, record.drone) != (site, drone):
+                raise SchemaError(f"the record of {record.site}/{record.drone}")
         except SchemaError as err:
-            raise HandshakeError(f"stored record of {site}/{drone} is invalid: {err}") from err
+            raise RecordTampered(f"stored record of {site}/{drone} is invalid: {err}") from err
         assert entry.revision is not None
         return Versioned(record, entry.revision)
 
-    async def _write(self, record: DroneRecord, revision: int | None) -> Versioned | None:
+    async def removed(self, site: str, drone: str) -> bool:
+        """Whether the key's newest revision is a delete or purge marker (someone removed it)"""
+        try:
+            await self.kv.get(self.key(site, drone))
+        except nats.js.errors.KeyNotFoundError as gone:
+            return gone.entry is not None
+        return False
+
+    def proven(self, record: DroneRecord) -> bool:
+        """Whether ``record`` carries the manager's proof (see :func:`proven`)"""
+        return proven(self.proof_key, record)
+
+    def _signed(self, record: DroneRecord) -> DroneRecord:
+        """``record`` with the manager's proof; without a proof key, as it is
+        (the agent acts on it all the same, the manager does not take it for its own)"""
+        if self.proof_key is None:
+            return record
+        return msgspec.structs.replace(record, proof=record_proof(self.proof_key, record))
+
+    async def _write(
+        self, record: DroneRecord, revision: int | None, *, over_marker: bool = True
+    ) -> Versioned | None:
         """
         Create (``revision is None``) or compare-and-set; ``None`` if someone else won
 
+        A create writes over a delete or purge marker only if ``over_marker``.
         A write that timed out may still have been stored: the record is then
         re-read and compared, so a retry never applies a change twice.
         """
@@ -156,7 +261,7 @@ class RecordStore:
         try:
             if revision is None:
                 new = await self._publish(key, value, 0)
-                if new is None:
+                if new is None and over_marker:
                     new = await self._recreate(key, value)
             else:
                 new = await self._publish(key, value, revision)
@@ -297,27 +402,34 @@ class RecordStore:
         """
         The manager releases a drone that has not announced itself
 
-        :returns: ``RELEASED`` by the manager if it won (no payload can ever
-            start; the batch job may be removed), otherwise the agent's record,
-            which means the agent won and the drone must be drained instead
+        Only a key that was never written can be released: a key whose record
+        was deleted or purged held a record once, so its agent may be up.
+
+        :returns: ``RELEASED`` with the manager's proof if it won (no payload can
+            ever start; the batch job may be removed), otherwise the record in
+            the bucket, which means the agent won and the drone must be drained
+            instead (a ``released`` record without proof is no release: check
+            :meth:`proven`)
+        :raises RecordTampered: if the record was removed or is invalid
         """
-        record = DroneRecord(
-            site=site,
-            drone=drone,
-            phase=RecordPhase.RELEASED,
-            writer="manager",
-            at=utcnow(),
-            note=note,
+        record = self._signed(
+            DroneRecord(
+                site=site,
+                drone=drone,
+                phase=RecordPhase.RELEASED,
+                writer="manager",
+                at=utcnow(),
+                note=note,
+            )
         )
-        for _ in range(self.attempts):
-            written = await self._write(record, None)
-            if written is not None:
-                log.info("released %s/%s before its agent came up", site, drone)
-                return written
-            current = await self.read(site, drone)
-            if current is not None:
-                return current
-        raise HandshakeError(f"cannot release {site}/{drone}: the record keeps vanishing")
+        written = await self._write(record, None, over_marker=False)
+        if written is not None:
+            log.info("released %s/%s before its agent came up", site, drone)
+            return written
+        current = await self.read(site, drone)
+        if current is None:
+            raise RecordTampered(f"the record of {site}/{drone} was removed: not releasing it")
+        return current
 
     async def request_drain(
         self, site: str, drone: str, intent: DrainIntent, writer: Writer = "manager"
@@ -335,7 +447,7 @@ class RecordStore:
                 raise HandshakeError(f"{site}/{drone} has not announced itself: release it")
             if current.record.phase is not RecordPhase.UP:
                 return None
-            return DroneRecord(
+            record = DroneRecord(
                 site=site,
                 drone=drone,
                 phase=RecordPhase.DRAINING,
@@ -344,6 +456,7 @@ class RecordStore:
                 drain=intent,
                 at=utcnow(),
             )
+            return self._signed(record) if writer == "manager" else record
 
         return await self._transition(site, drone, decide)
 

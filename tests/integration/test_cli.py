@@ -66,11 +66,15 @@ async def test_broker_serve_and_init(tmp_path: Path) -> None:
         nc = await nats.connect(url)
         names = {info.config.name for info in await nc.jetstream().streams_info()}
         await nc.close()
-        assert names == {"COBALD_EVENTS", "KV_cobald-drones"}
+        assert names == {"COBALD_EVENTS", "KV_cobald-drones", "KV_cobald-manager"}
 
         code, out, err = await _run("broker", "init", "--server", url)
         assert (code, err) == (0, "")
-        assert out.splitlines() == ["COBALD_EVENTS: unchanged", "KV_cobald-drones: unchanged"]
+        assert out.splitlines() == [
+            "COBALD_EVENTS: unchanged",
+            "KV_cobald-drones: unchanged",
+            "KV_cobald-manager: unchanged",
+        ]
     finally:
         proc.send_signal(signal.SIGINT)
         assert await asyncio.wait_for(proc.wait(), 20) == 0

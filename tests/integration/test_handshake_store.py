@@ -6,12 +6,20 @@ import asyncio
 import datetime as dt
 import random
 
+import msgspec
 import pytest
 from nats.js import JetStreamContext
 
 from broker.provision import provision
 from remote_agent.events import DrainIntent, Namespace, RecordPhase, encode, utcnow
-from remote_agent.handshake import HandshakeError, RecordStore
+from remote_agent import events as ev
+from remote_agent.handshake import (
+    HandshakeError,
+    RecordStore,
+    RecordTampered,
+    load_proof_key,
+    proven,
+)
 
 NS = Namespace()
 SITE = "site1"
@@ -135,24 +143,47 @@ async def test_missing_bucket_is_a_clear_error(js: JetStreamContext) -> None:
         await RecordStore.open(js, NS)
 
 
-@pytest.mark.parametrize("remove", ["delete", "purge"])
-async def test_a_deleted_or_purged_record_can_be_created_again(
-    store: RecordStore, remove: str
+@pytest.mark.parametrize("operation", ["DEL", "PURGE"])
+async def test_a_removed_record_is_never_released_but_can_be_claimed(
+    store: RecordStore, js: JetStreamContext, operation: str
 ) -> None:
-    """An operator's KV delete or purge leaves a marker; create-if-absent writes over it"""
+    """
+    A KV delete or purge marker on a key that held a record: its agent may be up,
+    so the manager does not release it; an agent that starts claims over the marker
+    """
     first = await store.claim(SITE, "d1", "inc1")
     key = store.key(SITE, "d1")
-    if remove == "delete":
-        await store.kv.delete(key)
-    else:
-        await store.kv.purge(key)
+    # what `nats kv del` writes, and what a drone can write to its own key
+    await js.publish(f"$KV.{NS.record_bucket}.{key}", b"", headers={"KV-Operation": operation})
     assert await store.read(SITE, "d1") is None
-    again = await store.release(SITE, "d1", note="after the operator removed it")
-    assert again.record.phase is RecordPhase.RELEASED
+    assert await store.removed(SITE, "d1")
+    with pytest.raises(RecordTampered, match="was removed"):
+        await store.release(SITE, "d1", note="after the record was removed")
+    again = await store.claim(SITE, "d1", "inc2")
+    assert (again.record.phase, again.record.incarnation) == (RecordPhase.UP, "inc2")
     assert again.revision > first.revision
-    assert await store.read(SITE, "d1") == again
-    # and a create that loses to a live record still loses
-    assert await store.claim(SITE, "d1", "inc2") == again
+    assert not await store.removed(SITE, "d1")
+    # and a release that loses to a live record still loses
+    assert await store.release(SITE, "d1") == again
+
+
+async def test_release_carries_the_managers_proof(js: JetStreamContext) -> None:
+    await provision(js)
+    key = await load_proof_key(js, NS)
+    assert key == await load_proof_key(js, NS)  # made once, then read
+    manager = await RecordStore.open(js, NS, proof_key=key)
+    released = await manager.release(SITE, "d2")
+    assert released.record.proof and manager.proven(released.record)
+    assert proven(key, released.record)
+    drone = await RecordStore.open(js, NS)
+    assert not drone.proven(released.record)  # a drone has no key
+    # a record without the proof, written like a drone could: no release
+    claimed = await drone.claim(SITE, "d3", "inc1")
+    forged = msgspec.structs.replace(claimed.record, phase=RecordPhase.RELEASED, writer="manager")
+    await js.publish(f"$KV.{NS.record_bucket}.{drone.key(SITE, 'd3')}", ev.encode(forged))
+    current = await manager.read(SITE, "d3")
+    assert current is not None and current.record.phase is RecordPhase.RELEASED
+    assert not manager.proven(current.record)
 
 
 async def test_writes_name_the_domain_when_given(js: JetStreamContext) -> None:

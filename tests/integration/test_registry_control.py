@@ -41,8 +41,9 @@ async def store(js: JetStreamContext) -> RecordStore:
 
 
 @pytest.fixture
-def control(nc: Client, store: RecordStore) -> Control:
-    return Control(nc, store, Registry(NS), request_timeout_s=0.5)
+async def control(nc: Client, store: RecordStore) -> Control:
+    """The manager's control API (with the proof key); ``store`` writes as a drone would"""
+    return await Control.open(nc, Registry(NS), request_timeout_s=0.5)
 
 
 def _deadline(minutes: float = 30) -> dt.datetime:

@@ -14,6 +14,7 @@ from hypothesis import strategies as st
 from broker.control import SAFE_REMOVALS, Removal, removal_verdict
 from broker.registry import Applied, DroneView, Registry, Rejection, finished
 from remote_agent import events as ev
+from remote_agent.handshake import record_proof
 
 NS = ev.Namespace()
 SITE = "site1"
@@ -23,8 +24,13 @@ def _subject(event: ev.Event) -> str:
     return NS.event(event.site, event.drone, ev.kind_of(type(event)))
 
 
-def _apply(registry: Registry, event: ev.Event, at: float) -> Applied:
-    return registry.apply_message(ev.encode(event), _subject(event), at)
+def _apply(
+    registry: Registry, event: ev.Event, at: float, stream_seq: int | None = None
+) -> Applied:
+    return registry.apply_message(ev.encode(event), _subject(event), at, stream_seq)
+
+
+PROOF_KEY = b"k" * 32
 
 
 def _record(
@@ -43,9 +49,9 @@ def test_newest_event_wins_and_older_ones_are_counted() -> None:
     registry = Registry(NS)
     drone = FakeDrone(SITE, "site1-0000000001")
     first, second = drone.started(), drone.ready()
-    assert _apply(registry, second, 2.0) is Applied.APPLIED
-    assert _apply(registry, first, 1.0) is Applied.STALE
-    assert _apply(registry, second, 2.0) is Applied.DUPLICATE
+    assert _apply(registry, second, 2.0, stream_seq=2) is Applied.APPLIED
+    assert _apply(registry, first, 1.0, stream_seq=1) is Applied.STALE
+    assert _apply(registry, second, 2.0, stream_seq=2) is Applied.DUPLICATE
     view = registry.view(SITE, drone.drone)
     assert view is not None
     assert (view.seq, view.kind, view.state, view.received_time) == (
@@ -59,14 +65,27 @@ def test_newest_event_wins_and_older_ones_are_counted() -> None:
     assert (metrics.applied, metrics.stale, metrics.duplicate, metrics.drones) == (1, 1, 1, 1)
 
 
+def test_the_event_stored_last_wins_whatever_its_seq() -> None:
+    """A forged future seq hides nothing stored after it; a restarted agent supersedes"""
+    registry = Registry(NS)
+    drone = FakeDrone(SITE, "site1-0000000001")
+    forged = msgspec.structs.replace(drone.heartbeat(), seq=2**64 - 1)
+    assert _apply(registry, forged, 1.0, stream_seq=10) is Applied.APPLIED
+    restarted = msgspec.structs.replace(drone.started(), incarnation="inc2", seq=5)
+    assert _apply(registry, restarted, 2.0, stream_seq=11) is Applied.APPLIED
+    view = registry.view(SITE, drone.drone)
+    assert view is not None
+    assert (view.seq, view.stream_seq, view.incarnation) == (5, 11, "inc2")
+
+
 def test_heartbeat_facts_and_payload_start_times() -> None:
     registry = Registry(NS)
     drone = FakeDrone(SITE, "site1-0000000001")
     beat = drone.heartbeat(interval_s=20)
     started = drone.payload_started("7.0")
-    _apply(registry, started, 5.0)
-    # the heartbeat came later than the newer event: still the newest heartbeat
-    assert _apply(registry, beat, 6.0) is Applied.STALE
+    _apply(registry, started, 5.0, stream_seq=2)
+    # the heartbeat was delivered after the newer event: still the newest heartbeat
+    assert _apply(registry, beat, 6.0, stream_seq=1) is Applied.STALE
     view = registry.view(SITE, drone.drone)
     assert view is not None
     assert (view.heartbeat_seq, view.heartbeat_time, view.heartbeat_interval_s) == (
@@ -110,12 +129,13 @@ def _story(drone: FakeDrone, actions: list[str]) -> list[ev.Event]:
 def test_reordered_and_duplicated_deliveries_converge(
     stories: list[list[str]], data: st.DataObject
 ) -> None:
-    deliveries: list[tuple[bytes, str, float]] = []
+    deliveries: list[tuple[bytes, str, float, int]] = []
     for number, actions in enumerate(stories):
         drone = FakeDrone(SITE, f"site1-{number:010x}")
         for event in _story(drone, actions):
             # the stream's time of storing grows with the stream order
-            deliveries.append((ev.encode(event), _subject(event), float(len(deliveries))))
+            stream_seq = len(deliveries) + 1
+            deliveries.append((ev.encode(event), _subject(event), float(stream_seq), stream_seq))
     in_order = Registry(NS)
     for delivery in deliveries:
         in_order.apply_message(*delivery)
@@ -133,11 +153,6 @@ def test_reordered_and_duplicated_deliveries_converge(
     assert dict(other.views()) == dict(in_order.views())
     metrics = other.metrics()
     assert metrics.applied + metrics.stale + metrics.duplicate == len(mixed)
-    # the rebuild's replay skips decoding what cannot change anything: same result
-    replayed = Registry(NS)
-    for delivery in mixed:
-        assert replayed.replay_message(*delivery) is not Applied.REJECTED
-    assert dict(replayed.views()) == dict(in_order.views())
 
 
 @settings(max_examples=100, deadline=None)
@@ -233,20 +248,67 @@ def test_bad_records_are_rejected() -> None:
     good = ev.encode(record)
     assert registry.apply_record_message("site1.site1-0000000001", good, 1, 1.0) is Applied.APPLIED
     before = dict(registry.views())
+    # a key that names no drone changes nothing
+    assert registry.apply_record_message("nodot", good, 4, 1.0) is Applied.REJECTED
+    assert registry.apply_record_message("a.b.c", good, 5, 1.0) is Applied.REJECTED
+    assert dict(registry.views()) == before
+    # a value that is no valid record of its key's drone leaves that drone's record tampered
     assert registry.apply_record_message("site1.site1-0000000009", good, 2, 1.0) is Applied.REJECTED
     assert registry.apply_record_message("site1.x", b"junk", 3, 1.0) is Applied.REJECTED
-    assert registry.apply_record_message("nodot", good, 4, 1.0) is Applied.REJECTED
-    assert dict(registry.views()) == before
-    assert registry.metrics().rejected[Rejection.RECORD] == 3
+    assert registry.view(SITE, "site1-0000000001") == before[(SITE, "site1-0000000001")]
+    for drone in ("site1-0000000009", "x"):
+        view = registry.view(SITE, drone)
+        assert view is not None and view.record is not None
+        assert (view.record.phase, view.record.tampered) == (None, "invalid value")
+    assert registry.metrics().rejected[Rejection.RECORD] == 4
 
 
-def test_forget_record() -> None:
+def test_a_removed_record_is_tampered_not_forgotten() -> None:
     registry = Registry(NS)
     registry.apply_record(_record(ev.RecordPhase.UP), 3, 1.0)
-    registry.forget_record("site1.site1-0000000001", 2)  # older than the record: ignored
-    assert registry.view(SITE, "site1-0000000001") is not None
-    registry.forget_record("site1.site1-0000000001", 4)
-    assert registry.view(SITE, "site1-0000000001") is None
+    registry.record_removed("site1.site1-0000000001", 2, 1.0, "DEL")  # older: ignored
+    view = registry.view(SITE, "site1-0000000001")
+    assert view is not None and view.record is not None and view.phase is ev.RecordPhase.UP
+    registry.record_removed("site1.site1-0000000001", 4, 2.0, "PURGE")
+    view = registry.view(SITE, "site1-0000000001")
+    assert view is not None and view.record is not None
+    assert (view.record.phase, view.record.tampered, view.record.revision) == (
+        None,
+        "removed (PURGE)",
+        4,
+    )
+    verdict = removal_verdict(view, True, 2.0, 90.0)
+    assert (verdict.allowed, verdict.reason) == (False, Removal.RECORD_TAMPERED)
+
+
+def test_only_the_managers_proof_makes_a_release() -> None:
+    registry = Registry(NS)
+    registry.proof_key = PROOF_KEY
+    forged = _record(ev.RecordPhase.RELEASED, "manager")
+    registry.apply_record(forged, 1, 1.0)
+    view = registry.view(SITE, forged.drone)
+    verdict = removal_verdict(view, True, 1.0, 90.0)
+    assert (verdict.allowed, verdict.reason) == (False, Removal.UNPROVEN_RELEASE)
+    wrong = msgspec.structs.replace(forged, proof=record_proof(b"x" * 32, forged))
+    registry.apply_record(wrong, 2, 1.0)
+    assert not removal_verdict(registry.view(SITE, forged.drone), True, 1.0, 90.0).allowed
+    proven = msgspec.structs.replace(forged, proof=record_proof(PROOF_KEY, forged))
+    registry.apply_record(proven, 3, 1.0)
+    verdict = removal_verdict(registry.view(SITE, forged.drone), True, 1.0, 90.0)
+    assert (verdict.allowed, verdict.reason) == (True, Removal.RELEASED_BY_MANAGER)
+    # the proof covers every field: changing one breaks it
+    moved = msgspec.structs.replace(proven, drone="site1-0000000002")
+    registry.apply_record(moved, 4, 1.0)
+    assert not removal_verdict(registry.view(SITE, moved.drone), True, 1.0, 90.0).allowed
+
+
+def test_drained_record_while_the_newest_event_lists_payloads() -> None:
+    registry = Registry(NS)
+    drone = FakeDrone(SITE, "site1-0000000001")
+    _apply(registry, drone.payload_started("1.0"), 1.0)
+    registry.apply_record(_record(ev.RecordPhase.DRAINED), 1, 1.0)
+    verdict = removal_verdict(registry.view(SITE, drone.drone), True, 1.0, 90.0)
+    assert (verdict.allowed, verdict.reason) == (False, Removal.DRAINED_BUT_BUSY)
 
 
 # --------------------------------------------------------------------------- lost
@@ -306,10 +368,13 @@ _PHASES: list[ev.RecordPhase | None] = [None, *ev.RecordPhase]
 def _view(phase: ev.RecordPhase | None, writer: str, lost: bool) -> DroneView:
     """A drone last heard from at 1000 s; lost at 2000 s with lost_after 90 s"""
     registry = Registry(NS, lost_after_s=90)
+    registry.proof_key = PROOF_KEY
     drone = FakeDrone(SITE, "site1-0000000001")
     _apply(registry, drone.heartbeat(), 1000.0 if lost else 1950.0)
     if phase is not None:
         record = _record(phase, writer)
+        if writer == "manager":
+            record = msgspec.structs.replace(record, proof=record_proof(PROOF_KEY, record))
         # an agent's record is a sign of life of its own: keep it as old as the events
         registry.apply_record(record, 1, 1000.0 if lost else 1950.0)
     view = registry.view(SITE, drone.drone)
@@ -350,6 +415,7 @@ def test_may_remove_reasons() -> None:
     assert reason(ev.RecordPhase.UP, True, False) is Removal.LOST_AND_NOT_RUNNING
     assert reason(ev.RecordPhase.DRAINED, False, True) is Removal.DRAINED_BY_AGENT
     assert reason(ev.RecordPhase.DEADLINE_EXPIRED, False, True) is Removal.DEADLINE_EXPIRED
+    assert reason(ev.RecordPhase.RELEASED, False, True) is Removal.UNPROVEN_RELEASE
 
 
 def test_never_seen_drone_is_not_lost() -> None:
