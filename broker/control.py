@@ -438,6 +438,10 @@ class Control:
             raise
         record = written.record
         self._note_record(written)
+        if record.phase is RecordPhase.RELEASED and not self.store.proven(record):
+            return await self._drain_tampered(
+                command, intent, "record released without the manager's proof"
+            )
         if record.phase is not RecordPhase.DRAINING or record.drain != intent:
             return _drain_already(record.phase, written)
         answer = await self.command(command)

@@ -267,7 +267,7 @@ async def rebuild(
             gc.enable()
 
 
-def _event_reader(
+def event_reader(
     registry: Registry, hidden: set[str] | None
 ) -> Callable[[str, str, bytes, Mapping[str, str] | None], None]:
     """
@@ -302,7 +302,7 @@ async def _rebuild(
         js,
         stream,
         ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, filter_subject=ns.all_events),
-        _event_reader(registry, hidden),
+        event_reader(registry, hidden),
         api=api,
     )
     events_done = time.perf_counter()
@@ -317,7 +317,7 @@ async def _rebuild(
                 deliver_policy=DeliverPolicy.ALL,
                 filter_subjects=subjects[first : first + _RESOLVE_SUBJECTS],
             ),
-            _event_reader(registry, None),
+            event_reader(registry, None),
             api=api,
         )
     resolve_done = time.perf_counter()

@@ -48,8 +48,13 @@ class RateLimitedLog:
         message: str,
         *args: object,
         extra: Mapping[str, Any] | None = None,
+        stacklevel: int = 2,
     ) -> bool:
-        """Log ``message % args`` unless ``kind`` was logged recently; ``True`` if it was logged"""
+        """
+        Log ``message % args`` unless ``kind`` was logged recently; ``True`` if it was logged
+
+        :param stacklevel: as for :meth:`logging.Logger.log`; the default names the caller
+        """
         now = self._clock()
         last = self._kinds.get(kind)
         if last is not None and now - last[0] < self.interval_s:
@@ -63,10 +68,10 @@ class RateLimitedLog:
         if held:
             message += " (and %d more like it in the last %.0fs)"
             args = (*args, held, now - last[0])  # type: ignore[index]
-        self.logger.log(level, message, *args, extra=extra)
+        self.logger.log(level, message, *args, extra=extra, stacklevel=stacklevel)
         return True
 
     def warning(
         self, kind: str, message: str, *args: object, extra: Mapping[str, Any] | None = None
     ) -> bool:
-        return self.log(logging.WARNING, kind, message, *args, extra=extra)
+        return self.log(logging.WARNING, kind, message, *args, extra=extra, stacklevel=3)

@@ -5,9 +5,21 @@ from __future__ import annotations
 import contextlib
 import os
 import socket
+from collections.abc import AsyncIterator
 from pathlib import Path
 
+import nats
+
+from broker.auth import (
+    create_authority,
+    drone_credentials,
+    load_authority,
+    manager_credentials,
+    save_authority,
+)
+from broker.provision import provision
 from broker.server import EmbeddedServer
+from remote_agent.events import Namespace
 
 
 def pid_exists(pid: int) -> bool:
@@ -49,3 +61,37 @@ def hub_and_leaf(
         env={"NATS_NODE": "site1-leaf", "NATS_HUB": f"nats-leaf://127.0.0.1:{leaf_port}"},
     )
     return hub, leaf
+
+
+@contextlib.asynccontextmanager
+async def secured_server(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedServer, Path]]:
+    """
+    A nats-server in operator mode with JetStream, provisioned by the manager
+
+    Yields the server and the authority file; ``tmp_path / "manager.creds"``
+    holds the manager's credentials, :func:`drone_creds` mints a drone's.
+    """
+    authority_file = tmp_path / "authority.json"
+    save_authority(create_authority(), authority_file)
+    authority = load_authority(authority_file)
+    config = tmp_path / "server.conf"
+    config.write_text(
+        f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\n' + authority.server_config()
+    )
+    server = EmbeddedServer(tmp_path / "nats", config_file=config)
+    async with server:
+        manager = tmp_path / "manager.creds"
+        manager.write_text(manager_credentials(authority))
+        nc = await nats.connect(server.url, user_credentials=str(manager))
+        try:
+            await provision(nc.jetstream())
+        finally:
+            await nc.close()
+        yield server, authority_file
+
+
+def drone_creds(tmp_path: Path, authority_file: Path, site: str, drone: str) -> Path:
+    """A ``.creds`` file with one drone's permissions, next to the authority"""
+    path = tmp_path / f"{drone}.creds"
+    path.write_text(drone_credentials(load_authority(authority_file), Namespace(), site, drone))
+    return path

@@ -11,8 +11,8 @@ import pytest
 from nats.js import JetStreamContext
 
 from broker.provision import provision
-from remote_agent.events import DrainIntent, Namespace, RecordPhase, encode, utcnow
 from remote_agent import events as ev
+from remote_agent.events import DrainIntent, Namespace, RecordPhase, encode, utcnow
 from remote_agent.handshake import (
     HandshakeError,
     RecordStore,
