@@ -306,7 +306,7 @@ def _default(field: mi.Field) -> str:
 def _rows(name: str, struct: type[msgspec.Struct], skip: frozenset[str] = frozenset()) -> list[str]:
     fields = [f for f in mi.type_info(struct).fields if f.encode_name not in skip]  # type: ignore[attr-defined]
     if not fields:
-        return [f"| {name} | – | | |"]
+        return [f"| {name} | (none) | | |"]
     return [f"| {name} | `{f.encode_name}` | {describe(f.type)} | {_default(f)} |" for f in fields]
 
 
