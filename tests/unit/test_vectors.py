@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import re
-from typing import Any
+from typing import Any, TypeVar
 
 import msgpack
 import msgspec
@@ -14,7 +14,7 @@ import vectors
 
 from remote_agent import events as ev
 
-_VECTOR = re.compile(r"#### `(\w+)`\n\n```hex\n([0-9a-f\n]+)```\n\n```json\n(.*?)\n```", re.S)
+_VECTOR = re.compile(r"#### `(\w+)`[^\n]*\n\n```hex\n([0-9a-f\n]+)```\n\n```json\n(.*?)\n```", re.S)
 _REJECTED = re.compile(r"^\| `([0-9a-f]+)` \| (.+) \|$", re.M)
 
 
@@ -37,15 +37,83 @@ def _as_json(value: Any) -> Any:
     return value
 
 
-def test_document_is_current() -> None:
+def _section(begin: str, end: str) -> str:
     text = vectors.DOC.read_text()
-    start, end = text.index(vectors.BEGIN), text.index(vectors.END) + len(vectors.END)
-    assert text[start:end] == vectors.render(), "run: python tests/vectors.py"
+    return text[text.index(begin) : text.index(end) + len(end)]
+
+
+def test_document_is_current() -> None:
+    assert _section(vectors.BEGIN, vectors.END) == vectors.render(), "run: python tests/vectors.py"
+
+
+def test_key_table_is_current() -> None:
+    section = _section(vectors.FIELDS_BEGIN, vectors.FIELDS_END)
+    assert section == vectors.render_fields(), "run: python tests/vectors.py"
 
 
 def test_every_message_type_has_a_vector() -> None:
-    kinds = [kind for kind, _, _ in _documented()]
-    assert sorted(kinds) == sorted(ev.kind_of(t) for t in ev.MESSAGE_TYPES)
+    kinds = {kind for kind, _, _ in _documented()}
+    assert kinds == {ev.kind_of(t) for t in ev.MESSAGE_TYPES}
+    assert len(_documented()) == len(vectors.EXAMPLES)
+
+
+def test_every_key_is_in_the_key_table() -> None:
+    table = vectors.render_fields()
+    for message_type in ev.MESSAGE_TYPES:
+        kind = ev.kind_of(message_type)
+        for field in msgspec.structs.fields(message_type):
+            own = f"| `{kind}` | `{field.encode_name}` |"
+            common = f"| every event | `{field.encode_name}` |"
+            assert own in table or common in table, (kind, field.encode_name)
+
+
+def _events_of(drone: str) -> list[ev.Event]:
+    return [m for m in vectors.EXAMPLES if isinstance(m, ev.Event) and m.drone == drone]
+
+
+@pytest.mark.parametrize("drone", [vectors.DRONE, vectors.RELEASED_DRONE])
+def test_event_vectors_are_one_life_each(drone: str) -> None:
+    """Realistic vectors: each drone's events in order, one incarnation, growing seq and time"""
+    events = _events_of(drone)
+    assert len({e.incarnation for e in events}) == 1
+    assert [e.seq for e in events] == sorted({e.seq for e in events})
+    assert [e.at for e in events] == sorted(e.at for e in events)
+    for event in events:
+        assert event.id == ev.dedupe_id(event.drone, event.incarnation, event.seq)
+        assert event.seq > 2**32  # an agent starts at its clock in microseconds
+        assert event.snapshot.since <= event.at
+        assert event.snapshot.started_at <= event.snapshot.since
+
+
+def test_event_vectors_carry_the_snapshot_of_their_event() -> None:
+    snapshots = {
+        ev.kind_of(type(e)): e.snapshot for e in vectors.EXAMPLES if isinstance(e, ev.Event)
+    }
+    assert len({msgspec.msgpack.encode(s) for s in snapshots.values()}) >= 8
+    S = ev.DroneState
+    assert snapshots["agent_started"].state is S.STARTING
+    assert snapshots["agent_started"].worker_pid is None
+    assert snapshots["gate_opened"].gate_open and snapshots["gate_opened"].state is S.IDLE
+    started = example_of(ev.PayloadStarted)
+    assert started.job_id in {p.job_id for p in started.snapshot.payloads}
+    finished = example_of(ev.PayloadFinished)
+    assert finished.job_id not in {p.job_id for p in finished.snapshot.payloads}
+    for kind in ("drain_requested", "drain_accepted", "gate_closed", "draining"):
+        assert snapshots[kind].state is S.DRAINING and not snapshots[kind].gate_open
+        assert snapshots[kind].drain == example_of(ev.DrainRequested).intent
+    assert example_of(ev.DrainAccepted).payloads == len(snapshots["drain_accepted"].payloads)
+    assert snapshots["drained"].state is S.DRAINED and not snapshots["drained"].payloads
+    assert snapshots["worker_exited"].worker_pid is None
+    assert snapshots["agent_exiting"].state is S.EXITING
+    assert snapshots["released"].state is S.RELEASED and not snapshots["released"].gate_open
+    assert snapshots["heartbeat"].state is S.BUSY and len(snapshots["heartbeat"].payloads) == 2
+
+
+E = TypeVar("E", bound=ev.Event)
+
+
+def example_of(event_type: type[E]) -> E:
+    return vectors.example(event_type)
 
 
 @pytest.mark.parametrize(("kind", "data", "value"), _documented(), ids=lambda x: str(x)[:20])
