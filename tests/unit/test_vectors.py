@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import base64
 import datetime as dt
 import json
 import re
@@ -27,7 +28,9 @@ def _documented() -> list[tuple[str, bytes, Any]]:
 
 
 def _as_json(value: Any) -> Any:
-    """What a JSON reader sees of a reference-decoded value: timestamps in RFC 3339"""
+    """What a JSON reader sees of a reference-decoded value: RFC 3339 times, base64 bin"""
+    if isinstance(value, bytes):
+        return base64.b64encode(value).decode()
     if isinstance(value, dt.datetime):
         return msgspec.json.decode(msgspec.json.encode(value))
     if isinstance(value, dict):
