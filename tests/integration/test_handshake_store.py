@@ -6,6 +6,7 @@ import asyncio
 import datetime as dt
 import random
 
+import nats.js.errors
 import pytest
 from nats.js import JetStreamContext
 
@@ -137,15 +138,22 @@ async def test_missing_bucket_is_a_clear_error(js: JetStreamContext) -> None:
 
 @pytest.mark.parametrize("remove", ["delete", "purge"])
 async def test_a_deleted_or_purged_record_can_be_created_again(
-    store: RecordStore, remove: str
+    store: RecordStore, js: JetStreamContext, remove: str
 ) -> None:
-    """An operator's KV delete or purge leaves a marker; create-if-absent writes over it"""
+    """
+    A KV delete or purge marker leaves the key empty; create-if-absent writes over it
+
+    The bucket allows no rollups, so a purge marker cannot erase the key's
+    history (nats-py's ``purge`` is refused); the bare marker is what remains.
+    """
     first = await store.claim(SITE, "d1", "inc1")
     key = store.key(SITE, "d1")
     if remove == "delete":
         await store.kv.delete(key)
     else:
-        await store.kv.purge(key)
+        with pytest.raises(nats.js.errors.APIError, match="rollup not permitted"):
+            await store.kv.purge(key)
+        await js.publish(f"$KV.{NS.record_bucket}.{key}", b"", headers={"KV-Operation": "PURGE"})
     assert await store.read(SITE, "d1") is None
     again = await store.release(SITE, "d1", note="after the operator removed it")
     assert again.record.phase is RecordPhase.RELEASED
