@@ -37,13 +37,20 @@ import re
 import sys
 import time
 from collections.abc import Collection, Mapping
-from dataclasses import dataclass, field, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Final
 
 import nkeys
 
-from remote_agent.events import Namespace, SchemaError, check_token
+from remote_agent.events import (
+    DEFAULT_MAX_SIZE,
+    EVENT_TYPES,
+    Namespace,
+    SchemaError,
+    check_token,
+    kind_of,
+)
 
 from .errors import BrokerError
 
@@ -67,6 +74,73 @@ _UNLIMITED: Final = {
 _SYSTEM_LIMITS: Final = {
     key: value for key, value in _UNLIMITED.items() if key not in ("mem_storage", "disk_storage")
 }
+#: the connection type of a client connection (nats-io/jwt ``ConnectionTypeStandard``)
+_STANDARD: Final = "STANDARD"
+
+
+@dataclass(frozen=True, slots=True)
+class AccountLimits:
+    """
+    What nats-server enforces for the whole cobald-remote account
+
+    Defaults and why: ``docs/deployment.md#limits``. ``-1`` is "no limit".
+
+    :param disk_bytes: JetStream file storage of every stream together, counted
+        once per replica: the event stream's cap times its replicas, and the bucket
+    :param memory_bytes: JetStream memory storage (nothing of cobald-remote keeps
+        a stream in memory)
+    :param streams: streams in the account (the event stream and the bucket)
+    :param consumers: consumers *per stream*: the manager's durable and the
+        ephemeral ones of its rebuild and record watch, of ``status`` and ``timeline``
+    :param connections: client connections in the account (one per drone, the
+        manager, the operator's commands)
+    :param leaf_nodes: leaf node connections into the account (one per site)
+    """
+
+    disk_bytes: int = 16 * 1024**3
+    memory_bytes: int = 0
+    streams: int = 8
+    consumers: int = 100
+    connections: int = 50_000
+    leaf_nodes: int = 256
+
+    def claims(self) -> dict[str, Any]:
+        """The ``limits`` of the account JWT"""
+        return {
+            **_UNLIMITED,
+            "conn": self.connections,
+            "leaf": self.leaf_nodes,
+            "disk_storage": self.disk_bytes,
+            "mem_storage": self.memory_bytes,
+            "streams": self.streams,
+            "consumer": self.consumers,
+        }
+
+
+@dataclass(frozen=True, slots=True)
+class DroneLimits:
+    """
+    What nats-server enforces for one drone's connection (``docs/deployment.md#limits``)
+
+    :param subscriptions: subscriptions at once; the agent holds three (its
+        command subject, its record hint, the inbox of its requests)
+    :param payload_bytes: largest message, headers included; a larger one
+        closes the connection. The streams' size limit plus room for headers.
+    """
+
+    subscriptions: int = 16
+    payload_bytes: int = DEFAULT_MAX_SIZE + 4096
+
+    def claims(self) -> dict[str, Any]:
+        """The limits of the user JWT (``data`` is not enforced by nats-server)"""
+        return {
+            "subs": self.subscriptions,
+            "data": -1,
+            "payload": self.payload_bytes,
+            "allowed_connection_types": [_STANDARD],
+        }
+
+
 _CREDS: Final = """-----BEGIN NATS USER JWT-----
 {jwt}
 ------END NATS USER JWT------
@@ -146,6 +220,8 @@ class Authority:
     issued_at: int = 0
     #: revoked user public keys -> epoch s: their credentials issued until then are refused
     revocations: Mapping[str, int] = field(default_factory=dict)
+    #: what the servers enforce for the whole account (in its JWT)
+    limits: AccountLimits = field(default_factory=AccountLimits)
 
     @property
     def account_public(self) -> str:
@@ -165,7 +241,7 @@ class Authority:
             "version": 2,
             "default_permissions": {"pub": {}, "sub": {}},
             "signing_keys": [_public(_key(self.account_signing))],
-            "limits": _UNLIMITED,
+            "limits": self.limits.claims(),
         }
         if self.revocations:
             account_claims["revocations"] = dict(sorted(self.revocations.items()))
@@ -208,7 +284,13 @@ class Authority:
             f"resolver_preload: {{\n{preload}\n}}\n"
         )
 
-    def _user(self, name: str, permissions: Mapping[str, Any], valid_for_s: float | None) -> str:
+    def _user(
+        self,
+        name: str,
+        permissions: Mapping[str, Any],
+        valid_for_s: float | None,
+        limits: Mapping[str, Any] | None = None,
+    ) -> str:
         user = _new_key(nkeys.PREFIX_BYTE_USER)
         now = int(time.time())
         claims: dict[str, Any] = {
@@ -221,6 +303,7 @@ class Authority:
                 "subs": -1,
                 "data": -1,
                 "payload": -1,
+                **(limits or {}),
                 "issuer_account": self.account_public,
                 **permissions,
             },
@@ -231,9 +314,10 @@ class Authority:
         return _CREDS.format(jwt=jwt, seed=_seed(user))
 
 
-def create_authority(name: str = "cobald-remote") -> Authority:
+def create_authority(name: str = "cobald-remote", limits: AccountLimits | None = None) -> Authority:
     """New keys for an operator, the cobald-remote account (and its signing key), SYS"""
     return Authority(
+        limits=limits or AccountLimits(),
         operator=_seed(_new_key(nkeys.PREFIX_BYTE_OPERATOR)),
         account=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
         account_signing=_seed(_new_key(nkeys.PREFIX_BYTE_ACCOUNT)),
@@ -253,6 +337,7 @@ def _authority_json(authority: Authority) -> str:
             "system": authority.system,
             "issued_at": authority.issued_at,
             "revocations": dict(authority.revocations),
+            "limits": asdict(authority.limits),
         },
         indent=2,
     )
@@ -288,6 +373,8 @@ def load_authority(path: Path) -> Authority:
     """:raises AuthError: if ``path`` is missing or not an authority file"""
     try:
         values = json.loads(path.read_text())
+        if "limits" in values:
+            values["limits"] = AccountLimits(**values["limits"])
         authority = Authority(**values)
         for seed in (authority.operator, authority.account, authority.account_signing):
             _key(seed)
@@ -304,10 +391,13 @@ def drone_permissions(
     """
     What one drone's agent may publish and subscribe (``docs/agent.md``)
 
-    Its own events; its own handshake record (direct-get reads, compare-and-set
-    writes, and the core subscription it uses as a hint); its command subject
-    (answering each request once); its own inboxes. With a JetStream
-    ``domain`` (behind a leaf node) the record subjects carry the domain prefix.
+    Its own events, one subject per event kind (not a wildcard: a drone
+    cannot make up subjects, each of which the event stream would keep up to
+    its per-subject cap); its own handshake record (direct-get reads,
+    compare-and-set writes, and the core subscription it uses as a hint); its
+    command subject (answering each request once); its own inboxes. With a
+    JetStream ``domain`` (behind a leaf node) the record subjects carry the
+    domain prefix.
     """
     check_token(site, "site")
     check_token(drone, "drone uuid")
@@ -319,7 +409,7 @@ def drone_permissions(
     return {
         "pub": {
             "allow": [
-                f"{root}.evt.>",
+                *(namespace.event(site, drone, kind_of(kind)) for kind in EVENT_TYPES),
                 write,
                 f"{api}.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}",
             ]
@@ -337,10 +427,12 @@ def drone_credentials(
     *,
     domain: str | None = None,
     valid_for_s: float | None = DEFAULT_DRONE_VALIDITY_S,
+    limits: DroneLimits | None = None,
 ) -> str:
     """A ``.creds`` file (text) for one drone, valid for ``valid_for_s`` seconds"""
     permissions = drone_permissions(namespace, site, drone, domain)
-    return authority._user(f"drone-{drone}", permissions, valid_for_s)
+    limits = limits or DroneLimits()
+    return authority._user(f"drone-{drone}", permissions, valid_for_s, limits.claims())
 
 
 def manager_credentials(authority: Authority, name: str = "manager") -> str:
@@ -467,8 +559,32 @@ def _write_secret(text: str, out: str | None) -> None:
         stream.write(text)
 
 
+_UNITS: Final = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
+
+
+def _size(text: str) -> int:
+    """A byte count such as ``16G``, ``512MiB`` or ``-1`` (no limit)"""
+    if text.strip() == "-1":
+        return -1
+    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", text, flags=re.I)
+    if match is None:
+        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 16G, 512M, -1)")
+    return int(match[1]) * _UNITS[match[2].upper()]
+
+
+def _account_limits(args: argparse.Namespace) -> AccountLimits:
+    return AccountLimits(
+        disk_bytes=args.max_disk,
+        memory_bytes=args.max_memory,
+        streams=args.max_streams,
+        consumers=args.max_consumers,
+        connections=args.max_connections,
+        leaf_nodes=args.max_leaf_nodes,
+    )
+
+
 def _auth_init(args: argparse.Namespace) -> int:
-    authority = create_authority(args.name)
+    authority = create_authority(args.name, _account_limits(args))
     save_authority(authority, Path(args.authority))
     _write_secret(authority.server_config(), args.server_config)
     where = "printed above" if args.server_config in (None, "-") else f"in {args.server_config}"
@@ -492,6 +608,7 @@ def _auth_drone(args: argparse.Namespace) -> int:
             args.drone,
             domain=args.domain,
             valid_for_s=args.valid_for if args.valid_for > 0 else None,
+            limits=DroneLimits(args.max_subscriptions, args.max_payload),
         )
     except SchemaError as err:
         raise AuthError(str(err)) from None
@@ -559,6 +676,23 @@ def add_auth_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser
     init.add_argument("--authority", required=True, help="file for the seeds (made 0600, once)")
     init.add_argument("--server-config", help="write the server configuration here (0600)")
     init.add_argument("--name", default="cobald-remote", help="operator and account name")
+    account = AccountLimits()
+    for flag, dest, kind, default, what in (
+        ("--max-disk", "max_disk", _size, account.disk_bytes, "JetStream file storage"),
+        ("--max-memory", "max_memory", _size, account.memory_bytes, "JetStream memory"),
+        ("--max-streams", "max_streams", int, account.streams, "streams"),
+        ("--max-consumers", "max_consumers", int, account.consumers, "consumers per stream"),
+        ("--max-connections", "max_connections", int, account.connections, "connections"),
+        ("--max-leaf-nodes", "max_leaf_nodes", int, account.leaf_nodes, "leaf node connections"),
+    ):
+        init.add_argument(
+            flag,
+            dest=dest,
+            type=kind,
+            default=default,
+            metavar="N",
+            help=f"the account's {what} (default {default}; -1: no limit)",
+        )
     init.set_defaults(run=_auth_init)
     drone = commands.add_parser("drone", help="a .creds file for one drone, on stdout")
     drone.add_argument("drone", help="the drone's uuid")
@@ -572,6 +706,21 @@ def add_auth_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser
         default=DEFAULT_DRONE_VALIDITY_S,
         metavar="S",
         help=f"seconds until it expires (default {DEFAULT_DRONE_VALIDITY_S}; 0: never)",
+    )
+    limits = DroneLimits()
+    drone.add_argument(
+        "--max-subscriptions",
+        type=int,
+        default=limits.subscriptions,
+        metavar="N",
+        help=f"subscriptions at once (default {limits.subscriptions}; -1: no limit)",
+    )
+    drone.add_argument(
+        "--max-payload",
+        type=_size,
+        default=limits.payload_bytes,
+        metavar="BYTES",
+        help=f"largest message with its headers (default {limits.payload_bytes})",
     )
     drone.add_argument("--out", help="write here (0600) instead of stdout")
     drone.set_defaults(run=_auth_drone)

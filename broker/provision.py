@@ -13,7 +13,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Final, Literal
 
 import nats.errors
 import nats.js.errors
@@ -31,6 +31,12 @@ Action = Literal["created", "updated", "unchanged"]
 #: server error codes worth translating (nats-server ``server/errors.json``)
 _SUBJECT_OVERLAP = 10065
 _JETSTREAM_DISABLED = (10039, 10076)
+_STORAGE_EXCEEDED = 10047
+
+#: the event stream's size cap: room for the history of thousands of drones
+DEFAULT_EVENT_MAX_BYTES: Final = 4 * 1024**3
+#: messages kept per event subject (one per event kind and drone)
+DEFAULT_EVENT_MAX_MSGS_PER_SUBJECT: Final = 512
 
 
 @dataclass(frozen=True, slots=True)
@@ -40,7 +46,12 @@ class Topology:
 
     :param replicas: copies of every stream; 3 on a NATS cluster, 1 on one server
     :param event_max_age_s: how long events stay in the stream (timeline and replay)
-    :param event_max_bytes: size cap of the event stream, ``-1`` for none
+    :param event_max_bytes: size cap of the event stream, ``-1`` for none; past it
+        the oldest messages go (``docs/deployment.md#limits``)
+    :param event_max_msgs_per_subject: messages kept per subject, ``-1`` for no cap;
+        a drone has one subject per event kind, so this bounds how much of the
+        stream, and of the manager's backlog, one drone can hold: a flooding
+        drone evicts only its own older events
     :param duplicate_window_s: how long JetStream remembers ``Nats-Msg-Id`` values;
         later resends are dropped by the registry's per-drone sequence instead
     :param max_message_bytes: largest message the streams accept
@@ -49,7 +60,8 @@ class Topology:
     namespace: Namespace = field(default_factory=Namespace)
     replicas: int = 1
     event_max_age_s: float = 7 * 24 * 3600.0
-    event_max_bytes: int = -1
+    event_max_bytes: int = DEFAULT_EVENT_MAX_BYTES
+    event_max_msgs_per_subject: int = DEFAULT_EVENT_MAX_MSGS_PER_SUBJECT
     duplicate_window_s: float = 300.0
     max_message_bytes: int = DEFAULT_MAX_SIZE
 
@@ -64,17 +76,24 @@ class Topology:
             discard=DiscardPolicy.OLD,
             max_age=self.event_max_age_s,
             max_bytes=self.event_max_bytes,
+            max_msgs_per_subject=self.event_max_msgs_per_subject,
             max_msg_size=self.max_message_bytes,
             storage=StorageType.FILE,
             num_replicas=self.replicas,
             duplicate_window=self.duplicate_window_s,
+            allow_rollup_hdrs=False,  # a "Nats-Rollup" header is refused, not obeyed
         )
 
     def record_bucket(self) -> StreamConfig:
         """
         The handshake KV bucket, as the stream nats-py's ``create_key_value`` makes
 
-        One record per drone (history 1), compare-and-set writes only.
+        One record per drone (history 1), compare-and-set writes only. No
+        rollups and no purges: a drone may put any header on a write to its
+        own key, and with rollups allowed ``Nats-Rollup: all`` there would
+        erase every other drone's record (nats-server refuses the header with
+        "rollup not permitted", nats-server ``server/stream.go:7094``). The server keeps
+        both settings once set: it refuses to lift ``deny_purge`` again.
         """
         bucket = self.namespace.record_bucket
         return StreamConfig(
@@ -88,9 +107,10 @@ class Topology:
             storage=StorageType.FILE,
             num_replicas=self.replicas,
             duplicate_window=120.0,
-            allow_rollup_hdrs=True,
+            allow_rollup_hdrs=False,
             allow_direct=True,
             deny_delete=True,
+            deny_purge=True,
         )
 
     def manager_bucket(self) -> StreamConfig:
@@ -111,8 +131,10 @@ class Topology:
             storage=StorageType.FILE,
             num_replicas=self.replicas,
             duplicate_window=120.0,
+            allow_rollup_hdrs=False,
             allow_direct=True,
             deny_delete=True,
+            deny_purge=True,
         )
 
     def streams(self) -> list[StreamConfig]:
@@ -134,6 +156,7 @@ _COMPARED = (
     "allow_rollup_hdrs",
     "allow_direct",
     "deny_delete",
+    "deny_purge",
 )
 
 
@@ -161,6 +184,12 @@ def _explain(name: str, err: nats.js.errors.APIError) -> str:
         )
     if err.err_code in _JETSTREAM_DISABLED:
         return "the server has no JetStream enabled for this account"
+    if err.err_code == _STORAGE_EXCEEDED:
+        return (
+            f"{err.description}: the stream's max_bytes (times its replicas) does not fit "
+            "the account's disk limit (cobald-remote auth init --max-disk) or the "
+            "servers' max_file_store; lower the cap or raise the limit"
+        )
     return f"{err.description} (code {err.code}, err_code {err.err_code})"
 
 

@@ -146,7 +146,7 @@ def test_drone_credentials_carry_its_permissions_and_expire() -> None:
     nats_claims = claims["nats"]
     assert nats_claims["issuer_account"] == authority.account_public
     assert set(nats_claims["pub"]["allow"]) == {
-        f"cobald.{SITE}.{DRONE}.evt.>",
+        *(f"cobald.{SITE}.{DRONE}.evt.{ev.kind_of(kind)}" for kind in ev.EVENT_TYPES),
         f"$JS.hub.API.$KV.cobald-drones.{SITE}.{DRONE}",
         f"$JS.hub.API.DIRECT.GET.KV_cobald-drones.$KV.cobald-drones.{SITE}.{DRONE}",
     }

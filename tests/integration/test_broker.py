@@ -74,6 +74,7 @@ async def test_stream_data_survives_stop_and_start(tmp_path: Path) -> None:
         assert await provision(js) == {
             NS.event_stream: "unchanged",
             f"KV_{NS.record_bucket}": "unchanged",
+            f"KV_{NS.manager_bucket}": "unchanged",
         }
         await nc.close()
     finally:
@@ -131,7 +132,11 @@ async def test_provisioning_twice_changes_nothing(js: JetStreamContext) -> None:
 async def test_provisioning_updates_what_changed(js: JetStreamContext) -> None:
     await provision(js)
     changed = await provision(js, Topology(event_max_age_s=3600, duplicate_window_s=60))
-    assert changed == {NS.event_stream: "updated", f"KV_{NS.record_bucket}": "unchanged"}
+    assert changed == {
+        NS.event_stream: "updated",
+        f"KV_{NS.record_bucket}": "unchanged",
+        f"KV_{NS.manager_bucket}": "unchanged",
+    }
     info = await js.stream_info(NS.event_stream)
     assert info.config.max_age == 3600
     assert info.config.duplicate_window == 60

@@ -7,6 +7,7 @@ import datetime as dt
 import random
 
 import msgspec
+import nats.js.errors
 import pytest
 from nats.js import JetStreamContext
 
@@ -193,3 +194,11 @@ async def test_writes_name_the_domain_when_given(js: JetStreamContext) -> None:
     assert plain._write_prefix == f"$KV.{NS.record_bucket}."
     hub = await RecordStore.open(js, NS, domain="hub")
     assert hub._write_prefix == f"$JS.hub.API.$KV.{NS.record_bucket}."
+
+
+async def test_a_purge_that_would_erase_the_history_is_refused(store: RecordStore) -> None:
+    """The bucket allows no rollups: nats-py's purge (a rollup) cannot erase a record"""
+    claimed = await store.claim(SITE, "d4", "inc1")
+    with pytest.raises(nats.js.errors.APIError, match="rollup not permitted"):
+        await store.kv.purge(store.key(SITE, "d4"))
+    assert await store.read(SITE, "d4") == claimed
