@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
+import nats.errors
 import pytest
 from fake_drones import FakeDrone, eventually
 from helpers import drone_creds, secured_server
@@ -27,6 +28,7 @@ from broker.service import ManagerService, ManagerSettings, rebuild
 from broker.timeline import read_timeline
 from remote_agent import events as ev
 from remote_agent.connect import connect
+from remote_agent.handshake import PROOF_KEY
 
 pytestmark = pytest.mark.timeout(120)
 NS = ev.Namespace()
@@ -255,3 +257,32 @@ async def test_live_rebuilt_and_timeline_agree_on_a_hostile_stream(
             "payload_started 2.0",
         ]
         assert rows[-1].stream_seq == live.stream_seq and rows[-1].drone_state == str(live.state)
+
+
+async def test_a_drone_cannot_read_the_managers_proof_key(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    server, authority = secured
+    async with manager(server.url, tmp_path / "manager.creds"):
+        pass  # the manager made its key
+    errors: list[str] = []
+
+    async def note(err: Exception) -> None:
+        errors.append(str(err))
+
+    creds = drone_creds(tmp_path, authority, SITE, DRONE)
+    nc = await connect(
+        server.url, user_credentials=str(creds), inbox_prefix=f"_INBOX_{DRONE}", error_cb=note
+    )
+    try:
+        bucket = NS.manager_bucket
+        with pytest.raises(nats.errors.Error):
+            await nc.request(
+                f"$JS.API.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{PROOF_KEY}", b"", timeout=2
+            )
+        await nc.subscribe(f"$KV.{bucket}.>")
+        await nc.flush()
+        await eventually(lambda: len(errors) >= 2, what="two permission violations")
+    finally:
+        await nc.close()
+    assert all("permissions violation" in error.lower() for error in errors), errors
