@@ -83,8 +83,10 @@ class TimedRegistry(Registry):
         self.sent = sent
         self.latencies: list[float] = []
 
-    def apply_message(self, data: bytes, subject: str, received_time: float) -> Applied:
-        result = super().apply_message(data, subject, received_time)
+    def apply_message(
+        self, data: bytes, subject: str, received_time: float, stream_seq: int | None = None
+    ) -> Applied:
+        result = super().apply_message(data, subject, received_time, stream_seq)
         if result is Applied.APPLIED:
             now = time.perf_counter()
             parts = subject.split(".")

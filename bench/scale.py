@@ -250,31 +250,18 @@ async def fleet_size(n_drones: int) -> dict[str, object]:
         del registry
         gc.collect()
         ns = bus.namespace
-        beats = f"{ns.prefix}.*.*.evt.heartbeat"
         print("  baselines: ordered consumer, read_all no-op ...", flush=True)
         raw_s = await ordered_read(
-            bus, beats, DeliverPolicy.LAST_PER_SUBJECT, None, report.heartbeats
+            bus, ns.all_events, DeliverPolicy.LAST_PER_SUBJECT, None, report.events
         )
-        if report.replayed:
-            raw_s += await ordered_read(
-                bus,
-                ns.all_events,
-                DeliverPolicy.BY_START_SEQUENCE,
-                report.start_seq,
-                report.replayed,
-            )
         kv_stream, kv_subjects = f"KV_{ns.record_bucket}", f"$KV.{ns.record_bucket}.>"
         raw_s += await ordered_read(
             bus, kv_subjects, DeliverPolicy.LAST_PER_SUBJECT, None, report.records
         )
-        noop_s = await noop_read(bus, beats, DeliverPolicy.LAST_PER_SUBJECT, 0)
+        noop_s = await noop_read(bus, ns.all_events, DeliverPolicy.LAST_PER_SUBJECT, 0)
         noop_s += await noop_read(
             bus, kv_subjects, DeliverPolicy.LAST_PER_SUBJECT, 0, stream=kv_stream
         )
-        if report.replayed:
-            noop_s += await noop_read(
-                bus, ns.all_events, DeliverPolicy.BY_START_SEQUENCE, report.start_seq
-            )
     print("  memory (tracemalloc) ...", flush=True)
     mem = memory(messages, n_drones)
     busy = memory(busy_heartbeats(n_drones), n_drones)
@@ -284,11 +271,11 @@ async def fleet_size(n_drones: int) -> dict[str, object]:
         "publish_s": published,
         "rebuild": {
             "seconds": report.seconds,
-            "heartbeat_s": report.heartbeat_s,
-            "replay_s": report.replay_s,
+            "events_s": report.events_s,
+            "resolve_s": report.resolve_s,
             "records_s": report.records_s,
-            "heartbeats": report.heartbeats,
-            "replayed": report.replayed,
+            "events": report.events,
+            "resolved": report.resolved,
             "records": report.records,
         },
         "ordered_consumer_read_s": raw_s,
@@ -432,17 +419,17 @@ def render(report: Mapping[str, object]) -> str:
     for s in sizes:
         rb = s["rebuild"]
         rows.append(
-            [f"{s['drones']:,} drones", s["messages"], rb["heartbeats"], rb["replayed"],
+            [f"{s['drones']:,} drones", s["messages"], rb["events"], rb["resolved"],
              rb["records"],
              rb["seconds"], s["ordered_consumer_read_s"], s["read_all_noop_s"],
              f"{rb['seconds'] / s['ordered_consumer_read_s']:.2f}x",
-             f"{rb['heartbeat_s']:.2f}/{rb['replay_s']:.2f}/{rb['records_s']:.2f}"]
+             f"{rb['events_s']:.2f}/{rb['resolve_s']:.2f}/{rb['records_s']:.2f}"]
         )  # fmt: skip
     lines.append("")
     lines.append(
         _common.table(
-            ["rebuild (s)", "stored", "heartbeats", "replayed", "records", "rebuild", "ordered raw",
-             "read_all no-op", "ratio", "beats/replay/records"],
+            ["rebuild (s)", "stored", "last per subject", "resolved", "records", "rebuild",
+             "ordered raw", "read_all no-op", "ratio", "events/resolve/records"],
             rows,
         )
     )  # fmt: skip
