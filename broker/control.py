@@ -58,10 +58,13 @@ from remote_agent.handshake import (
     Versioned,
     load_proof_key,
 )
+from remote_agent.ratelog import RateLimitedLog
 
 from .registry import DroneView, Registry
 
 log = logging.getLogger(__name__)
+#: a drone with a tampered record is asked again on every removal attempt
+_tampered = RateLimitedLog(log)
 
 #: default drain deadline when none is given: a day, so that ordinary
 #: payloads end by themselves; the agent's policy decides what happens after it
@@ -467,7 +470,8 @@ class Control:
         (which closed its gate when it saw its record go, and drains itself).
         """
         answer = await self.command(command)
-        log.warning(
+        _tampered.warning(
+            "tampered",
             "drain of %s/%s: %s; asked its agent directly (%s)",
             command.site,
             command.drone,

@@ -697,7 +697,9 @@ class RemoteSiteAdapter(SiteAdapter):
             )
             self.counts[f"release_{result.outcome}"] += 1
             return control.may_remove(site, drone, lbs)
-        if reason is Removal.AGENT_UP:
+        if reason in (Removal.AGENT_UP, Removal.RECORD_TAMPERED, Removal.UNPROVEN_RELEASE):
+            # a tampered or unproven record cannot be drained through the record: the
+            # drain command alone tells the agent, which drains itself on seeing it anyway
             drained = await control.drain(site, drone, self._bus.drain_deadline(), why)
             self.counts[f"drain_{drained.outcome}"] += 1
             return control.may_remove(site, drone, lbs)
