@@ -20,11 +20,16 @@ import pytest
 from fake_drones import FakeDrone, eventually
 from helpers import drone_creds, secured_server
 from nats.aio.client import Client
+from tardis.agents.siteagent import SiteAgent
+from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
+from tardis.interfaces.siteadapter import ResourceStatus
+from tardis_support import FakeSite, attributes
 
 from broker.control import ReleaseOutcome, Removal
 from broker.registry import Registry
 from broker.server import EmbeddedServer
 from broker.service import ManagerService, ManagerSettings, rebuild
+from broker.tardis_adapter import BusConfig, RemoteBus, RemoteSiteAdapter
 from broker.timeline import read_timeline
 from remote_agent import events as ev
 from remote_agent.connect import connect
@@ -286,3 +291,52 @@ async def test_a_drone_cannot_read_the_managers_proof_key(
     finally:
         await nc.close()
     assert all("permissions violation" in error.lower() for error in errors), errors
+
+
+@pytest.mark.parametrize("forgery", ["released", "deleted"])
+async def test_tardis_never_removes_a_busy_drone_that_forged_its_record(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path], forgery: str
+) -> None:
+    """TARDIS's own SiteAgent around our decorator: the site's condor_rm never runs"""
+    server, authority = secured
+    creds = drone_creds(tmp_path, authority, SITE, DRONE)
+    config = BusConfig.from_mapping(
+        {"servers": server.url, "creds": str(tmp_path / "manager.creds"), "lost_after_s": 60}
+    )
+    bus = RemoteBus(config, register=False)
+    task = asyncio.create_task(bus.run())
+    try:
+        assert await bus.wait_ready(30)
+        async with as_drone(server.url, creds) as nc:
+            await busy_and_up(nc)
+            if forgery == "released":
+                forged = ev.DroneRecord(
+                    site=SITE,
+                    drone=DRONE,
+                    phase=ev.RecordPhase.RELEASED,
+                    writer="manager",
+                    at=ev.utcnow(),
+                )
+                await nc.jetstream().publish(RECORD_SUBJECT, ev.encode(forged))
+            else:
+                await nc.jetstream().publish(RECORD_SUBJECT, b"", headers={"KV-Operation": "DEL"})
+            await eventually(
+                lambda: (
+                    (view := bus.registry.view(SITE, DRONE)) is not None
+                    and len(view.payloads) == 2
+                    and view.record is not None
+                    and view.record.phase in (None, ev.RecordPhase.RELEASED)
+                ),
+                what="the forgery seen",
+            )
+            site = FakeSite(status=ResourceStatus.Running)
+            site_agent = SiteAgent(RemoteSiteAdapter(site, bus))
+            why = "without the manager's proof" if forgery == "released" else "tampered"
+            for action in (site_agent.stop_resource, site_agent.terminate_resource):
+                for _ in range(3):  # TARDIS retries on every heartbeat
+                    with pytest.raises(TardisResourceStatusUpdateFailed, match=why):
+                        await action(attributes(DRONE))
+            assert site.called("terminate_resource") == site.called("stop_resource") == 0
+    finally:
+        bus.stop()
+        await asyncio.wait_for(task, 30)
