@@ -167,7 +167,9 @@ class Settings:
             servers=tuple(servers),
             worker_command=tuple(worker_command),
             spool_dir=Path(spool_dir),
-            gate_socket=Path(pick("gate_socket", Path) or default_gate_socket(Path(spool_dir))),
+            gate_socket=Path(
+                pick("gate_socket", Path) or default_gate_socket(Path(spool_dir), env)
+            ),
             creds=Path(creds) if creds is not None else None,
             prefix=pick(
                 "prefix", str, env.get(TARDIS_SETTINGS_ENV["prefix"], "").strip() or DEFAULT_PREFIX
@@ -287,13 +289,24 @@ def default_spool_dir(drone: str, env: Mapping[str, str]) -> Path:
     return Path(base) / f"cobald-remote-{drone}"
 
 
-def default_gate_socket(spool_dir: Path) -> Path:
-    """``gate.sock`` in the spool directory, or a short name in /tmp if that path is too long"""
+def default_gate_socket(spool_dir: Path, env: Mapping[str, str] = os.environ) -> Path:
+    """
+    ``gate.sock`` in the spool directory; if that path is too long for a Unix
+    socket, ``gate.sock`` in a private directory with a short name:
+    ``$XDG_RUNTIME_DIR/cobald-remote-<digest>/`` or
+    ``<tempdir>/cobald-remote-<uid>-<digest>/`` (the agent creates it 0700, so
+    only its user can reach the socket in it)
+    """
     path = spool_dir / "gate.sock"
     if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
         return path
     digest = hashlib.sha256(os.fsencode(spool_dir)).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"cobald-remote-{digest}.sock"
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime):
+        candidate = Path(runtime) / f"cobald-remote-{digest}" / "gate.sock"
+        if len(os.fsencode(candidate)) <= _MAX_SOCKET_PATH:
+            return candidate
+    return Path(tempfile.gettempdir()) / f"cobald-remote-{os.geteuid()}-{digest}" / "gate.sock"
 
 
 # --------------------------------------------------------------------------- command line
