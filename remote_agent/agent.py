@@ -937,7 +937,7 @@ class Agent:
         reply = Reply(
             site=self._site,
             drone=self._drone,
-            request_id=command.request_id,
+            request_id=_cut(command.request_id, MAX_REQUEST_ID),
             outcome=outcome,
             detail=_cut(detail, MAX_TEXT),
             snapshot=self.snapshot(),
