@@ -32,8 +32,9 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import Any, TypeVar
+from typing import Any, Final, TypeVar
 
+import msgspec
 import nats.errors
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
@@ -42,7 +43,6 @@ from . import __version__
 from .events import (
     AgentExiting,
     AgentStarted,
-    AnyCommand,
     DrainAccepted,
     DrainCommand,
     DrainDeadlineExpired,
@@ -91,11 +91,13 @@ from .interfaces import (
     StartdError,
 )
 from .publisher import Publisher
+from .ratelog import RateLimitedLog
 from .settings import Settings
 from .spool import Spool, SpooledEvent
 from .state import Lifecycle
 
 log = logging.getLogger(__name__)
+_rejections = RateLimitedLog(log)
 
 S = DroneState
 E = TypeVar("E", bound=Event)
@@ -106,6 +108,53 @@ _FORGET_S = 600.0
 _READY_CHECK_S = 30.0
 #: how long a command reply waits for the record write of a release-if-idle
 _REPLY_RECORD_WAIT_S = 2.0
+#: refused and finished job ids remembered at most (a flood of forged ids costs no memory)
+_MAX_REMEMBERED = 4096
+
+# Snapshot limits: with them the largest event the agent can encode stays well below
+# events.DEFAULT_MAX_SIZE (64 KiB), so the stream never rejects one of its events
+# (tests/unit/test_agent_limits.py builds the worst case).
+#: payloads in a snapshot at most, whatever the number of slots
+MAX_PAYLOADS: Final = 256
+#: the longest job id a payload may have; a longer one is refused (390)
+MAX_JOB_ID: Final = 64
+#: the longest slot name, hostname or request id kept; longer ones are cut
+MAX_NAME: Final = 64
+#: the longest free text (reasons, notes, details) kept; longer text is cut
+MAX_TEXT: Final = 1024
+#: the most characters of the worker command line in an event, all arguments together
+MAX_COMMAND: Final = 4096
+#: request ids are cut to this many characters
+MAX_REQUEST_ID: Final = 128
+
+
+def _cut(text: str, limit: int) -> str:
+    """``text`` if it has at most ``limit`` characters, else its start and ``...``"""
+    return text if len(text) <= limit else text[: limit - 3] + "..."
+
+
+def bounded_command(command: Iterable[str]) -> list[str]:
+    """The worker command line for an event: at most :data:`MAX_COMMAND` characters"""
+    result: list[str] = []
+    left = MAX_COMMAND
+    for arg in command:
+        if len(arg) > left:
+            result.append(_cut(arg, max(left, 3)) if left >= 3 else "...")
+            break
+        result.append(arg)
+        left -= len(arg)
+    return result
+
+
+def bounded_intent(intent: DrainIntent) -> DrainIntent:
+    """``intent`` with its reason and request id cut to the snapshot limits"""
+    if len(intent.reason) <= MAX_TEXT and len(intent.request_id) <= MAX_REQUEST_ID:
+        return intent
+    return msgspec.structs.replace(
+        intent,
+        reason=_cut(intent.reason, MAX_TEXT),
+        request_id=_cut(intent.request_id, MAX_REQUEST_ID),
+    )
 
 
 async def stop_tasks(tasks: Iterable[asyncio.Task[Any]], budget_s: float = 10.0) -> None:
@@ -195,6 +244,16 @@ class Agent:
         self._recheck = asyncio.Event()
         self._release_recorded: asyncio.Event | None = None
 
+        #: payloads let in (or adopted) so far: a release-if-idle that saw another
+        #: number before it asked the startd lets nothing go
+        self._admitted = 0
+        #: the handshake record was released, deleted or rewritten while the agent was
+        #: up: the gate is shut and the agent never writes the record again
+        self._record_lost: str | None = None
+        #: busy slots at the last look at the startd (-1: it did not answer)
+        self._busy_slots = 0
+        #: the incarnation of the record this agent claimed (an earlier one's drain)
+        self._claimed_incarnation = self.incarnation
         self._refused: dict[str, float] = {}
         self._finished: dict[str, float] = {}
         self._unknown_seen: set[str] = set()
@@ -321,9 +380,9 @@ class Agent:
         self._emit(
             AgentStarted,
             agent_version=__version__,
-            hostname=socket.gethostname(),
+            hostname=_cut(socket.gethostname(), MAX_NAME),
             pid=os.getpid(),
-            worker_command=command,
+            worker_command=bounded_command(command),
         )
         self._spawn(self._serve(), "serve")
         self._spawn(self._heartbeats(), "heartbeat")
@@ -347,7 +406,7 @@ class Agent:
         self._worker = worker
         if self.lifecycle.state is S.STARTING:  # else a signal came while it started
             self.lifecycle.move(S.WORKER_UP)
-        self._emit(WorkerStarted, pid=worker.pid, command=command)
+        self._emit(WorkerStarted, pid=worker.pid, command=bounded_command(command))
         if self._stop_signal is not None:
             worker.send_signal(self._stop_signal)
         if self.startd is not None:
@@ -448,6 +507,10 @@ class Agent:
     def _emit(self, kind: type[E], **fields: Any) -> E:
         """Record an event with the snapshot after it, and queue it for publishing"""
         assert self._spool is not None and self._publisher is not None
+        for name, value in fields.items():
+            if isinstance(value, str) and len(value) > MAX_TEXT:
+                self.counters["strings_cut"] += 1
+                fields[name] = _cut(value, MAX_TEXT)
         self._seq += 1
         seq = self._seq
         event_id = dedupe_id(self._drone, self.incarnation, seq)
@@ -489,38 +552,81 @@ class Agent:
 
         Synchronous on purpose (see :mod:`remote_agent.interfaces`): between the
         check and the record nothing else runs, and a drain closes the gate in
-        one step too, so no payload is allowed after a drain was accepted.
+        one step too, so no payload is allowed after a drain was accepted. A
+        payload beyond the drone's slots, or with a job id longer than
+        :data:`MAX_JOB_ID`, is refused too: the snapshot stays bounded.
         """
         if not self._gate_open:
-            reason = self._closed_reason()
-            self._refused[job.job_id] = time.monotonic()
-            self.counters["payloads_refused"] += 1
-            log.info(
-                "refused payload %s: %s",
-                job.job_id,
-                reason,
-                extra={"drone": self._drone, "job_id": job.job_id},
-            )
-            return GateDecision(allow=False, status_code=GATE_CLOSED_STATUS, message=reason)
+            return self._refuse(job, self._closed_reason(), "payloads_refused", log_level=None)
         if job.job_id in self._payloads:
             return GateDecision(allow=True, message="already running")
-        self._payloads[job.job_id] = Payload(job_id=job.job_id, slot=job.slot, started_at=utcnow())
+        if len(job.job_id) > MAX_JOB_ID:
+            reason = f"job id longer than {MAX_JOB_ID} characters"
+            return self._refuse(job, reason, "payloads_refused_job_id")
+        capacity = self.capacity
+        if len(self._payloads) >= capacity:
+            reason = f"all {capacity} slot(s) of the drone run payloads already"
+            return self._refuse(job, reason, "payloads_refused_over_slots")
+        slot = job.slot
+        if len(slot) > MAX_NAME:
+            self.counters["strings_cut"] += 1
+            slot = _cut(slot, MAX_NAME)
+        self._payloads[job.job_id] = Payload(job_id=job.job_id, slot=slot, started_at=utcnow())
+        self._admitted += 1
         self._payloads_changed()
         self.counters["payloads_allowed"] += 1
-        self._emit(PayloadStarted, job_id=job.job_id, slot=job.slot)
+        self._emit(PayloadStarted, job_id=job.job_id, slot=slot)
         return GateDecision(allow=True)
+
+    @property
+    def capacity(self) -> int:
+        """How many payloads the gate lets run at once: the slots, at most :data:`MAX_PAYLOADS`"""
+        return min(self._slots, MAX_PAYLOADS) if self._slots > 0 else MAX_PAYLOADS
+
+    def _refuse(
+        self, job: JobStart, reason: str, counter: str, log_level: int | None = logging.WARNING
+    ) -> GateDecision:
+        self._remember(self._refused, job.job_id)
+        self.counters["payloads_refused"] += 1
+        extra = {"drone": self._drone, "job_id": job.job_id[:MAX_JOB_ID]}
+        if log_level is None:
+            log.info("refused payload %s: %s", job.job_id, reason, extra=extra)
+        else:
+            self.counters[counter] += 1
+            _rejections.log(
+                log_level, counter, "refused payload %r: %s", job.job_id, reason, extra=extra
+            )
+        return GateDecision(allow=False, status_code=GATE_CLOSED_STATUS, message=reason)
+
+    @staticmethod
+    def _remember(table: dict[str, float], job_id: str) -> None:
+        table.pop(job_id, None)
+        table[job_id] = time.monotonic()
+        while len(table) > _MAX_REMEMBERED:
+            del table[next(iter(table))]
 
     def job_exited(
         self, job_id: str, how: PayloadEnd, exit_code: int | None, duration_s: float | None
     ) -> None:
-        """JOB_EXIT: the payload ended; publish it"""
+        """
+        JOB_EXIT: the payload ended; publish it
+
+        Only a hint: the payload leaves the snapshot, but the drone is idle only
+        when the startd lists nothing (:meth:`_confirm_idle`, release-if-idle).
+        """
         if job_id not in self._payloads:
             if job_id in self._finished or job_id in self._refused:
                 log.debug("job exit of %s: known already", job_id, extra={"drone": self._drone})
                 return
-            log.warning(
-                "job exit of %s, which the gate never saw", job_id, extra={"drone": self._drone}
+            self.counters["job_exit_unknown"] += 1
+            _rejections.warning(
+                "job_exit_unknown",
+                "job exit of %r, which the gate never saw; ignored",
+                job_id,
+                extra={"drone": self._drone},
             )
+            self._remember(self._finished, job_id)
+            return
         self._finish_payload(job_id, how, exit_code, duration_s)
 
     def _finish_payload(
@@ -528,7 +634,7 @@ class Agent:
     ) -> None:
         payload = self._payloads.pop(job_id, None)
         self._missing.pop(job_id, None)
-        self._finished[job_id] = time.monotonic()
+        self._remember(self._finished, job_id)
         if duration_s is None and payload is not None:
             duration_s = (utcnow() - payload.started_at).total_seconds()
         if duration_s is not None and duration_s < 0:
@@ -623,7 +729,7 @@ class Agent:
             delay = min(delay * 2, 2.0)
 
     async def _kv_finish(self, phase: RecordPhase, note: str, budget_s: float = 30.0) -> None:
-        if self._released:
+        if self._released or self._record_lost is not None:
             return
         assert phase in (RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED)
         site, drone, incarnation = self._site, self._drone, self.incarnation
@@ -670,6 +776,7 @@ class Agent:
         elif phase in (RecordPhase.DRAINING, RecordPhase.DEADLINE_EXPIRED, RecordPhase.DRAINED):
             # an earlier incarnation was told to drain: carry on with that intent
             self._claimed = True
+            self._claimed_incarnation = record.incarnation
             intent = record.drain or DrainIntent(
                 deadline=utcnow(),
                 reason=record.note or f"handshake record is {phase}",
@@ -696,28 +803,75 @@ class Agent:
         while not self._winding_down:
             await self._recheck.wait()
             self._recheck.clear()
-            if not self._claimed or self._released:
+            if not self._claimed or self._released or self._record_lost is not None:
                 continue
             try:
                 store = await self._record_store()
                 current = await store.read(self._site, self._drone)
-            except (HandshakeError, nats.errors.Error, OSError, TimeoutError) as err:
+            except HandshakeError as err:  # a value that is no valid record
+                self._on_record_lost(f"the record does not decode ({err})")
+                continue
+            except (nats.errors.Error, OSError, TimeoutError) as err:
                 log.debug("cannot read the record: %r", err, extra={"drone": self._drone})
                 continue
-            if current is not None:
+            if current is None:
+                self._on_record_lost("the record was deleted")
+            else:
                 self._apply_record(current.record)
 
     def _apply_record(self, record: DroneRecord) -> None:
-        if record.phase is RecordPhase.DRAINING and record.drain is not None:
+        """Act on the record as read while the agent is up (claimed)"""
+        phase = record.phase
+        if phase is RecordPhase.RELEASED:
+            self._on_record_lost(f"the record says released (writer {record.writer})")
+        elif record.incarnation not in (self.incarnation, self._claimed_incarnation):
+            self._on_record_lost(
+                f"the record says {phase} for another incarnation ({record.incarnation!r})"
+            )
+        elif phase is RecordPhase.DRAINING and record.drain is not None:
             if self._drain is None:
                 log.info("the record asks for a drain", extra={"drone": self._drone})
                 self._accept_drain(record.drain, write_intent=False)
-        elif record.phase is RecordPhase.UP and record.incarnation != self.incarnation:
-            log.error(
-                "another agent (incarnation %s) claimed this drone",
-                record.incarnation,
+        elif (
+            phase is not RecordPhase.UP
+            and self._drain is None
+            and self.lifecycle.state not in (S.DRAINED, S.EXITING)
+        ):
+            log.warning(
+                "the record says %s although no drain was accepted; draining",
+                phase,
                 extra={"drone": self._drone},
             )
+            self._self_drain(f"handshake record is {phase}")
+
+    def _on_record_lost(self, why: str) -> None:
+        """
+        The record no longer says that this agent is up: shut the gate at once, then drain
+
+        Payloads keep running; the drain waits for them (until the self-drain
+        deadline, ``--self-drain-deadline``) and ends the job as a drain does.
+        The agent never writes the record again: it is not the agent's any more.
+        """
+        if self._record_lost is not None:
+            return
+        self._record_lost = why
+        self.counters["record_lost"] += 1
+        was_open = self._seal_gate()
+        log.warning(
+            "handshake record lost while up: %s; gate closed, draining",
+            why,
+            extra={"drone": self._drone},
+        )
+        if was_open:
+            self._emit(GateClosed, reason=f"record lost: {why}")
+        if self._drain is None and self.lifecycle.state not in (S.DRAINED, S.EXITING):
+            self._self_drain(f"record lost: {why}")
+
+    def _self_drain(self, reason: str) -> None:
+        now = utcnow()
+        deadline = now + dt.timedelta(seconds=self.settings.self_drain_deadline_s)
+        intent = DrainIntent(deadline=deadline, reason=reason, requested_at=now)
+        self._accept_drain(intent, write_intent=False)
 
     async def _serve(self) -> None:
         """Subscribe to the command subject and to writes of the own record"""
@@ -762,7 +916,10 @@ class Agent:
                 command.request_id,
             )
             return
-        outcome, detail = self._execute(command)
+        if isinstance(command, ReleaseIfIdleCommand):
+            outcome, detail = await self._release_if_idle()
+        else:
+            outcome, detail = self._execute(command)
         self.counters["commands"] += 1
         log.info(
             "%s %s: %s (%s)",
@@ -780,9 +937,9 @@ class Agent:
         reply = Reply(
             site=self._site,
             drone=self._drone,
-            request_id=command.request_id,
+            request_id=_cut(command.request_id, MAX_REQUEST_ID),
             outcome=outcome,
-            detail=detail,
+            detail=_cut(detail, MAX_TEXT),
             snapshot=self.snapshot(),
         )
         await self._send_reply(msg.reply, encode(reply))
@@ -790,7 +947,8 @@ class Agent:
     async def _reject(self, reply_to: str, error: str, request_id: str) -> None:
         self.counters["command_errors"] += 1
         log.warning("rejected a command: %s", error, extra={"drone": self._drone})
-        await self._send_reply(reply_to, encode(ErrorReply(error=error, request_id=request_id)))
+        reply = ErrorReply(error=_cut(error, MAX_TEXT), request_id=_cut(request_id, MAX_REQUEST_ID))
+        await self._send_reply(reply_to, encode(reply))
 
     async def _send_reply(self, reply_to: str, data: bytes) -> None:
         assert self._publisher is not None
@@ -803,7 +961,7 @@ class Agent:
         except (nats.errors.Error, OSError) as err:
             log.warning("cannot send a reply: %r", err, extra={"drone": self._drone})
 
-    def _execute(self, command: AnyCommand) -> tuple[Outcome, str]:
+    def _execute(self, command: DrainCommand | StatusCommand) -> tuple[Outcome, str]:
         """Carry out a command at once (no await), so it is ordered with the gate"""
         if isinstance(command, DrainCommand):
             intent = DrainIntent(
@@ -812,9 +970,7 @@ class Agent:
                 request_id=command.request_id,
                 requested_at=command.at,
             )
-            return self._accept_drain(intent, write_intent=True)
-        if isinstance(command, ReleaseIfIdleCommand):
-            return self._release_if_idle()
+            return self._accept_drain(bounded_intent(intent), write_intent=True)
         assert isinstance(command, StatusCommand)
         return Outcome.STATUS, f"{self.lifecycle.state}, {len(self._payloads)} payload(s)"
 
@@ -845,6 +1001,7 @@ class Agent:
             reason = "the agent is exiting"
             self._emit(DrainRefused, request_id=intent.request_id, reason=reason)
             return Outcome.REFUSED, reason
+        intent = bounded_intent(intent)
         self._drain = intent
         was_open = self._seal_gate()
         self.lifecycle.move(S.DRAINING)
@@ -865,13 +1022,49 @@ class Agent:
         deadline = self._drain.deadline.isoformat() if self._drain else "?"
         return f"gate closed; {count} payload(s) still running, deadline {deadline}"
 
-    def _release_if_idle(self) -> tuple[Outcome, str]:
+    def _release_known(self) -> tuple[Outcome, str] | None:
+        """The answer to release-if-idle that needs no look at the startd, if any"""
         if self._released:
             return Outcome.RELEASED, "released by the manager before the agent came up"
         if self._payloads:
             return Outcome.BUSY, f"{len(self._payloads)} payload(s) running; nothing changed"
+        if self.lifecycle.state is S.DRAINED:
+            # the drained state required the startd's word already
+            return Outcome.RELEASED, "idle, gate closed; the drone is ending its job"
+        return None
+
+    async def _release_if_idle(self) -> tuple[Outcome, str]:
+        """
+        Release the drone only if the startd, not just the hooks, says nothing runs
+
+        Serialized with payload starts: the admission count is remembered, the
+        startd asked, and then in one synchronous step the drone is refused
+        (BUSY) if anything was admitted meanwhile or the startd lists anything
+        busy, else the gate is sealed.
+        """
+        known = self._release_known()
+        if known is not None:
+            return known
+        admitted = self._admitted
+        busy = await self._startd_busy()
+        # ---- from here to the return nothing awaits
+        known = self._release_known()
+        if known is not None:
+            return known
+        if self._admitted != admitted:
+            return Outcome.BUSY, "a payload started meanwhile; nothing changed"
+        if busy is None:
+            return Outcome.BUSY, "the startd does not answer and the worker runs; nothing changed"
+        if busy:
+            listed = ", ".join(
+                f"{slot.name} {slot.state}/{slot.activity} {slot.job_id or '-'}"
+                for slot in busy[:8]
+            )
+            return Outcome.BUSY, _cut(
+                f"the startd lists {len(busy)} busy slot(s): {listed}; nothing changed", MAX_TEXT
+            )
         state = self.lifecycle.state
-        if state is S.DRAINED or self._drain is not None or self._ending is not None:
+        if self._drain is not None or self._ending is not None:
             return Outcome.RELEASED, "idle, gate closed; the drone is ending its job"
         if state is S.EXITING:
             return Outcome.RELEASED, "idle; the agent is exiting"
@@ -902,13 +1095,18 @@ class Agent:
         await self._stop_startd(intent.reason)
         expired = False
         while True:
-            if not expired and not await self._wait_payloads(intent.deadline):
-                expired = True
-                await self._deadline_expired(intent)
-            if expired:
+            if not expired:
+                await self._wait_payloads(intent.deadline)
+            else:
                 await self._payloads_done.wait()
             if await self._confirm_idle():
                 break
+            if not expired and utcnow() >= intent.deadline:
+                expired = True
+                await self._deadline_expired(intent)
+            # the snapshot may be empty (a JOB_EXIT, forged or early) while the startd
+            # still lists jobs or claims: look again after a poll interval
+            await asyncio.sleep(self.settings.poll_s)
         await self._kv_finish(RecordPhase.DRAINED, intent.reason)
         if self.lifecycle.state is S.DRAINING:
             self.lifecycle.move(S.DRAINED)
@@ -916,7 +1114,7 @@ class Agent:
         await self._end_job("drained")
 
     async def _deadline_expired(self, intent: DrainIntent) -> None:
-        count, policy = len(self._payloads), self.settings.deadline_policy
+        count, policy = max(len(self._payloads), self._busy_slots), self.settings.deadline_policy
         log.warning(
             "drain deadline passed with %d payload(s) running; policy %s",
             count,
@@ -981,7 +1179,7 @@ class Agent:
         if self.lifecycle.state is S.WORKER_UP:
             self.lifecycle.move(S.STARTD_READY)
         name = slots[0].name if slots else socket.gethostname()
-        self._emit(StartdReady, slots=self._slots, name=name)
+        self._emit(StartdReady, slots=self._slots, name=_cut(name, MAX_NAME))
         # The gate has never been open in this incarnation (the claim waits for this
         # moment), so whatever runs now was let in before: an agent that was restarted.
         for job_id, slot in self._unknown_jobs(slots).items():
@@ -1001,6 +1199,12 @@ class Agent:
 
     def _adopt(self, job_id: str, slot: str, why: str) -> None:
         """Count a payload that runs although the gate never let it in"""
+        if len(job_id) > MAX_JOB_ID or len(self._payloads) >= MAX_PAYLOADS:
+            # not in the snapshot, but the startd lists it: the drone is not idle
+            self.counters["payloads_not_listed"] += 1
+            return
+        slot = _cut(slot, MAX_NAME)
+        self._admitted += 1
         log.warning(
             "payload %s never passed the gate but runs (%s); counting it",
             job_id,
@@ -1040,22 +1244,50 @@ class Agent:
             self._adopt(job_id, unknown[job_id], "seen in two polls")
         self._unknown_seen = set(unknown) - set(self._payloads)
 
-    async def _confirm_idle(self) -> bool:
-        """
-        Before saying "drained": ask the startd whether anything still runs
+    def _worker_ended(self) -> bool:
+        """Whether the worker has exited: then everything that ran under it has ended"""
+        worker = self._worker
+        return worker is not None and worker.returncode is not None
 
-        A startd that does not answer any more has exited (drain with exit on
-        completion), and its payloads with it.
+    async def _startd_busy(self) -> list[SlotInfo] | None:
+        """
+        The slots the startd reports busy (claimed, or running a job); ``None``: unknown
+
+        The startd is the authority on "idle", the hooks only a hint. A startd
+        that does not answer while the worker runs is *not* idle (``None``); an
+        exited worker took its startd and payloads with it (``[]``).
         """
         if self.startd is None:
-            return not self._payloads
+            return []
         try:
             slots = await self.startd.slots()
-        except StartdError:
-            return not self._payloads
-        for job_id, slot in self._unknown_jobs(slots).items():
-            self._adopt(job_id, slot, "still listed by the startd")
-        return not self._payloads
+        except StartdError as err:
+            if self._worker_ended():
+                return []
+            _rejections.log(
+                logging.INFO,
+                "startd_unanswered",
+                "the startd does not answer (%s); not calling the drone idle",
+                err,
+                extra={"drone": self._drone},
+            )
+            return None
+        busy = [slot for slot in slots if slot.busy]
+        for job_id, slot_name in self._unknown_jobs(slots).items():
+            self._adopt(job_id, slot_name, "still listed by the startd")
+        return busy
+
+    async def _confirm_idle(self) -> bool:
+        """
+        Before saying "drained": nothing in the snapshot, and the startd lists nothing busy
+
+        A startd that does not answer any more while the worker runs may be
+        hanging: not idle. Once the worker has exited (drain with exit on
+        completion), its payloads have ended with it.
+        """
+        busy = await self._startd_busy()
+        self._busy_slots = -1 if busy is None else len(busy)
+        return busy is not None and not busy and not self._payloads
 
     def _sync_accepting(self) -> None:
         """Make the startd's START attribute follow the gate (in order, last wins)"""

@@ -16,16 +16,16 @@ msgspec structs below, tagged by ``op``. A request larger than
 version gets a :class:`GateErrorReply`, is logged and counted in
 :attr:`GateServer.counts`, and reaches no handler.
 
-How a hook finds the socket without configuration (``docs/htcondor.md``):
+How a hook finds the socket (``docs/htcondor.md``): ``--socket PATH`` on the
+hook's command line, else the environment variable :data:`GATE_ENV`, which the
+agent exports to its worker (``condor_master``); the master's daemons, the
+starters and their hooks inherit it. There is no fallback in a shared directory:
+a hook that finds neither refuses the payload.
 
-1. ``--socket PATH`` on the hook's command line (tests, unusual setups);
-2. the environment variable :data:`GATE_ENV`, which the agent exports to its
-   worker (``condor_master``); the master's daemons, the starters and their
-   hooks inherit it;
-3. the deterministic fallback :func:`fallback_gate_path`: the agent also links
-   ``/tmp/cobald-remote-gate-<agent pid>.sock`` to its socket, and the hook walks
-   its own ancestors (hook -> starter -> startd -> master -> agent) looking for
-   such a link owned by the ancestor's user.
+Who may connect: the socket file is mode 0600 in a 0700 directory of the
+agent's user, and every connection's ``SO_PEERCRED`` is checked: only the
+agent's own uid and root get an answer; any other peer gets a
+:class:`GateErrorReply`, is counted and logged (rate-limited).
 
 The hook side (:func:`ask`) uses only blocking sockets: importing asyncio would
 add ~50 ms to every payload start, so the server imports it lazily.
@@ -41,7 +41,7 @@ import socket
 import stat
 import sys
 import time
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated, Final
 
@@ -50,11 +50,14 @@ import msgspec
 from .errors import AgentError
 from .events import PayloadEnd
 from .interfaces import GATE_CLOSED_STATUS, GateDecision, GateHandler, JobStart
+from .ratelog import RateLimitedLog
+from .spool import private_directory
 
 if TYPE_CHECKING:
     import asyncio
 
 log = logging.getLogger(__name__)
+_rejections = RateLimitedLog(log)
 
 #: environment variable naming the gate socket; exported by the agent to its worker
 GATE_ENV: Final = "COBALD_REMOTE_GATE"
@@ -68,12 +71,19 @@ MAX_REQUEST_BYTES: Final = 4096
 MAX_REPLY_BYTES: Final = 4096
 #: how long the server waits for a connected hook to send its request, in seconds
 REQUEST_TIMEOUT_S: Final = 5.0
-#: directory of the fallback links; fixed, because TMPDIR differs inside a starter
-FALLBACK_DIR: Final = Path("/tmp")
+#: mode of the socket file: the agent's user only (root passes any mode)
+SOCKET_MODE: Final = 0o600
+#: the longest job id, slot name and owner a request may carry, in characters
+MAX_JOB_ID: Final = 128
+MAX_NAME: Final = 256
 #: longest path ``AF_UNIX`` accepts on Linux (``sun_path`` is 108 bytes with the NUL)
 MAX_SOCKET_PATH: Final = 107
 
-JobIdText = Annotated[str, msgspec.Meta(min_length=1, max_length=128, pattern=r"^[^\x00-\x1f]+$")]
+# \A...\Z, not ^...$: "$" also matches before a trailing newline
+JobIdText = Annotated[
+    str, msgspec.Meta(min_length=1, max_length=MAX_JOB_ID, pattern=r"\A[^\x00-\x1f\x7f]+\Z")
+]
+NameText = Annotated[str, msgspec.Meta(max_length=MAX_NAME, pattern=r"\A[^\x00-\x1f\x7f]*\Z")]
 ShortText = Annotated[str, msgspec.Meta(max_length=256)]
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
 
@@ -99,8 +109,8 @@ class PrepareJobRequest(GateRequest, frozen=True, kw_only=True, tag="prepare_job
     """HOOK_PREPARE_JOB: may this payload start?"""
 
     job_id: JobIdText
-    slot: ShortText = ""
-    owner: ShortText = ""
+    slot: NameText = ""
+    owner: NameText = ""
 
 
 class JobExitRequest(GateRequest, frozen=True, kw_only=True, tag="job_exit"):
@@ -180,60 +190,15 @@ def _short(text: str, limit: int = 200) -> str:
 # --------------------------------------------------------------------------- finding the socket
 
 
-def fallback_gate_path(pid: int) -> Path:
-    """The link a hook finds by walking its ancestors, for the agent with ``pid``"""
-    return FALLBACK_DIR / f"cobald-remote-gate-{pid}.sock"
-
-
 def worker_environment(path: Path) -> dict[str, str]:
     """The variables the agent adds to its worker's environment so that hooks find it"""
     return {GATE_ENV: str(path), PYTHON_ENV: sys.executable}
 
 
-def _parent_pid(pid: int) -> int | None:
-    try:
-        with open(f"/proc/{pid}/stat", "rb") as stream:
-            data = stream.read()
-    except OSError:
-        return None
-    # the command name (field 2) may contain spaces and parentheses: split after the last ')'
-    fields = data[data.rfind(b")") + 2 :].split()
-    try:
-        return int(fields[1])
-    except (IndexError, ValueError):
-        return None
-
-
-def _ancestors(pid: int, limit: int = 32) -> Iterator[int]:
-    current: int | None = pid
-    for _ in range(limit):
-        current = _parent_pid(current) if current else None
-        if not current or current <= 1:
-            return
-        yield current
-
-
-def find_gate_path(environ: Mapping[str, str] = os.environ, pid: int | None = None) -> Path | None:
-    """
-    Where the agent's gate socket is, as seen by a hook; ``None`` if nowhere
-
-    Tries :data:`GATE_ENV`, then the fallback link of each ancestor of ``pid``
-    (default: this process). A fallback link counts only if it is owned by the
-    user that runs the ancestor it names, so another local user cannot plant one.
-    """
+def find_gate_path(environ: Mapping[str, str] = os.environ) -> Path | None:
+    """Where the agent's gate socket is, as seen by a hook (:data:`GATE_ENV`); ``None`` if unset"""
     named = environ.get(GATE_ENV, "").strip()
-    if named:
-        return Path(named)
-    for ancestor in _ancestors(pid if pid is not None else os.getpid()):
-        candidate = fallback_gate_path(ancestor)
-        try:
-            link = candidate.lstat()
-            owner = os.stat(f"/proc/{ancestor}").st_uid
-        except OSError:
-            continue
-        if link.st_uid == owner and (stat.S_ISLNK(link.st_mode) or stat.S_ISSOCK(link.st_mode)):
-            return candidate
-    return None
+    return Path(named) if named else None
 
 
 # --------------------------------------------------------------------------- hook side
@@ -278,7 +243,7 @@ def ask(path: Path, request: AnyGateRequest, timeout_s: float) -> AnyGateReply:
         raise GateUnavailable(f"cannot ask the agent at {path}: {err}") from err
     try:
         return decode_reply(b"".join(chunks))
-    except msgspec.DecodeError as err:
+    except (msgspec.DecodeError, RecursionError) as err:
         raise GateUnavailable(f"invalid reply from {path}: {err}") from err
 
 
@@ -286,7 +251,7 @@ def ask(path: Path, request: AnyGateRequest, timeout_s: float) -> AnyGateReply:
 
 
 def _peer(writer: asyncio.StreamWriter) -> dict[str, int]:
-    """pid/uid/gid of the connected hook (Linux ``SO_PEERCRED``), for the log"""
+    """pid/uid/gid of the connected hook (Linux ``SO_PEERCRED``); empty if unknown"""
     sock = writer.get_extra_info("socket")
     if sock is None or not hasattr(socket, "SO_PEERCRED"):
         return {}
@@ -302,16 +267,18 @@ class GateServer:
     """
     Serve the gate socket at ``path`` for ``handler``
 
-    ``mode`` is applied to the socket file. The default lets any local user
-    connect, because the hooks run as the *job's* user, which differs from the
-    agent's when the startd runs as root; access is then confined by the
-    directories on the way to ``path`` (a drone's 0700 scratch directory keeps
-    other users out). Whoever can connect can only ask questions and report
-    payload ends: the startd, not the gate, starts payloads.
+    The directory of ``path`` is created 0700 (or, if it exists, must belong to
+    the agent's user and be writable by nobody else: :func:`private_directory`);
+    the socket file is :data:`SOCKET_MODE`. Every connection's peer is checked
+    with ``SO_PEERCRED``: only ``allowed_uids`` (default: the agent's own uid
+    and root) are answered. Whoever can connect can only ask questions and
+    report payload ends: the startd, not the gate, starts payloads, and the
+    agent asks the startd before it calls the drone idle.
 
     Counters in :attr:`counts`: ``prepare_job``, ``allowed``, ``refused``,
-    ``job_exit``, and the errors ``oversized``, ``malformed``, ``timeout``,
-    ``handler_error``, ``reply_failed``.
+    ``job_exit``, and the errors ``peer_refused``, ``oversized``, ``malformed``,
+    ``timeout``, ``handler_error``, ``reply_failed``, ``internal_error``.
+    Every error is logged rate-limited.
     """
 
     def __init__(
@@ -319,16 +286,18 @@ class GateServer:
         path: Path,
         handler: GateHandler,
         *,
-        mode: int = 0o666,
-        fallback_link: bool = True,
+        mode: int = SOCKET_MODE,
+        allowed_uids: Iterable[int] | None = None,
         request_timeout_s: float = REQUEST_TIMEOUT_S,
     ) -> None:
         self.path = Path(path)
         self.handler = handler
         self.mode = mode
+        self.allowed_uids = frozenset(
+            allowed_uids if allowed_uids is not None else (os.geteuid(), 0)
+        )
         self.request_timeout_s = request_timeout_s
         self.counts: collections.Counter[str] = collections.Counter()
-        self._fallback = fallback_gate_path(os.getpid()) if fallback_link else None
         self._server: asyncio.Server | None = None
         self._inode: tuple[int, int] | None = None
 
@@ -340,30 +309,36 @@ class GateServer:
         """
         Bind the socket (replacing a stale one) and start answering
 
-        :raises GateError: the path is too long for ``AF_UNIX``, is in use by a
-            live gate, or is something other than a socket
+        :raises GateError: the path is too long for ``AF_UNIX``, its directory
+            is not private to the agent's user, it is in use by a live gate, or
+            it is something other than a socket
         """
         import asyncio
 
         if len(os.fsencode(self.path)) > MAX_SOCKET_PATH:
             raise GateError(
                 f"gate socket path {self.path} is longer than {MAX_SOCKET_PATH} bytes;"
-                f" use a shorter one such as {fallback_gate_path(os.getpid())}"
+                " use a shorter one"
             )
-        self.path.parent.mkdir(parents=True, exist_ok=True, mode=0o755)
+        try:
+            private_directory(self.path.parent)
+        except OSError as err:
+            raise GateError(f"cannot serve the gate at {self.path}: {err}") from err
         self._remove_stale(self.path)
+        old_umask = os.umask(0o177)  # the socket is never open to others, not even briefly
         try:
             self._server = await asyncio.start_unix_server(self._serve, path=os.fspath(self.path))
             os.chmod(self.path, self.mode)
         except OSError as err:
             raise GateError(f"cannot serve the gate at {self.path}: {err}") from err
+        finally:
+            os.umask(old_umask)
         info = self.path.stat()
         self._inode = (info.st_dev, info.st_ino)
-        self._link_fallback()
-        log.info("gate listening on %s", self.path, extra={"fallback": str(self._fallback)})
+        log.info("gate listening on %s", self.path)
 
     async def close(self) -> None:
-        """Stop answering and remove the socket file and the fallback link"""
+        """Stop answering and remove the socket file"""
         if self._server is not None:
             self._server.close()
             await self._server.wait_closed()
@@ -374,12 +349,6 @@ class GateServer:
                 self.path.unlink()
         except OSError:
             pass
-        if self._fallback is not None:
-            try:
-                if self._fallback.is_symlink() and Path(os.readlink(self._fallback)) == self.path:
-                    self._fallback.unlink()
-            except OSError:
-                pass
 
     def _remove_stale(self, path: Path) -> None:
         try:
@@ -398,35 +367,9 @@ class GateServer:
                 return
         raise GateError(f"another process already serves a gate at {path}")
 
-    @staticmethod
-    def _sweep_stale_links() -> None:
-        """Remove our fallback links left by agents that were killed (their PID is gone)"""
-        for link in FALLBACK_DIR.glob("cobald-remote-gate-*.sock"):
-            try:
-                pid = int(link.name.removeprefix("cobald-remote-gate-").removesuffix(".sock"))
-                if link.lstat().st_uid != os.getuid() or pid <= 0:
-                    continue
-                os.kill(pid, 0)
-            except ProcessLookupError:
-                with contextlib.suppress(OSError):
-                    link.unlink()
-            except (ValueError, OSError):
-                continue
-
-    def _link_fallback(self) -> None:
-        link = self._fallback
-        if link is None or link == self.path:
-            return
-        self._sweep_stale_links()
-        try:
-            if link.is_symlink() or link.exists():
-                if link.lstat().st_uid != os.getuid():
-                    log.warning("fallback gate link %s belongs to someone else; not using it", link)
-                    return
-                link.unlink()
-            link.symlink_to(self.path)
-        except OSError as err:
-            log.warning("cannot create the fallback gate link %s: %s", link, err)
+    def _reject(self, kind: str, message: str, *args: object, extra: Mapping[str, object]) -> None:
+        self.counts[kind] += 1
+        _rejections.warning(kind, message, *args, extra=extra)
 
     async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         import asyncio
@@ -437,8 +380,14 @@ class GateServer:
             writer.write(encode(reply))
             await writer.drain()
         except (OSError, asyncio.IncompleteReadError) as err:
-            self.counts["reply_failed"] += 1
-            log.warning("gate reply not delivered: %s", err, extra=peer)
+            self._reject("reply_failed", "gate reply not delivered: %s", err, extra=peer)
+        except Exception:
+            # whatever a client sends, the gate keeps serving the next one
+            self.counts["internal_error"] += 1
+            _rejections.log(
+                logging.ERROR, "internal_error", "the gate failed on a request", extra=peer
+            )
+            log.debug("gate failure", exc_info=True)
         finally:
             writer.close()
             with contextlib.suppress(OSError):
@@ -456,18 +405,42 @@ class GateServer:
                         break
                     data += chunk
         except TimeoutError:
-            self.counts["timeout"] += 1
-            log.warning("gate request not complete within %gs", self.request_timeout_s, extra=peer)
+            self._reject(
+                "timeout",
+                "gate request not complete within %gs",
+                self.request_timeout_s,
+                extra=peer,
+            )
             return GateErrorReply(error=f"request not complete within {self.request_timeout_s:g}s")
         if len(data) > MAX_REQUEST_BYTES:
-            self.counts["oversized"] += 1
-            log.warning("gate request over %d bytes rejected", MAX_REQUEST_BYTES, extra=peer)
+            self._reject(
+                "oversized", "gate request over %d bytes rejected", MAX_REQUEST_BYTES, extra=peer
+            )
             return GateErrorReply(error=f"request larger than {MAX_REQUEST_BYTES} bytes")
+        uid = peer.get("peer_uid")
+        if uid is None or uid not in self.allowed_uids:
+            # read first, answer, then close: closing on unread data would reset the connection
+            self._reject(
+                "peer_refused",
+                "gate connection from uid %s refused: only uids %s may use the gate",
+                uid,
+                sorted(self.allowed_uids),
+                extra=peer,
+            )
+            return GateErrorReply(
+                error=f"uid {uid} may not use this gate; only the drone's own user may"
+            )
         try:
             request = decode_request(bytes(data))
-        except (msgspec.DecodeError, ValueError) as err:
-            self.counts["malformed"] += 1
-            log.warning("malformed gate request rejected: %s", err, extra=peer)
+        except RecursionError:
+            self._reject(
+                "malformed", "malformed gate request rejected: nested too deeply", extra=peer
+            )
+            return GateErrorReply(error="malformed request: nested too deeply")
+        except Exception as err:  # msgspec.DecodeError, ValueError, or anything else
+            self._reject(
+                "malformed", "malformed gate request rejected: %s", _short(str(err)), extra=peer
+            )
             return GateErrorReply(error=_short(f"malformed request: {err}"))
         # from here to the reply nothing awaits: the handler decides in one step of the loop
         return self._dispatch(request, peer)
@@ -489,7 +462,14 @@ class GateServer:
             return GateAck()
         except Exception as err:
             self.counts["handler_error"] += 1
-            log.exception("the agent failed to answer a gate request", extra=extra)
+            _rejections.log(
+                logging.ERROR,
+                "handler_error",
+                "the agent failed to answer a gate request: %r",
+                err,
+                extra=extra,
+            )
+            log.debug("gate handler failure", exc_info=True)
             return GateErrorReply(error=_short(f"agent error: {type(err).__name__}: {err}"))
 
     def _decision_reply(

@@ -23,14 +23,30 @@ class StartdError(Exception):
     """The local startd could not be asked or did not do what was asked"""
 
 
+#: slot States that are not busy when no job is listed there (HTCondor ``State``)
+IDLE_SLOT_STATES = frozenset({"Unclaimed", "Owner", "Drained"})
+
+
 @dataclass(frozen=True, slots=True)
 class SlotInfo:
-    """One slot of the local startd as ``condor_who`` reports it"""
+    """One slot of the local startd as ``condor_who -long`` reports it"""
 
     name: str  #: e.g. ``slot1_1@wn042.example.org``
     state: str  #: HTCondor slot State, e.g. ``Unclaimed``, ``Claimed``, ``Drained``
     activity: str  #: HTCondor slot Activity, e.g. ``Idle``, ``Busy``, ``Retiring``
     job_id: str | None = None  #: ``<cluster>.<proc>`` of the job running there, if any
+
+    @property
+    def busy(self) -> bool:
+        """
+        Whether this slot keeps the drone from being idle
+
+        A slot is busy if a job is listed there, or if its State is anything but
+        ``Unclaimed``, ``Owner`` or ``Drained``: a ``Claimed`` slot whose job has
+        not started yet (input transfer, PREPARE_JOB pending), ``Matched``,
+        ``Preempting``, ``Backfill``, or a State this code does not know.
+        """
+        return self.job_id is not None or self.state not in IDLE_SLOT_STATES
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,7 +66,10 @@ class Startd(Protocol):
 
     async def slots(self) -> list[SlotInfo]:
         """
-        The startd's slots, asked locally (no central manager involved)
+        The startd's slots that are claimed or run a job, asked locally (no
+        central manager involved); an empty list means that nothing is claimed
+        and nothing runs. The agent calls the drone idle only on an empty list
+        (or on slots that are all :attr:`SlotInfo.busy` false).
 
         :raises StartdError: if the startd does not answer
         """

@@ -73,6 +73,9 @@ class Settings:
     :param end_grace_s: after ``drained``, seconds the worker gets to end by itself
         (the startd exits on drain completion) before the agent terminates it
     :param kill_after_s: seconds between terminating the worker and killing it
+    :param self_drain_deadline_s: the deadline, from now, of the drain the agent
+        starts by itself when its handshake record is released, deleted or
+        rewritten while it is up (the payloads running then may finish until it)
     :param exit_flush_s: at exit, seconds to spend publishing the last events
     :param publish_timeout_s: seconds to wait for one PubAck before retrying
     :param reconnect_wait_s: seconds between reconnect attempts
@@ -95,6 +98,7 @@ class Settings:
     slots: int = 0
     end_grace_s: float = 60.0
     kill_after_s: float = 30.0
+    self_drain_deadline_s: float = 86_400.0
     exit_flush_s: float = 10.0
     publish_timeout_s: float = 5.0
     reconnect_wait_s: float = 2.0
@@ -167,7 +171,9 @@ class Settings:
             servers=tuple(servers),
             worker_command=tuple(worker_command),
             spool_dir=Path(spool_dir),
-            gate_socket=Path(pick("gate_socket", Path) or default_gate_socket(Path(spool_dir))),
+            gate_socket=Path(
+                pick("gate_socket", Path) or default_gate_socket(Path(spool_dir), env)
+            ),
             creds=Path(creds) if creds is not None else None,
             prefix=pick(
                 "prefix", str, env.get(TARDIS_SETTINGS_ENV["prefix"], "").strip() or DEFAULT_PREFIX
@@ -181,6 +187,7 @@ class Settings:
             slots=pick("slots", int, _cores(env)),
             end_grace_s=pick("end_grace_s", float, 60.0),
             kill_after_s=pick("kill_after_s", float, 30.0),
+            self_drain_deadline_s=pick("self_drain_deadline_s", float, 86_400.0),
             exit_flush_s=pick("exit_flush_s", float, 10.0),
             publish_timeout_s=pick("publish_timeout_s", float, 5.0),
             reconnect_wait_s=pick("reconnect_wait_s", float, 2.0),
@@ -201,7 +208,7 @@ class Settings:
         for name in ("heartbeat_s", "poll_s", "publish_timeout_s", "reconnect_wait_s"):
             if not getattr(self, name) > 0:
                 raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
-        for name in ("end_grace_s", "kill_after_s", "exit_flush_s"):
+        for name in ("end_grace_s", "kill_after_s", "exit_flush_s", "self_drain_deadline_s"):
             if not getattr(self, name) >= 0:
                 raise SettingsError(f"{name} must not be negative, not {getattr(self, name)}")
         if self.slots < 0:
@@ -243,6 +250,7 @@ _ENV: Final = {
     "gate_socket": "COBALD_REMOTE_GATE",  # the same variable the hooks read
     "end_grace_s": "COBALD_REMOTE_END_GRACE_S",
     "kill_after_s": "COBALD_REMOTE_KILL_AFTER_S",
+    "self_drain_deadline_s": "COBALD_REMOTE_SELF_DRAIN_DEADLINE_S",
     "exit_flush_s": "COBALD_REMOTE_EXIT_FLUSH_S",
     "publish_timeout_s": "COBALD_REMOTE_PUBLISH_TIMEOUT_S",
     "reconnect_wait_s": "COBALD_REMOTE_RECONNECT_WAIT_S",
@@ -287,13 +295,24 @@ def default_spool_dir(drone: str, env: Mapping[str, str]) -> Path:
     return Path(base) / f"cobald-remote-{drone}"
 
 
-def default_gate_socket(spool_dir: Path) -> Path:
-    """``gate.sock`` in the spool directory, or a short name in /tmp if that path is too long"""
+def default_gate_socket(spool_dir: Path, env: Mapping[str, str] = os.environ) -> Path:
+    """
+    ``gate.sock`` in the spool directory; if that path is too long for a Unix
+    socket, ``gate.sock`` in a private directory with a short name:
+    ``$XDG_RUNTIME_DIR/cobald-remote-<digest>/`` or
+    ``<tempdir>/cobald-remote-<uid>-<digest>/`` (the agent creates it 0700, so
+    only its user can reach the socket in it)
+    """
     path = spool_dir / "gate.sock"
     if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
         return path
     digest = hashlib.sha256(os.fsencode(spool_dir)).hexdigest()[:16]
-    return Path(tempfile.gettempdir()) / f"cobald-remote-{digest}.sock"
+    runtime = env.get("XDG_RUNTIME_DIR", "")
+    if runtime and os.path.isabs(runtime):
+        candidate = Path(runtime) / f"cobald-remote-{digest}" / "gate.sock"
+        if len(os.fsencode(candidate)) <= _MAX_SOCKET_PATH:
+            return candidate
+    return Path(tempfile.gettempdir()) / f"cobald-remote-{os.geteuid()}-{digest}" / "gate.sock"
 
 
 # --------------------------------------------------------------------------- command line
@@ -353,6 +372,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         "--kill-after",
         "kill_after_s",
         "seconds from SIGTERM to SIGKILL of the worker (default 30)",
+        type=float,
+    )
+    add(
+        "--self-drain-deadline",
+        "self_drain_deadline_s",
+        "seconds a self-started drain (record lost while up) lets payloads run (default 86400)",
         type=float,
     )
     add(

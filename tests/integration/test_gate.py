@@ -3,11 +3,8 @@
 from __future__ import annotations
 
 import asyncio
-import os
 import socket
 import stat
-import subprocess
-import sys
 import threading
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -29,7 +26,6 @@ from remote_agent.gate import (
     PrepareJobRequest,
     ask,
     encode,
-    fallback_gate_path,
     find_gate_path,
 )
 from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, JobStart
@@ -181,18 +177,17 @@ async def test_many_hooks_at_once(gate: tuple[GateServer, FakeAgent]) -> None:
     assert sorted(job.job_id for job in agent.started) == sorted(f"{n}.0" for n in range(20))
 
 
-async def test_the_socket_file_is_open_to_job_users_and_removed(tmp_path: Path) -> None:
-    server = GateServer(tmp_path / "sub" / "gate.sock", FakeAgent())
+async def test_the_socket_file_is_private_and_removed(tmp_path: Path) -> None:
+    server = GateServer(tmp_path / "sub" / "deeper" / "gate.sock", FakeAgent())
     await server.start()
     info = server.path.stat()
     assert stat.S_ISSOCK(info.st_mode)
-    assert stat.S_IMODE(info.st_mode) == 0o666
-    link = fallback_gate_path(os.getpid())
-    assert link.is_symlink() and Path(os.readlink(link)) == server.path
+    assert stat.S_IMODE(info.st_mode) == 0o600
+    for directory in (server.path.parent, server.path.parent.parent):
+        assert stat.S_IMODE(directory.stat().st_mode) == 0o700
     assert server.environment()[GATE_ENV] == str(server.path)
     await server.close()
     assert not server.path.exists()
-    assert not link.is_symlink()
 
 
 async def test_a_stale_socket_is_replaced_and_a_live_one_kept(tmp_path: Path) -> None:
@@ -200,9 +195,9 @@ async def test_a_stale_socket_is_replaced_and_a_live_one_kept(tmp_path: Path) ->
     stale = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     stale.bind(str(path))
     stale.close()  # the file stays, nobody listens: what a killed agent leaves
-    first = GateServer(path, FakeAgent(), fallback_link=False)
+    first = GateServer(path, FakeAgent())
     await first.start()
-    second = GateServer(path, FakeAgent(), fallback_link=False)
+    second = GateServer(path, FakeAgent())
     with pytest.raises(GateError, match="already serves"):
         await second.start()
     assert await _ask(path, PrepareJobRequest(job_id="1.0")) == GateDecisionReply(allow=True)
@@ -225,37 +220,6 @@ async def test_nobody_listening_is_unavailable(tmp_path: Path) -> None:
         await _ask(tmp_path / "nobody.sock", PrepareJobRequest(job_id="1.0"))
 
 
-async def test_a_descendant_finds_the_gate_without_configuration(
-    gate: tuple[GateServer, FakeAgent],
-) -> None:
-    server, _ = gate
-    env = {k: v for k, v in os.environ.items() if k != GATE_ENV}
-    # a grandchild (like hook -> starter -> ... -> agent) walks its ancestors
-    code = "from remote_agent.gate import find_gate_path; print(find_gate_path())"
-    done = await asyncio.to_thread(
-        subprocess.run,
-        ["/bin/sh", "-c", f"{sys.executable} -c '{code}'"],
-        env=env,
-        capture_output=True,
-        timeout=60,
-        check=True,
-    )
-    found = Path(done.stdout.decode().strip())
-    assert found == fallback_gate_path(os.getpid())
-    assert Path(os.readlink(found)) == server.path
-    # the environment variable wins over the walk
+def test_hooks_find_the_gate_only_through_their_environment() -> None:
     assert find_gate_path({GATE_ENV: "/elsewhere.sock"}) == Path("/elsewhere.sock")
-
-
-async def test_links_of_killed_agents_are_swept(tmp_path: Path) -> None:
-    gone = await asyncio.create_subprocess_exec("true")
-    await gone.wait()  # its PID is free now: like an agent killed with SIGKILL
-    stale = fallback_gate_path(gone.pid)
-    stale.symlink_to(tmp_path / "old-gate.sock")
-    server = GateServer(tmp_path / "gate.sock", FakeAgent())
-    await server.start()
-    try:
-        assert not stale.is_symlink()
-        assert fallback_gate_path(os.getpid()).is_symlink()
-    finally:
-        await server.close()
+    assert find_gate_path({}) is None

@@ -149,14 +149,15 @@ async def test_prepare_job_with_a_hung_agent_gives_up_in_bounded_time(tmp_path: 
     assert elapsed < 30
 
 
-async def test_prepare_job_finds_the_agent_through_its_ancestors(
+async def test_prepare_job_without_a_gate_in_its_environment_refuses(
     gate: tuple[GateServer, FakeAgent],
 ) -> None:
     _, agent = gate
-    # no COBALD_REMOTE_GATE: the hook walks hook -> this test process and finds the link
+    # no COBALD_REMOTE_GATE and no shared fallback directory: benign refusal, nothing asked
     code, out, _, _ = await run_hook([DEPLOY_DIR / "hook-prepare-job"], JOB_AD, hook_env())
-    assert (code, out) == (0, "")
-    assert [job.job_id for job in agent.started] == ["4711.2"]
+    assert code == 0
+    assert parse_ad(out).integer("HookStatusCode") == AGENT_UNREACHABLE_STATUS
+    assert agent.started == []
 
 
 async def test_prepare_job_with_garbage_on_stdin_still_asks(

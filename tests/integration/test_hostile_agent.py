@@ -1,0 +1,287 @@
+"""
+The real agent and its real gate against a hostile process on the drone and a lost record
+
+A process on the drone can talk to the gate: it may lie about payload ends and
+flood PREPARE_JOB. The startd stays the authority on "idle", the snapshot stays
+bounded, and a record that no longer names the running agent shuts the gate.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+from agent_support import (
+    NS,
+    SITE,
+    FakeStartd,
+    command,
+    drain,
+    read_events,
+    release_if_idle,
+    running,
+    settings,
+    wait_for,
+)
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+
+from broker.provision import provision
+from broker.server import EmbeddedServer
+from remote_agent import events as ev
+from remote_agent.agent import MAX_JOB_ID, Agent
+from remote_agent.gate import (
+    GateDecisionReply,
+    GateServer,
+    PrepareJobRequest,
+    ask,
+)
+from remote_agent.handshake import RecordStore
+from remote_agent.interfaces import GATE_CLOSED_STATUS, SlotInfo
+
+DRONE = "site1-0123456789"
+ROOT = Path(__file__).resolve().parents[2]
+JOBS = ("101.0", "102.0")
+
+#: a process on the drone: sends forged JOB_EXITs for the job ids on its command line
+_FORGER = """
+import sys
+from pathlib import Path
+from remote_agent.events import PayloadEnd
+from remote_agent.gate import GateAck, JobExitRequest, ask
+for job_id in sys.argv[2:]:
+    reply = ask(Path(sys.argv[1]), JobExitRequest(job_id=job_id, how=PayloadEnd.EXIT), 10.0)
+    assert isinstance(reply, GateAck), reply
+"""
+
+
+@dataclass
+class Drone:
+    agent: Agent
+    gate: GateServer
+    startd: FakeStartd
+
+
+@pytest.fixture
+async def store(js: JetStreamContext) -> RecordStore:
+    await provision(js)
+    return await RecordStore.open(js, NS)
+
+
+@pytest.fixture
+async def drone(
+    tmp_path: Path, nats_server: EmbeddedServer, store: RecordStore
+) -> AsyncIterator[Drone]:
+    startd = FakeStartd(slots=2)
+    agent = Agent(settings(tmp_path, nats_server.url, startd=True, slots=2), startd=startd)
+    gate = GateServer(agent.settings.gate_socket, agent)
+    await gate.start()
+    try:
+        yield Drone(agent, gate, startd)
+    finally:
+        await gate.close()
+
+
+async def _prepare(path: Path, job_id: str) -> GateDecisionReply:
+    reply = await asyncio.to_thread(ask, path, PrepareJobRequest(job_id=job_id, slot="s"), 10.0)
+    assert isinstance(reply, GateDecisionReply), reply
+    return reply
+
+
+async def _forge_exits(path: Path, *job_ids: str) -> None:
+    done = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-c", _FORGER, str(path), *job_ids],
+        env={"PYTHONPATH": str(ROOT), "PATH": "/usr/bin:/bin"},
+        capture_output=True,
+        timeout=60,
+        check=False,
+    )
+    assert done.returncode == 0, done.stderr.decode()
+
+
+async def _start_two(d: Drone) -> None:
+    await wait_for(lambda: d.agent.gate_open, what="the gate to open")
+    for slot, job_id in enumerate(JOBS):
+        assert (await _prepare(d.gate.path, job_id)).allow
+        d.startd.run_job(slot, job_id)
+    assert {p.job_id for p in d.agent.payloads} == set(JOBS)
+
+
+async def _phase(store: RecordStore) -> ev.RecordPhase | None:
+    current = await store.read(SITE, DRONE)
+    return None if current is None else current.record.phase
+
+
+# --------------------------------------------------------------------------- case 3
+
+
+async def test_forged_job_exits_do_not_make_a_busy_drone_idle(
+    drone: Drone, nc: Client, store: RecordStore
+) -> None:
+    d = drone
+    async with running(d.agent) as run:
+        await _start_two(d)
+        await _forge_exits(d.gate.path, *JOBS)
+        await wait_for(lambda: not d.agent.payloads, what="the forged exits to arrive")
+
+        # the hooks say idle, the startd does not: release-if-idle lets nothing go
+        reply = await command(nc, release_if_idle(DRONE))
+        assert isinstance(reply, ev.Reply)
+        assert reply.outcome is ev.Outcome.BUSY, reply
+        assert "busy slot" in reply.detail
+        assert d.agent.state is not ev.DroneState.DRAINED
+        assert await _phase(store) is ev.RecordPhase.UP
+
+        # a drain waits for the startd, not for the hooks
+        reply = await command(nc, drain(DRONE))
+        assert isinstance(reply, ev.Reply)
+        assert reply.outcome is ev.Outcome.DRAIN_ACCEPTED
+        await asyncio.sleep(1.0)  # 20 poll intervals
+        assert d.agent.state is ev.DroneState.DRAINING
+        assert await _phase(store) is ev.RecordPhase.DRAINING
+        reply = await command(nc, release_if_idle(DRONE, "q2"))
+        assert isinstance(reply, ev.Reply)
+        assert reply.outcome is ev.Outcome.BUSY, reply
+        assert not run.task.done()
+
+        # the payloads really end: now the drone is drained
+        d.startd.run_job(0, None)
+        d.startd.run_job(1, None)
+        assert await run.exit_code(30) == 0
+    assert await _phase(store) is ev.RecordPhase.DRAINED
+
+
+async def test_a_claimed_slot_without_a_job_is_busy(
+    drone: Drone, nc: Client, store: RecordStore
+) -> None:
+    d = drone
+    async with running(d.agent):
+        await wait_for(lambda: d.agent.gate_open, what="the gate to open")
+        # claimed, the job not started yet (input transfer, PREPARE_JOB pending)
+        d.startd.slot_list[0] = SlotInfo(d.startd.slot_list[0].name, "Claimed", "Idle")
+        reply = await command(nc, release_if_idle(DRONE))
+        assert isinstance(reply, ev.Reply)
+        assert reply.outcome is ev.Outcome.BUSY, reply
+        assert d.agent.gate_open
+        d.startd.slot_list[0] = SlotInfo(d.startd.slot_list[0].name, "Unclaimed", "Idle")
+        reply = await command(nc, release_if_idle(DRONE, "q2"))
+        assert isinstance(reply, ev.Reply)
+        assert reply.outcome is ev.Outcome.RELEASED, reply
+
+
+async def test_a_startd_that_does_not_answer_is_not_idle(
+    drone: Drone, nc: Client, store: RecordStore
+) -> None:
+    d = drone
+    async with running(d.agent):
+        await wait_for(lambda: d.agent.gate_open, what="the gate to open")
+        d.startd.fail = True  # the worker (condor_master) still runs
+        reply = await command(nc, release_if_idle(DRONE))
+        assert isinstance(reply, ev.Reply)
+        assert reply.outcome is ev.Outcome.BUSY, reply
+        assert "does not answer" in reply.detail
+        assert d.agent.gate_open
+        assert await _phase(store) is ev.RecordPhase.UP
+
+
+# --------------------------------------------------------------------------- case 4
+
+
+def _released() -> bytes:
+    record = ev.DroneRecord(
+        site=SITE,
+        drone=DRONE,
+        phase=ev.RecordPhase.RELEASED,
+        writer="manager",
+        at=ev.utcnow(),
+        note="gone",
+    )
+    return ev.encode(record)
+
+
+def _other_up() -> bytes:
+    record = ev.DroneRecord(
+        site=SITE,
+        drone=DRONE,
+        phase=ev.RecordPhase.UP,
+        writer="agent",
+        incarnation="someone-else",
+        at=ev.utcnow(),
+    )
+    return ev.encode(record)
+
+
+@pytest.mark.parametrize("rewrite", ["released", "deleted", "other_up", "garbage"])
+async def test_a_lost_record_closes_the_gate_and_drains(
+    drone: Drone, js: JetStreamContext, store: RecordStore, rewrite: str
+) -> None:
+    d = drone
+    key = NS.record_key(SITE, DRONE)
+    async with running(d.agent) as run:
+        await wait_for(lambda: d.agent.gate_open, what="the gate to open")
+        assert (await _prepare(d.gate.path, "7.0")).allow
+        d.startd.run_job(0, "7.0")
+        if rewrite == "deleted":
+            await store.kv.delete(key)
+        else:
+            value = {"released": _released, "other_up": _other_up}.get(rewrite, lambda: b"\xc1")
+            await store.kv.put(key, value())
+        await wait_for(lambda: not d.agent.gate_open, what="the gate to close")
+        refused = await _prepare(d.gate.path, "8.0")
+        assert (refused.allow, refused.status_code) == (False, GATE_CLOSED_STATUS)
+        # the running payload is not killed: the drone drains
+        assert d.agent.state is ev.DroneState.DRAINING
+        assert [p.job_id for p in d.agent.payloads] == ["7.0"]
+        assert not run.task.done()
+        d.startd.run_job(0, None)
+        d.agent.job_exited("7.0", ev.PayloadEnd.EXIT, 0, None)
+        assert await run.exit_code(30) == 0
+    events = [event for _, event in await read_events(js, DRONE)]
+    closed = [e for e in events if isinstance(e, ev.GateClosed)]
+    assert closed and closed[0].reason.startswith("record lost:"), closed
+    started = [e.job_id for e in events if isinstance(e, ev.PayloadStarted)]
+    assert started == ["7.0"]
+    # the agent never wrote the record again
+    if rewrite == "released":
+        assert await _phase(store) is ev.RecordPhase.RELEASED
+    elif rewrite == "other_up":
+        current = await store.read(SITE, DRONE)
+        assert current is not None and current.record.incarnation == "someone-else"
+
+
+# --------------------------------------------------------------------------- case 9
+
+
+async def test_a_prepare_job_flood_drops_no_event(
+    drone: Drone, js: JetStreamContext, store: RecordStore
+) -> None:
+    d = drone
+    flood = 800  # unbounded, 800 payloads of 64-character ids make a snapshot > 64 KiB
+    async with running(d.agent) as run:
+        await wait_for(lambda: d.agent.gate_open, what="the gate to open")
+        stem = "9" * (MAX_JOB_ID - 4)
+        replies = []
+        for n in range(flood):
+            job_id = f"{stem}.{n:03d}"
+            replies.append(reply := await _prepare(d.gate.path, job_id))
+            if reply.allow:  # the startd runs what the gate let in
+                d.startd.run_job(len([r for r in replies if r.allow]) - 1, job_id)
+        allowed = [r for r in replies if r.allow]
+        assert len(allowed) == 2  # the drone's slots
+        assert all(r.status_code == GATE_CLOSED_STATUS for r in replies if not r.allow)
+        assert d.agent.counters["payloads_refused_over_slots"] == flood - 2
+        too_long = await _prepare(d.gate.path, "1" * (MAX_JOB_ID + 1))
+        assert (too_long.allow, too_long.status_code) == (False, GATE_CLOSED_STATUS)
+        await run.stop()
+    publisher = d.agent.publisher
+    assert publisher is not None
+    assert publisher.rejected == 0
+    events = await read_events(js, DRONE)
+    assert len(events) == publisher.published - publisher.duplicates
+    assert isinstance(events[-1][1], ev.Heartbeat), "the last heartbeat was stored"
