@@ -32,7 +32,7 @@ import time
 import uuid
 from collections import Counter
 from collections.abc import Awaitable, Callable, Coroutine, Iterable, Mapping
-from typing import Any, Final, TypeVar
+from typing import Any, TypeVar
 
 import msgspec
 import nats.errors
@@ -41,6 +41,12 @@ from nats.js.kv import KeyValue
 
 from . import __version__
 from .events import (
+    MAX_COMMAND,
+    MAX_JOB_ID,
+    MAX_NAME,
+    MAX_PAYLOADS,
+    MAX_REQUEST_ID,
+    MAX_TEXT,
     AgentExiting,
     AgentStarted,
     DrainAccepted,
@@ -110,22 +116,6 @@ _READY_CHECK_S = 30.0
 _REPLY_RECORD_WAIT_S = 2.0
 #: refused and finished job ids remembered at most (a flood of forged ids costs no memory)
 _MAX_REMEMBERED = 4096
-
-# Snapshot limits: with them the largest event the agent can encode stays well below
-# events.DEFAULT_MAX_SIZE (64 KiB), so the stream never rejects one of its events
-# (tests/unit/test_agent_limits.py builds the worst case).
-#: payloads in a snapshot at most, whatever the number of slots
-MAX_PAYLOADS: Final = 256
-#: the longest job id a payload may have; a longer one is refused (390)
-MAX_JOB_ID: Final = 64
-#: the longest slot name, hostname or request id kept; longer ones are cut
-MAX_NAME: Final = 64
-#: the longest free text (reasons, notes, details) kept; longer text is cut
-MAX_TEXT: Final = 1024
-#: the most characters of the worker command line in an event, all arguments together
-MAX_COMMAND: Final = 4096
-#: request ids are cut to this many characters
-MAX_REQUEST_ID: Final = 128
 
 
 def _cut(text: str, limit: int) -> str:

@@ -34,6 +34,22 @@ DEFAULT_MAX_SIZE: Final = 64 * 1024
 #: default first subject token of everything cobald-remote publishes
 DEFAULT_PREFIX: Final = "cobald"
 
+# Snapshot limits: an agent keeps its events within them, so that the largest event
+# it can encode stays well below DEFAULT_MAX_SIZE and the stream never rejects one
+# (tests/unit/test_agent_limits.py builds the worst case). Readers enforce the first.
+#: payloads in a snapshot at most, whatever the number of slots
+MAX_PAYLOADS: Final = 256
+#: the longest job id a payload may have; the agent's gate refuses a longer one (390)
+MAX_JOB_ID: Final = 64
+#: the longest slot name or hostname an agent keeps; longer ones are cut
+MAX_NAME: Final = 64
+#: the longest free text (reasons, notes, details) an agent keeps; longer text is cut
+MAX_TEXT: Final = 1024
+#: the most characters of the worker command line in an event, all arguments together
+MAX_COMMAND: Final = 4096
+#: request ids are cut to this many characters
+MAX_REQUEST_ID: Final = 128
+
 _TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 _TOKEN_CHARS: Final = string.ascii_letters + string.digits + "_-"
 
@@ -155,7 +171,7 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     since: UtcTime  #: when ``state`` was entered
     gate_open: bool
     slots: NonNegative = 0
-    payloads: list[Payload] = []
+    payloads: Annotated[list[Payload], msgspec.Meta(max_length=MAX_PAYLOADS)] = []
     drain: DrainIntent | None = None
     worker_pid: int | None = None
     started_at: UtcTime  #: when this incarnation of the agent started

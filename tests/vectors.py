@@ -286,7 +286,8 @@ def describe(t: mi.Type) -> str:
         values = [m.value for m in t.cls] if isinstance(t, mi.EnumType) else t.values
         return "one of " + ", ".join(f"`{v}`" for v in values)
     if isinstance(t, mi.ListType):
-        return f"[{describe(t.item_type)}]"
+        bound = f", at most {t.max_length}" if t.max_length is not None else ""
+        return f"[{describe(t.item_type)}{bound}]"
     if isinstance(t, mi.StructType):
         return t.cls.__name__
     raise TypeError(f"no wire name for {t!r}")

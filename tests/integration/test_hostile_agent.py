@@ -34,7 +34,8 @@ from nats.js import JetStreamContext
 from broker.provision import provision
 from broker.server import EmbeddedServer
 from remote_agent import events as ev
-from remote_agent.agent import MAX_JOB_ID, Agent
+from remote_agent.agent import Agent
+from remote_agent.events import MAX_JOB_ID
 from remote_agent.gate import (
     GateDecisionReply,
     GateServer,

@@ -8,16 +8,14 @@ from pathlib import Path
 from typing import Any
 
 from remote_agent import events as ev
-from remote_agent.agent import (
+from remote_agent.agent import Agent, bounded_command, bounded_intent
+from remote_agent.events import (
     MAX_COMMAND,
     MAX_JOB_ID,
     MAX_NAME,
     MAX_PAYLOADS,
     MAX_REQUEST_ID,
     MAX_TEXT,
-    Agent,
-    bounded_command,
-    bounded_intent,
 )
 from remote_agent.settings import Settings
 from remote_agent.spool import SpooledEvent

@@ -249,3 +249,16 @@ def test_deep_nesting_is_a_schema_error(decoder: Callable[[bytes], object], dept
     data = b"\x82\xa1x" + b"\x91" * depth + b"\xc0\xa4kind\xa9heartbeat"
     with pytest.raises(ev.SchemaError, match="nested too deeply"):
         decoder(data)
+
+
+def test_a_snapshot_lists_at_most_max_payloads() -> None:
+    now = ev.utcnow()
+    payloads = [ev.Payload(job_id=f"{n}.0", started_at=now) for n in range(ev.MAX_PAYLOADS + 1)]
+    snapshot = ev.Snapshot(
+        state=ev.DroneState.BUSY, since=now, gate_open=True, payloads=payloads, started_at=now
+    )
+    event = msgspec.structs.replace(example(ev.Heartbeat), snapshot=snapshot)
+    with pytest.raises(ev.SchemaError, match="length <= 256"):
+        ev.decode_event(ev.encode(event))
+    bounded = msgspec.structs.replace(snapshot, payloads=payloads[:-1])
+    assert ev.decode_event(ev.encode(msgspec.structs.replace(event, snapshot=bounded)))
