@@ -3,7 +3,7 @@ Ingest benchmark: events/s the drone registry applies, against nats-py's raw rec
 
 Run from the repository root (about a minute)::
 
-    /work/venv/bin/python bench/ingest.py            # 200,000 events from 10,000 drones
+    .venv/bin/python bench/ingest.py            # 200,000 events from 10,000 drones
     python bench/ingest.py --events 50000 --drones 1000 --uvloop
 
 It starts its own nats-server (the embedded one, in a temporary directory),
@@ -20,7 +20,7 @@ messages from the same server three times in one run:
 
 It prints a table with the rates and the ratio registry/raw, and writes the
 figures as JSON to ``bench/results/ingest-<time>.json``. No figure is asserted;
-the goals (issue 6) are printed beside the result.
+the goals are printed beside the result.
 """
 
 from __future__ import annotations

@@ -3,8 +3,8 @@ Latency benchmark: publish to registry state change, drain request to agent repl
 
 Run from the repository root::
 
-    /work/venv/bin/python bench/latency.py            # 20 s of load per phase, < 2 min
-    /work/venv/bin/python bench/latency.py --quick    # 5 s of load per phase, < 40 s
+    .venv/bin/python bench/latency.py            # 20 s of load per phase, < 2 min
+    .venv/bin/python bench/latency.py --quick    # 5 s of load per phase, < 40 s
 
 It starts its own nats-server (the embedded one, in a temporary directory) and
 puts a steady load of ``--rate`` events/s (default 1,000) from ``--drones``
@@ -62,8 +62,7 @@ TARDIS_LAG = [
     (
         "drone_heartbeat_interval",
         60.0,
-        "default 60 s: tardis/interfaces/siteadapter.py:26 (SiteConfigurationModel); "
-        "/work/shared/reference/tardis.md §'Sites: entries'",
+        "default 60 s: tardis/interfaces/siteadapter.py:26 (SiteConfigurationModel)",
     ),
     (
         "BatchSystem.max_age (HTCondor condor_status cache)",

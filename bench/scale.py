@@ -3,8 +3,8 @@ Scale benchmark: registry memory per drone, rebuild time, handshake operations p
 
 Run from the repository root::
 
-    /work/venv/bin/python bench/scale.py            # 10,000 and 100,000 drones, < 3 min
-    /work/venv/bin/python bench/scale.py --quick    # 10,000 drones, fewer handshakes, < 40 s
+    .venv/bin/python bench/scale.py            # 10,000 and 100,000 drones, < 3 min
+    .venv/bin/python bench/scale.py --quick    # 10,000 drones, fewer handshakes, < 40 s
 
 For each fleet size it starts its own nats-server (the embedded one, in a
 temporary directory) and fills the event stream the way a running fleet leaves

@@ -1,5 +1,5 @@
 """
-The proof of the release handshake (issue 4)
+The proof of the release handshake
 
 Drives the real agent (``remote_agent.agent.Agent`` with its real gate socket)
 and the real manager (``broker.service.ManagerService`` and its ``Control``)
