@@ -356,3 +356,43 @@ async def test_status_answers_on_a_quiet_bus_holding_one_poison_message(
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
     assert drone.drone in rows
     assert "\\x91" not in err and "junk" not in err
+
+
+async def _publish_raw(server: EmbeddedServer, subject: bytes, payload: bytes) -> None:
+    """Publish on a subject that is not UTF-8, which no client library lets one write"""
+    host, _, port = server.url.removeprefix("nats://").rpartition(":")
+    reader, writer = await asyncio.open_connection(host, int(port))
+    try:
+        await reader.readline()  # INFO
+        writer.write(b'CONNECT {"verbose":false,"pedantic":false}\r\n')
+        writer.write(b"PUB %s %d\r\n%s\r\nPING\r\n" % (subject, len(payload), payload))
+        await writer.drain()
+        assert await asyncio.wait_for(reader.readline(), 10) == b"PONG\r\n"
+    finally:
+        writer.close()
+        await writer.wait_closed()
+
+
+async def test_a_subject_that_is_not_utf8_is_termed(
+    nats_server: EmbeddedServer, stream: JetStreamContext
+) -> None:
+    """A drone may publish any bytes below its own subjects: the manager rejects, not chokes"""
+    drones = [FakeDrone(SITE, f"site1-{i:010x}") for i in range(2)]
+    async with _service(nats_server) as service:
+        await _publish_story(stream, drones[0], 2)
+        root = NS.event(SITE, drones[0].drone, "heartbeat").removesuffix("heartbeat").encode()
+        await _publish_raw(nats_server, root + b"\xff\xfe", ev.encode(drones[0].heartbeat()))
+        for drone in drones:
+            await _publish_story(stream, drone, 2)
+        expected = {(d.site, d.drone): d.seq for d in drones}
+        await eventually(
+            lambda: {k: s for k, (s, _) in _state(service.registry).items()} == expected,
+            what="the events after it applied",
+        )
+        await eventually(lambda: service.consumer_stats.termed == 1, what="termed")
+        await _settled(stream, service.settings.durable)
+        assert service.failures == 0
+    # and the rebuild reads past it
+    code, out, err = await _cli("status", "--server", nats_server.url, timeout_s=20)
+    assert code == 0, err
+    assert {line.split()[0] for line in out.splitlines()[1:]} == {d.drone for d in drones}
