@@ -22,8 +22,12 @@ inbox as reply subject, keeping one or two requests outstanding.
 * Every other message goes to a **synchronous** handler, which applies it and
   returns what to tell the server: ack after apply, ``+TERM`` for a message
   that can never be applied, ``-NAK`` to have it redelivered. A handler that
-  raises leaves the message unacknowledged, exactly like a crash: the server
-  redelivers it after ``ack_wait``.
+  raises rejects that message: it is terminated (an ``AckPolicy.NONE``
+  consumer skips it), counted in :attr:`ConsumerStats.handler_errors` and
+  logged, rate-limited, with its subject and the exception's type, never its
+  payload. No message can stop the loop or be left unacknowledged by it; only
+  a process that dies before its acks are written leaves messages for
+  redelivery, at most :data:`MAX_DELIVER` times (see :func:`durable_config`).
 """
 
 from __future__ import annotations
@@ -34,6 +38,7 @@ import enum
 import inspect
 import json
 import logging
+import os
 import weakref
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
@@ -48,9 +53,13 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 
+from remote_agent.ratelog import RateLimitedLog
+
 from .errors import BrokerError
 
 log = logging.getLogger(__name__)
+#: handler errors and given-up messages come in floods: one line per kind and interval
+_rejections = RateLimitedLog(log)
 
 #: JetStream API prefix without a domain; ``$JS.<domain>.API`` with one
 DEFAULT_API_PREFIX: Final = "$JS.API"
@@ -58,6 +67,14 @@ DEFAULT_API_PREFIX: Final = "$JS.API"
 READ_ALL_BATCH: Final = 2000
 #: name of the manager's durable consumer on the event stream
 DEFAULT_DURABLE: Final = "cobald-registry"
+#: deliveries of one message to the durable before the server gives up on it
+#: (see :func:`durable_config`)
+MAX_DELIVER: Final = 5
+#: ``$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>``: the server's
+#: note that a message reached ``max_deliver`` (nats-server server/jetstream_api.go:271)
+MAX_DELIVERIES_ADVISORY: Final = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
+#: exception types counted by name at most; more are counted as ``other``
+_MAX_ERROR_KINDS: Final = 32
 
 _STATUS: Final = "Status"
 _DESCRIPTION: Final = "Description"
@@ -144,9 +161,14 @@ class ConsumerStats:
 
     delivered: int = 0  #: messages handed to the handler
     acked: int = 0
-    termed: int = 0
+    termed: int = 0  #: terminated: the handler said so, or raised
     nacked: int = 0
-    failed: int = 0  #: handler raised; left unacknowledged
+    #: the handler raised: the message was terminated (skipped without acks)
+    handler_errors: int = 0
+    #: :attr:`handler_errors` by the exception's type name
+    handler_error_types: dict[str, int] = field(default_factory=dict)
+    #: messages the server gave up on after ``max_deliver`` deliveries (its advisory)
+    max_deliveries: int = 0
     heartbeats: int = 0
     requests: int = 0  #: pull requests sent
     expired: int = 0  #: 404/408 answers
@@ -190,6 +212,7 @@ def durable_config(
     *,
     ack_wait_s: float = 30.0,
     max_ack_pending: int = 20_000,
+    max_deliver: int = MAX_DELIVER,
     replicas: int | None = None,
 ) -> ConsumerConfig:
     """
@@ -197,7 +220,19 @@ def durable_config(
 
     It starts at the moment it is first created; everything older comes from
     the registry's rebuild, which also runs on every start. ``max_ack_pending``
-    is well above two pull batches so that acks in flight never stall delivery.
+    is well above two pull batches so that acks in flight never stall delivery:
+    the pull loop answers every message it is handed (a handler that raises
+    terminates it), so only the 1.5 batches a consumer can be owed are ever
+    unacknowledged, whatever the messages contain.
+
+    ``max_deliver`` bounds how often one message is delivered. A message goes
+    out again only when no answer came within ``ack_wait``: the manager died
+    or lost its connection before its acks were written. Five deliveries
+    survive four such failures in a row within the same batch; a message that
+    kills the manager every time (a crash, not an exception) stops after five
+    restarts instead of circulating forever. A message given up on is not
+    lost to the registry: the rebuild on the next start reads the stream
+    itself, and each drone's next heartbeat carries its whole state.
     """
     return ConsumerConfig(
         durable_name=name,
@@ -207,6 +242,7 @@ def durable_config(
         ack_policy=AckPolicy.EXPLICIT,
         ack_wait=ack_wait_s,
         max_ack_pending=max_ack_pending,
+        max_deliver=max_deliver,
         filter_subject=filter_subject,
         num_replicas=replicas,
     )
@@ -223,7 +259,11 @@ async def ensure_consumer(
     Create the durable consumer, or confirm the existing one; safe to call on every start
 
     The server accepts a create with the same configuration as a no-op and
-    updates the fields it may update (``ack_wait``, ``max_ack_pending``, ...).
+    updates the fields it may update in place (``ack_wait``, ``max_ack_pending``,
+    ``max_deliver``, ...; a create without ``action`` is "create or update",
+    nats-server server/consumer.go:180, 1122-1144, and the fields that can not
+    change are listed in ``checkNewConsumerConfig``, consumer.go:2535-2601), so
+    a durable provisioned by an older manager gets the current limits.
 
     :raises ConsumerError: if a consumer of that name exists with another
         delivery policy, ack policy or filter, or the server refuses it
@@ -540,6 +580,7 @@ class PullConsumer:
         self._owed = 0
         self._inbox = ""
         self._sub: Subscription | None = None
+        self._advisories: Subscription | None = None
         self._direct: _Direct | None = None
         self._gone: ConsumerGone | None = None
         self._wake = asyncio.Event()
@@ -571,12 +612,21 @@ class PullConsumer:
             self._direct = direct
         elif self.direct:
             log.warning("this nats-py does not allow direct dispatch; using the slower Msg path")
+        if self.acks:
+            self._advisories = await self.nc.subscribe(
+                f"{MAX_DELIVERIES_ADVISORY}.{self.stream}.{self.consumer}",
+                cb=self._on_max_deliveries,
+            )
         await self._pull()
 
     async def stop(self) -> None:
         """Stop asking for messages; messages owed to us are redelivered later"""
         sub, self._sub = self._sub, None
+        advisories, self._advisories = self._advisories, None
         self._wake.set()
+        if advisories is not None and not self.nc.is_closed:
+            with contextlib.suppress(nats.errors.Error):
+                await advisories.unsubscribe()
         if sub is not None:
             if self._direct is not None:
                 self._direct.routes.pop(getattr(sub, "_id", -1), None)
@@ -680,33 +730,29 @@ class PullConsumer:
         stats = self.stats
         stats.delivered += 1
         try:
+            # decoded in here: a subject that is not UTF-8 is the handler's error, too
             disposition = self.handler(
                 subject.decode(),
                 reply.decode(),
                 data,
                 _parse_headers(headers) if self.headers and headers else None,
             )
-        except Exception:
-            stats.failed += 1
-            log.exception(
-                "handler failed on %r (stream %s): left unacknowledged for redelivery",
-                subject,
-                self.stream,
-            )
-        else:
-            if self.acks:
-                if disposition is Disposition.ACK:
-                    stats.acked += 1
-                    tail = _ACK_TAIL
-                elif disposition is Disposition.TERM:
-                    stats.termed += 1
-                    tail = _TERM_TAIL
-                else:
-                    stats.nacked += 1
-                    tail = _NAK_TAIL
-                direct = self._direct
-                assert direct is not None
-                direct.answer(reply, tail)
+        except Exception as err:
+            self._handler_error(subject, err)
+            disposition = Disposition.TERM
+        if self.acks:
+            if disposition is Disposition.ACK:
+                stats.acked += 1
+                tail = _ACK_TAIL
+            elif disposition is Disposition.TERM:
+                stats.termed += 1
+                tail = _TERM_TAIL
+            else:
+                stats.nacked += 1
+                tail = _NAK_TAIL
+            direct = self._direct
+            assert direct is not None
+            direct.answer(reply, tail)
         return self._pull() if self._owed <= self._low_water else None
 
     async def _on_message(self, msg: Msg) -> None:
@@ -732,14 +778,9 @@ class PullConsumer:
         stats.delivered += 1
         try:
             disposition = self.handler(subject, reply, data, headers)
-        except Exception:
-            stats.failed += 1
-            log.exception(
-                "handler failed on %s (stream %s): left unacknowledged for redelivery",
-                subject,
-                self.stream,
-            )
-            return
+        except Exception as err:
+            self._handler_error(subject, err)
+            disposition = Disposition.TERM
         if not self.acks:
             return
         # Msg.ack() is exactly this publish (an empty body acks, too) plus a check
@@ -753,6 +794,48 @@ class PullConsumer:
         else:
             stats.nacked += 1
             await self.nc.publish(reply, _NAK)
+
+    def _handler_error(self, subject: str | bytes, err: Exception) -> None:
+        """Count and log (rate-limited) a handler that raised: its subject and error type only"""
+        stats = self.stats
+        stats.handler_errors += 1
+        kinds = stats.handler_error_types
+        kind = type(err).__name__
+        if kind not in kinds and len(kinds) >= _MAX_ERROR_KINDS:
+            kind = "other"
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if isinstance(subject, bytes):
+            subject = subject.decode("utf-8", "replace")
+        subject = subject[:256]
+        _rejections.warning(
+            f"handler {self.stream} {self.consumer} {kind}",
+            "handler raised %s (at %s) on %s (stream %s, consumer %s): message %s",
+            kind,
+            _Origin(err),
+            subject,
+            self.stream,
+            self.consumer,
+            "terminated" if self.acks else "skipped",
+            extra={"subject": subject},
+        )
+
+    async def _on_max_deliveries(self, msg: Msg) -> None:
+        """The server's advisory: a message reached ``max_deliver`` and is not delivered again"""
+        self.stats.max_deliveries += 1
+        try:
+            body = json.loads(msg.data)
+            seq, deliveries = int(body["stream_seq"]), int(body["deliveries"])
+        except (ValueError, TypeError, KeyError):
+            seq = deliveries = -1
+        _rejections.warning(
+            f"max_deliver {self.stream} {self.consumer}",
+            "message %d of stream %s was delivered %d times to %s without an answer: "
+            "the server gives up on it (max_deliver)",
+            seq,
+            self.stream,
+            deliveries,
+            self.consumer,
+        )
 
     async def _on_status(self, status: str, headers: Mapping[str, str]) -> None:
         stats = self.stats
@@ -795,6 +878,23 @@ class PullConsumer:
             await self._pull()
 
 
+class _Origin:
+    """Where an exception was raised, ``file.py:line``, worked out only if a line is written"""
+
+    __slots__ = ("err",)
+
+    def __init__(self, err: BaseException) -> None:
+        self.err = err
+
+    def __str__(self) -> str:
+        tb = self.err.__traceback__
+        if tb is None:
+            return "?"
+        while tb.tb_next is not None:
+            tb = tb.tb_next
+        return f"{os.path.basename(tb.tb_frame.f_code.co_filename)}:{tb.tb_lineno}"
+
+
 async def _first(*events: asyncio.Event) -> None:
     """Wait until any of ``events`` is set"""
     waiters = [asyncio.ensure_future(event.wait()) for event in events]
@@ -816,6 +916,7 @@ async def read_all(
     settings: PullSettings | None = None,
     api: str = DEFAULT_API_PREFIX,
     timeout_s: float | None = None,
+    stats: ConsumerStats | None = None,
 ) -> int:
     """
     Read every message an ephemeral ``AckPolicy.NONE`` consumer has at its creation
@@ -823,9 +924,12 @@ async def read_all(
     Creates the consumer from ``config``, hands each message to ``handler``
     until as many as the consumer reported pending at creation were read,
     then deletes it. Messages stored later are read too if they arrive first;
-    the caller must tolerate that (the registry does, by ``seq``).
+    the caller must tolerate that (the registry does, by ``seq``). A message
+    whose handler raises is read all the same: it is skipped, counted in
+    ``stats.handler_errors`` and logged, and the reading goes on.
 
-    :returns: the number of messages read
+    :param stats: counters to add to (a new :class:`ConsumerStats` by default)
+    :returns: the number of messages read, those whose handler raised included
     :raises ConsumerError: if the consumer cannot be created
     :raises TimeoutError: if the messages do not all arrive within ``timeout_s``
         (default: 120 s, plus a second for every 10,000 messages)
@@ -848,16 +952,24 @@ async def read_all(
         subject: str, reply: str, data: bytes, msg_headers: Mapping[str, str] | None
     ) -> Disposition:
         nonlocal count
-        handler(subject, reply, data, msg_headers)
-        count += 1
+        count += 1  # before the handler: a message it raises on was read, too
         if count >= wanted:
             done.set()
+        handler(subject, reply, data, msg_headers)
         return Disposition.ACK
 
     # AckNone and a known end: large batches save round trips
     settings = settings or PullSettings(batch=max(1, min(wanted, READ_ALL_BATCH)))
     pull = PullConsumer(
-        nc, stream, info.name, handle, acks=False, headers=headers, settings=settings, api=api
+        nc,
+        stream,
+        info.name,
+        handle,
+        acks=False,
+        headers=headers,
+        settings=settings,
+        api=api,
+        stats=stats,
     )
     runner = asyncio.create_task(pull.run(done))
     try:

@@ -164,13 +164,30 @@ def render(sources: Sources, now: float | None = None) -> str:
             "consumer_messages",
             "counter",
             "Event-stream messages the manager's consumer handled, by what it answered "
-            "(failed: the handler raised, left for redelivery)",
+            "(termed: rejected, or the handler raised)",
             [
                 ({"outcome": "acked"}, stats.acked),
                 ({"outcome": "termed"}, stats.termed),
                 ({"outcome": "nacked"}, stats.nacked),
-                ({"outcome": "failed"}, stats.failed),
             ],
+        )
+        _family(
+            lines,
+            "consumer_handler_errors",
+            "counter",
+            "Event-stream messages whose handler raised, by exception type; each was "
+            "terminated and changed nothing",
+            [
+                ({"exception": kind}, count)
+                for kind, count in sorted(stats.handler_error_types.items())
+            ],
+        )
+        _family(
+            lines,
+            "consumer_max_deliveries",
+            "counter",
+            "Messages the server stopped delivering after max_deliver deliveries without an answer",
+            [({}, stats.max_deliveries)],
         )
         _family(
             lines,

@@ -63,7 +63,15 @@ def test_render_is_valid_exposition_with_the_registry_counts() -> None:
     now = time.time()
     registry = Registry(NS)
     _fleet(registry, now)
-    stats = ConsumerStats(acked=6, termed=1, requests=2, watchdog=1)
+    stats = ConsumerStats(
+        acked=6,
+        termed=3,
+        handler_errors=2,
+        handler_error_types={"RecursionError": 1, "ValueError": 1},
+        max_deliveries=4,
+        requests=2,
+        watchdog=1,
+    )
     counts = {"bus": collections.Counter(notes_published=4), "site:Site1": {"drain_accepted": 2}}
     text = render(
         Sources(
@@ -98,7 +106,11 @@ def test_render_is_valid_exposition_with_the_registry_counts() -> None:
     assert value("cobald_remote_drone_records", phase="none") == 3
     assert value("cobald_remote_drones_lost") == 1
     assert value("cobald_remote_consumer_messages_total", outcome="acked") == 6
-    assert value("cobald_remote_consumer_messages_total", outcome="termed") == 1
+    assert value("cobald_remote_consumer_messages_total", outcome="termed") == 3
+    assert ("cobald_remote_consumer_messages_total", (("outcome", "failed"),)) not in samples
+    errors = "cobald_remote_consumer_handler_errors_total"
+    assert value(errors, exception="RecursionError") == value(errors, exception="ValueError") == 1
+    assert value("cobald_remote_consumer_max_deliveries_total") == 4
     assert value("cobald_remote_consumer_pull_requests_total") == 2
     assert value("cobald_remote_consumer_watchdog_total") == 1
     assert value("cobald_remote_connected") == 1
