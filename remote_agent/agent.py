@@ -946,7 +946,8 @@ class Agent:
         if nc is None:
             return
         try:
-            # not msg.respond(): that would echo the request's headers (nats.py ``nats/aio/msg.py``: ``respond`` publishes with ``headers=self.headers``)
+            # not msg.respond(): that would echo the request's headers
+            # (nats.py nats/aio/msg.py: respond publishes with headers=self.headers)
             await nc.publish(reply_to, data)
         except (nats.errors.Error, OSError) as err:
             log.warning("cannot send a reply: %r", err, extra={"drone": self._drone})

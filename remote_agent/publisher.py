@@ -6,7 +6,9 @@ One task publishes the spool's events oldest first, one at a time, each with
 only after JetStream acknowledged it. When the broker is unreachable the task
 waits for the connection to come back and retries the same event with the
 same id: if an earlier attempt was stored after all, JetStream answers
-``duplicate`` and stores nothing (nats-server ``server/stream.go``, ``processJetStreamMsg``: a repeated ``Nats-Msg-Id`` inside the window is answered ``"duplicate": true`` and not stored). So events
+``duplicate`` and stores nothing (nats-server ``server/stream.go``,
+``processJetStreamMsg``: a repeated ``Nats-Msg-Id`` inside the duplicate window
+is answered ``"duplicate": true`` and not stored). So events
 reach the stream in order, none is lost while the agent lives, and none is
 stored twice within the stream's dedupe window.
 

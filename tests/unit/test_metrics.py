@@ -30,24 +30,26 @@ def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
     return out
 
 
-def _apply(registry: Registry, drone: FakeDrone, event: ev.Event, at: float) -> None:
-    registry.apply_message(ev.encode(event), drone.subject(event, NS), at)
+def _apply(
+    registry: Registry, drone: FakeDrone, event: ev.Event, at: float, stream_seq: int
+) -> None:
+    registry.apply_message(ev.encode(event), drone.subject(event, NS), at, stream_seq)
 
 
 def _fleet(registry: Registry, now: float) -> None:
     idle = FakeDrone(SITE, "site1-0000000001")
     busy = FakeDrone(SITE, "site1-0000000002")
     silent = FakeDrone(SITE, "site1-0000000003")
-    for event in (idle.started(), idle.ready()):
-        _apply(registry, idle, event, now)
+    for number, event in enumerate((idle.started(), idle.ready()), 1):
+        _apply(registry, idle, event, now, number)
     started = busy.started()
-    for event in (started, busy.ready(), busy.payload_started("7.0")):
-        _apply(registry, busy, event, now)
-    _apply(registry, busy, started, now)  # stale
+    for number, event in enumerate((started, busy.ready(), busy.payload_started("7.0")), 3):
+        _apply(registry, busy, event, now, number)
+    _apply(registry, busy, started, now, 3)  # delivered again: stale
     beat = busy.heartbeat()
-    _apply(registry, busy, beat, now)
-    _apply(registry, busy, beat, now)  # received twice: duplicate
-    _apply(registry, silent, silent.started(), now - 3600)  # lost long ago
+    _apply(registry, busy, beat, now, 6)
+    _apply(registry, busy, beat, now, 6)  # delivered twice: duplicate
+    _apply(registry, silent, silent.started(), now - 3600, 7)  # lost long ago
     registry.apply_message(b"\xc1", NS.event(SITE, "site1-0000000004", "heartbeat"), now)
     record = ev.DroneRecord(
         site=SITE,
