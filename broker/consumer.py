@@ -730,9 +730,10 @@ class PullConsumer:
         stats = self.stats
         stats.delivered += 1
         try:
-            # decoded in here: a subject that is not UTF-8 is the handler's error, too
+            # a subject that is not UTF-8 (a drone may publish any bytes below its own
+            # subjects) reaches the handler with replacement characters, to be rejected
             disposition = self.handler(
-                subject.decode(),
+                subject.decode("utf-8", "replace"),
                 reply.decode(),
                 data,
                 _parse_headers(headers) if self.headers and headers else None,

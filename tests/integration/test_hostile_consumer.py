@@ -214,10 +214,12 @@ async def test_a_bug_in_the_registry_does_not_stop_the_manager(
     honest = [FakeDrone(SITE, f"site1-{i:010x}") for i in range(3)]
     original = Registry.apply_message
 
-    def apply_message(self: Registry, data: bytes, subject: str, received: float) -> object:
+    def apply_message(
+        self: Registry, data: bytes, subject: str, received: float, stream_seq: int | None = None
+    ) -> object:
         if buggy.drone in subject:
             raise RuntimeError("a bug in the registry")
-        return original(self, data, subject, received)
+        return original(self, data, subject, received, stream_seq)
 
     monkeypatch.setattr(Registry, "apply_message", apply_message)
     await _publish_story(stream, buggy, 2)  # in the stream before the start: the rebuild reads it
