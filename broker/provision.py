@@ -21,6 +21,7 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from remote_agent.events import DEFAULT_MAX_SIZE, Namespace
+from remote_agent.handshake import HandshakeError, load_proof_key
 
 from .errors import ProvisioningError
 
@@ -117,7 +118,10 @@ class Topology:
         """
         The manager's own KV bucket (the record proof key), as ``create_key_value`` makes it
 
-        Drones have no permission to read it (``broker/auth.py``).
+        Drones have no permission to read it (``broker/auth.py``). Its key is written
+        once, by :func:`provision`: the bucket refuses every later message on the
+        key's subject (discard new per subject), also a server's answer that a
+        drone's reply subject would send there.
         """
         bucket = self.namespace.manager_bucket
         return StreamConfig(
@@ -135,6 +139,7 @@ class Topology:
             allow_direct=True,
             deny_delete=True,
             deny_purge=True,
+            discard_new_per_subject=True,
         )
 
     def streams(self) -> list[StreamConfig]:
@@ -157,6 +162,7 @@ _COMPARED = (
     "allow_direct",
     "deny_delete",
     "deny_purge",
+    "discard_new_per_subject",
 )
 
 
@@ -258,4 +264,9 @@ async def provision(js: JetStreamContext, topology: Topology | None = None) -> d
     """
     topology = topology or Topology()
     await check_jetstream(js)
-    return {config.name or "": await ensure_stream(js, config) for config in topology.streams()}
+    actions = {config.name or "": await ensure_stream(js, config) for config in topology.streams()}
+    try:
+        await load_proof_key(js, topology.namespace)  # made now, before any drone can write
+    except HandshakeError as err:
+        raise ProvisioningError(topology.namespace.manager_bucket, str(err)) from err
+    return actions

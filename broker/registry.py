@@ -102,6 +102,22 @@ class Rejection(enum.StrEnum):
     SUBJECT = "subject"  #: arrived on a subject that is not an event subject of ours
     SENDER = "sender"  #: the body speaks for another drone or kind than its subject
     RECORD = "record"  #: a KV value that is not a valid record for its key
+    RELAYED = "relayed"  #: a server's answer that a reply subject sent onto this subject
+
+
+#: headers the server puts on its answers to direct gets and message gets, never on a
+#: client's publish. nats-server checks a publisher's permissions against the subject,
+#: not the reply subject, and publishes its answers (JetStream acks, direct-get
+#: responses) to the reply subject as they are: a stream that captures that subject
+#: stores them. A stored message carrying these headers is such a relay.
+RELAY_HEADERS: Final = frozenset(
+    {"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Last-Sequence"}
+)
+
+
+def relayed(headers: Mapping[str, str] | None) -> bool:
+    """Whether a stored message with ``headers`` is a server's answer relayed onto its subject"""
+    return headers is not None and not RELAY_HEADERS.isdisjoint(headers)
 
 
 class Rejected(Exception):
@@ -114,18 +130,25 @@ class Rejected(Exception):
 
 
 def check_event(
-    data: bytes, subject: str, prefix: str, max_size: int = DEFAULT_MAX_SIZE
+    data: bytes,
+    subject: str,
+    prefix: str,
+    max_size: int = DEFAULT_MAX_SIZE,
+    headers: Mapping[str, str] | None = None,
 ) -> AnyEvent:
     """
-    The event in ``data`` if it is valid as it arrived on ``subject``
+    The event in ``data`` if it is valid as it arrived on ``subject`` with ``headers``
 
-    Valid means: at most ``max_size`` bytes, a message of the schema (strict
-    decoding, see :func:`remote_agent.events.decode_event`), and speaking for
-    the site, drone and kind that its subject names. Depends on nothing else,
-    so the live registry, a rebuild and the timeline all accept the same events.
+    Valid means: not relayed by the server (:func:`relayed`), at most
+    ``max_size`` bytes, a message of the schema (strict decoding, see
+    :func:`remote_agent.events.decode_event`), and speaking for the site, drone
+    and kind that its subject names. Depends on nothing else, so the live
+    registry, a rebuild and the timeline all accept the same events.
 
     :raises Rejected: with the reason otherwise
     """
+    if headers and relayed(headers):
+        raise Rejected(Rejection.RELAYED, "a server's answer, relayed by a reply subject")
     if len(data) > max_size:
         raise Rejected(
             Rejection.OVERSIZED, f"{len(data)} bytes exceed the limit of {max_size} bytes"
@@ -376,7 +399,12 @@ class Registry:
         return Applied.REJECTED
 
     def apply_message(
-        self, data: bytes, subject: str, received_time: float, stream_seq: int | None = None
+        self,
+        data: bytes,
+        subject: str,
+        received_time: float,
+        stream_seq: int | None = None,
+        headers: Mapping[str, str] | None = None,
     ) -> Applied:
         """
         Check and apply one event as it came off the stream
@@ -387,9 +415,10 @@ class Registry:
         :param received_time: when the stream stored it (epoch seconds)
         :param stream_seq: its stream sequence; ``None`` (no stream: tests, tools)
             takes it for newer than anything known about its drone
+        :param headers: the headers it was stored with
         """
         try:
-            event = check_event(data, subject, self._prefix, self.max_message_bytes)
+            event = check_event(data, subject, self._prefix, self.max_message_bytes, headers)
         except Rejected as err:
             return self.reject(err.reason, subject, err.detail)
         return self._apply(event, data, received_time, stream_seq)
@@ -538,6 +567,20 @@ class Registry:
         self._views[key] = msgspec.structs.replace(old, record=new_record)
         self.records_applied += 1
         return Applied.APPLIED
+
+    def record_relayed(self, key: str, revision: int, stored_time: float) -> Applied:
+        """
+        A server's answer relayed onto ``key`` (:func:`relayed`): the record is tampered
+
+        It replaced the drone's record in the bucket; whatever it says, it is
+        nobody's word about the drone.
+        """
+        target = self._record_key(key)
+        if target is None:
+            return self.reject(Rejection.RELAYED, key, "not a <site>.<drone> key")
+        self.reject(Rejection.RELAYED, key, "a server's answer, relayed by a reply subject")
+        self._tamper(target, revision, stored_time, "relayed by the server")
+        return Applied.REJECTED
 
     def record_removed(self, key: str, revision: int, stored_time: float, how: str) -> Applied:
         """

@@ -61,7 +61,7 @@ from .consumer import (
 )
 from .control import DEFAULT_REQUEST_TIMEOUT_S, Control
 from .errors import BrokerError
-from .registry import DEFAULT_LOST_AFTER_S, Applied, Registry
+from .registry import DEFAULT_LOST_AFTER_S, Applied, Registry, relayed
 
 log = logging.getLogger(__name__)
 
@@ -95,7 +95,7 @@ def event_handler(registry: Registry) -> Handler:
             stream_seq, _, received, _ = metadata(reply)
         except ValueError:  # not from JetStream: nothing to order it by
             return term
-        return term if apply(data, subject, received, stream_seq) is rejected else ack
+        return term if apply(data, subject, received, stream_seq, headers) is rejected else ack
 
     return handle
 
@@ -122,7 +122,9 @@ class RecordFeed:
         self.next_seq = max(self.next_seq, seq + 1)
         key = subject.removeprefix(self.prefix)
         how = headers and (headers.get(_KV_OPERATION) or headers.get(_KV_MARKER))
-        if how:
+        if relayed(headers):  # before the markers: a relayed marker is no marker
+            self.registry.record_relayed(key, seq, stored)
+        elif how:
             self.registry.record_removed(key, seq, stored, str(how)[:40])
         else:
             self.registry.apply_record_message(key, data, seq, stored)
@@ -280,7 +282,8 @@ def event_reader(
 
     def on_event(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         stream_seq, _, stored, _ = metadata(reply)
-        if apply(data, subject, stored, stream_seq) is Applied.REJECTED and hidden is not None:
+        result = apply(data, subject, stored, stream_seq, headers)
+        if result is Applied.REJECTED and hidden is not None:
             parts = subject.split(".")
             # only a subject a valid event can arrive on can hide one
             if len(parts) == 5 and parts[0] == prefix and parts[4] in kinds:
@@ -303,6 +306,7 @@ async def _rebuild(
         stream,
         ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, filter_subject=ns.all_events),
         event_reader(registry, hidden),
+        headers=True,
         api=api,
     )
     events_done = time.perf_counter()
@@ -318,6 +322,7 @@ async def _rebuild(
                 filter_subjects=subjects[first : first + _RESOLVE_SUBJECTS],
             ),
             event_reader(registry, None),
+            headers=True,
             api=api,
         )
     resolve_done = time.perf_counter()
@@ -467,6 +472,7 @@ class ManagerService:
                 ns.event_stream,
                 settings.durable,
                 event_handler(self.registry),
+                headers=True,  # a relayed answer is told by its headers (registry.relayed)
                 settings=settings.pull,
                 api=self._api,
                 stats=self.consumer_stats,

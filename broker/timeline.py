@@ -60,7 +60,7 @@ from remote_agent.events import (
 from .connection import connect_once
 from .consumer import api_prefix, metadata, read_all
 from .errors import BrokerError
-from .registry import Rejected, Rejection, check_event
+from .registry import Rejected, Rejection, check_event, relayed
 
 
 class TimelineError(BrokerError):
@@ -110,14 +110,21 @@ def describe(event: Event) -> str:
     return kind
 
 
-def check_message(data: bytes, subject: str, namespace: Namespace) -> Event | TardisState:
+def check_message(
+    data: bytes,
+    subject: str,
+    namespace: Namespace,
+    headers: Mapping[str, str] | None = None,
+) -> Event | TardisState:
     """
     The event or manager note in ``data`` if the registry would accept it on ``subject``
 
     :raises Rejected: otherwise
     """
     if ".mgr." not in subject:
-        return check_event(data, subject, namespace.prefix)
+        return check_event(data, subject, namespace.prefix, headers=headers)
+    if relayed(headers):
+        raise Rejected(Rejection.RELAYED, "a server's answer, relayed by a reply subject")
     try:
         note = decode_note(data)
     except SchemaError as err:
@@ -197,14 +204,16 @@ async def read_timeline(
 
     def collect(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         try:
-            message = check_message(data, subject, namespace)
+            message = check_message(data, subject, namespace, headers)
         except Rejected:
             return
         messages.append((metadata(reply)[0], message))
 
     js = nc.jetstream(domain=domain)
     try:
-        await read_all(nc, js, namespace.event_stream, config, collect, api=api_prefix(domain))
+        await read_all(
+            nc, js, namespace.event_stream, config, collect, headers=True, api=api_prefix(domain)
+        )
     except nats.js.errors.NotFoundError as err:
         raise TimelineError(
             f"stream missing ({err.description}): run 'cobald-remote broker init'"

@@ -772,7 +772,7 @@ class Agent:
                 reason=record.note or f"handshake record is {phase}",
                 requested_at=record.at,
             )
-            self._accept_drain(intent, write_intent=False)
+            self._accept_drain(self._record_intent(intent), write_intent=False)
         else:
             log.error("unexpected claim result %s", record, extra={"drone": self._drone})
 
@@ -821,7 +821,7 @@ class Agent:
         elif phase is RecordPhase.DRAINING and record.drain is not None:
             if self._drain is None:
                 log.info("the record asks for a drain", extra={"drone": self._drone})
-                self._accept_drain(record.drain, write_intent=False)
+                self._accept_drain(self._record_intent(record.drain), write_intent=False)
         elif (
             phase is not RecordPhase.UP
             and self._drain is None
@@ -856,6 +856,22 @@ class Agent:
             self._emit(GateClosed, reason=f"record lost: {why}")
         if self._drain is None and self.lifecycle.state not in (S.DRAINED, S.EXITING):
             self._self_drain(f"record lost: {why}")
+
+    def _record_intent(self, intent: DrainIntent) -> DrainIntent:
+        """
+        A drain intent read from the record, with a deadline no sooner than a self-drain's
+
+        The record's value may not be the manager's: the server stores on a
+        record's subject what other drones make it send there (a reply subject
+        is not checked against permissions), and the agent cannot check the
+        manager's proof. A deadline, which ends in ``deadline_expired`` and so
+        in the drone's removal, counts at once only when it comes as a command,
+        which only the manager can send.
+        """
+        earliest = utcnow() + dt.timedelta(seconds=self.settings.self_drain_deadline_s)
+        if intent.deadline >= earliest:
+            return bounded_intent(intent)
+        return bounded_intent(msgspec.structs.replace(intent, deadline=earliest))
 
     def _self_drain(self, reason: str) -> None:
         now = utcnow()

@@ -15,6 +15,7 @@ from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from pathlib import Path
 
+import msgspec
 import pytest
 from agent_support import (
     NS,
@@ -286,3 +287,44 @@ async def test_a_prepare_job_flood_drops_no_event(
     events = await read_events(js, DRONE)
     assert len(events) == publisher.published - publisher.duplicates
     assert isinstance(events[-1][1], ev.Heartbeat), "the last heartbeat was stored"
+
+
+async def test_a_drain_deadline_read_from_the_record_counts_no_sooner_than_a_self_drain(
+    tmp_path: Path, nats_server: EmbeddedServer, js: JetStreamContext, store: RecordStore
+) -> None:
+    """
+    What the record says may come from another drone (the server stores what a
+    reply subject sends there): a drain deadline in the past read from it must
+    not end in ``deadline_expired``, which lets the manager remove the drone
+    """
+    startd = FakeStartd(slots=2)
+    agent = Agent(
+        settings(tmp_path, nats_server.url, startd=True, slots=2, deadline_policy="kill"),
+        startd=startd,
+    )
+    gate = GateServer(agent.settings.gate_socket, agent)
+    await gate.start()
+    try:
+        async with running(agent):
+            await wait_for(lambda: agent.gate_open, what="the gate to open")
+            assert (await _prepare(gate.path, "7.0")).allow
+            startd.run_job(0, "7.0")
+            current = await store.read(SITE, DRONE)
+            assert current is not None
+            now = ev.utcnow()
+            forged = msgspec.structs.replace(
+                current.record,
+                phase=ev.RecordPhase.DRAINING,
+                writer="manager",
+                drain=ev.DrainIntent(deadline=now, reason="forged", requested_at=now),
+            )
+            await store.kv.put(NS.record_key(SITE, DRONE), ev.encode(forged))
+            await wait_for(lambda: agent.state is ev.DroneState.DRAINING, what="a drain")
+            await asyncio.sleep(1.0)
+            assert (await _phase(store)) is ev.RecordPhase.DRAINING  # no deadline_expired
+            assert [p.job_id for p in agent.payloads] == ["7.0"]  # nothing killed
+            intent = agent.snapshot().drain
+            assert intent is not None
+            assert (intent.deadline - now).total_seconds() >= agent.settings.self_drain_deadline_s
+    finally:
+        await gate.close()

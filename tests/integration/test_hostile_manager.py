@@ -340,3 +340,118 @@ async def test_tardis_never_removes_a_busy_drone_that_forged_its_record(
     finally:
         bus.stop()
         await asyncio.wait_for(task, 30)
+
+
+# --------------------------------------------------------------------------- relays
+#
+# nats-server checks a publish against the publisher's permissions by its subject,
+# not by its reply subject, and sends its own answers (JetStream acks, direct-get
+# responses) to the reply subject: any stream capturing that subject stores them.
+
+OTHER = "site1-00000000bb"
+OTHER_RECORD = f"$KV.{NS.record_bucket}.{NS.record_key(SITE, OTHER)}"
+OWN_DIRECT_GET = f"$JS.API.DIRECT.GET.KV_{NS.record_bucket}.{RECORD_SUBJECT}"
+
+
+async def relay_own_key(nc: Client, body: bytes, target: str) -> None:
+    """Write ``body`` to the own key, then have the server send it to ``target``"""
+    await nc.jetstream().publish(RECORD_SUBJECT, body)
+    await nc.publish(OWN_DIRECT_GET, b"", reply=target)
+    await nc.flush()
+
+
+async def test_a_drone_cannot_have_the_server_relay_its_words_onto_another_drone(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    server, authority = secured
+    attacker = drone_creds(tmp_path, authority, SITE, DRONE)
+    victim_creds = drone_creds(tmp_path, authority, SITE, OTHER)
+    victim = FakeDrone(SITE, OTHER)
+    async with (
+        as_drone(server.url, attacker) as nc,
+        manager(server.url, tmp_path / "manager.creds") as service,
+    ):
+        victim_nc = await connect(
+            server.url, user_credentials=str(victim_creds), inbox_prefix=f"_INBOX_{OTHER}"
+        )
+        try:
+            for event in (
+                victim.started(),
+                victim.ready(),
+                victim.payload_started("1.0"),
+                victim.payload_started("2.0"),
+            ):
+                await publish(victim_nc, event)
+            up = ev.DroneRecord(
+                site=SITE,
+                drone=OTHER,
+                phase=ev.RecordPhase.UP,
+                writer="agent",
+                incarnation=victim.incarnation,
+                at=ev.utcnow(),
+            )
+            await victim_nc.jetstream().publish(OTHER_RECORD, ev.encode(up))
+        finally:
+            await victim_nc.close()
+        await eventually(
+            lambda: (
+                (view := service.registry.view(SITE, OTHER)) is not None
+                and len(view.payloads) == 2
+                and view.phase is ev.RecordPhase.UP
+            ),
+            what="the busy victim",
+        )
+        before = service.registry.view(SITE, OTHER)
+        assert before is not None
+        # the victim's record and its heartbeat, in the attacker's words
+        forged = msgspec.structs.replace(up, phase=ev.RecordPhase.DEADLINE_EXPIRED)
+        await relay_own_key(nc, ev.encode(forged), OTHER_RECORD)
+        idle = FakeDrone(SITE, OTHER, incarnation=victim.incarnation, seq=victim.seq)
+        await relay_own_key(nc, ev.encode(idle.heartbeat()), NS.event(SITE, OTHER, "heartbeat"))
+        # and the server's acks
+        await nc.jetstream().publish(RECORD_SUBJECT, b"x")
+        await nc.publish(NS.event(SITE, DRONE, "heartbeat"), b"x", reply=OTHER_RECORD)
+        await nc.flush()
+        await eventually(
+            lambda: service.registry.metrics().rejected["relayed"] >= 2,
+            what="the relays rejected",
+        )
+        await eventually(
+            lambda: service.consumer_stats.acked + service.consumer_stats.termed >= 6,
+            what="every event handled",
+        )
+        view = service.registry.view(SITE, OTHER)
+        assert view is not None and view.record is not None
+        # the victim's events are its own: the relayed heartbeat changed nothing
+        assert (view.encoded, view.stream_seq) == (before.encoded, before.stream_seq)
+        assert view.record.phase is None  # its record was overwritten: tampered, not believed
+        control = service.control
+        assert control is not None
+        assert not control.may_remove(SITE, OTHER, lbs_running=True)
+        assert not control.may_remove(SITE, OTHER, lbs_running=None)
+        rebuilt = Registry(NS)
+        rebuilt.proof_key = service.registry.proof_key
+        await rebuild(control.nc, control.nc.jetstream(), rebuilt)
+        assert dict(rebuilt.views()) == dict(service.registry.views())
+    async with manager(server.url, tmp_path / "manager.creds") as restarted:
+        assert restarted.control is not None
+        assert not restarted.control.may_remove(SITE, OTHER, lbs_running=True)
+        view = restarted.registry.view(SITE, OTHER)
+        assert view is not None and len(view.payloads) == 2
+
+
+async def test_the_proof_key_cannot_be_overwritten_through_a_relay(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    server, authority = secured
+    manager_creds = tmp_path / "manager.creds"
+    async with manager(server.url, manager_creds) as service:
+        assert service.registry.proof_key is not None
+        key = service.registry.proof_key
+    proof_subject = f"$KV.{NS.manager_bucket}.{PROOF_KEY}"
+    async with as_drone(server.url, drone_creds(tmp_path, authority, SITE, DRONE)) as nc:
+        await nc.publish(NS.event(SITE, DRONE, "heartbeat"), b"x", reply=proof_subject)
+        await relay_own_key(nc, b"k" * 32, proof_subject)
+        await asyncio.sleep(0.5)
+    async with manager(server.url, manager_creds) as restarted:  # ready: the key is intact
+        assert restarted.registry.proof_key == key
