@@ -31,6 +31,7 @@ import datetime as dt
 import sys
 import tempfile
 import time
+from collections.abc import Mapping
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -115,20 +116,30 @@ async def consume(
     first = 0.0
     count = 0
 
-    def counting(subject: str, reply: str, data: bytes, headers: object) -> Disposition:
+    def counting(
+        subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
+    ) -> Disposition:
         nonlocal count, first
         if count == 0:
             first = time.perf_counter()
         count += 1
-        result = handler(subject, reply, data, None)
+        result = handler(subject, reply, data, headers)
         if count >= n:
             done.set()
         return result
 
     nc = await nats.connect(url, pending_size=64 * 1024 * 1024)
     try:
+        # every row reads the headers: the registry needs them (the writer's Nats-Msg-Id)
         pull = PullConsumer(
-            nc, stream, consumer, counting, acks=acks, settings=settings, direct=direct
+            nc,
+            stream,
+            consumer,
+            counting,
+            acks=acks,
+            headers=True,
+            settings=settings,
+            direct=direct,
         )
         stop = asyncio.Event()
         cpu0, server0 = cpu_seconds(), cpu_seconds(server_pid) if server_pid else 0.0

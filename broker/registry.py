@@ -109,15 +109,40 @@ class Rejection(enum.StrEnum):
 #: client's publish. nats-server checks a publisher's permissions against the subject,
 #: not the reply subject, and publishes its answers (JetStream acks, direct-get
 #: responses) to the reply subject as they are: a stream that captures that subject
-#: stores them. A stored message carrying these headers is such a relay.
+#: stores them. A stored message carrying these headers is such a relay; one asked
+#: for without headers (a direct get with ``no_hdr``) lacks what every writer sends:
+#: an event its ``Nats-Msg-Id`` (its ``id``), a record its compare-and-set header.
 RELAY_HEADERS: Final = frozenset(
     {"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Last-Sequence"}
 )
+MSG_ID: Final = "Nats-Msg-Id"
+
+
+class Unstored(enum.Enum):
+    """A message that did not come off a stream (tests, tools): no headers to check"""
+
+    UNSTORED = "unstored"
+
+
+UNSTORED: Final = Unstored.UNSTORED
+Headers = Mapping[str, str] | None | Unstored
 
 
 def relayed(headers: Mapping[str, str] | None) -> bool:
     """Whether a stored message with ``headers`` is a server's answer relayed onto its subject"""
     return headers is not None and not RELAY_HEADERS.isdisjoint(headers)
+
+
+def published_by_writer(headers: Mapping[str, str] | None, message_id: str) -> bool:
+    """
+    Whether a stored message is its writer's own publish: no server answer headers, and
+    the ``Nats-Msg-Id`` its writer sends (``message_id``, the message's ``id``)
+    """
+    return (
+        headers is not None
+        and headers.get(MSG_ID) == message_id
+        and RELAY_HEADERS.isdisjoint(headers)
+    )
 
 
 class Rejected(Exception):
@@ -134,20 +159,23 @@ def check_event(
     subject: str,
     prefix: str,
     max_size: int = DEFAULT_MAX_SIZE,
-    headers: Mapping[str, str] | None = None,
+    headers: Headers = UNSTORED,
 ) -> AnyEvent:
     """
     The event in ``data`` if it is valid as it arrived on ``subject`` with ``headers``
 
-    Valid means: not relayed by the server (:func:`relayed`), at most
-    ``max_size`` bytes, a message of the schema (strict decoding, see
-    :func:`remote_agent.events.decode_event`), and speaking for the site, drone
-    and kind that its subject names. Depends on nothing else, so the live
-    registry, a rebuild and the timeline all accept the same events.
+    Valid means: at most ``max_size`` bytes, a message of the schema (strict
+    decoding, see :func:`remote_agent.events.decode_event`), speaking for the
+    site, drone and kind that its subject names, and, when it came off the
+    stream, stored as its writer published it (:func:`published_by_writer`).
+    Depends on nothing else, so the live registry, a rebuild and the timeline
+    all accept the same events.
 
+    :param headers: the headers it was stored with (``None``: none), or
+        :data:`UNSTORED` for an event that did not come off a stream
     :raises Rejected: with the reason otherwise
     """
-    if headers and relayed(headers):
+    if headers is not UNSTORED and relayed(headers):
         raise Rejected(Rejection.RELAYED, "a server's answer, relayed by a reply subject")
     if len(data) > max_size:
         raise Rejected(
@@ -177,6 +205,8 @@ def check_event(
             f"event {kind!r} for {event.site}/{event.drone} arrived on the subject of "
             f"{parts[1]}/{parts[2]} ({parts[4]!r})",
         )
+    if headers is not UNSTORED and (headers is None or headers.get(MSG_ID) != event.id):
+        raise Rejected(Rejection.RELAYED, f"stored without its writer's {MSG_ID}")
     return event
 
 
@@ -404,7 +434,7 @@ class Registry:
         subject: str,
         received_time: float,
         stream_seq: int | None = None,
-        headers: Mapping[str, str] | None = None,
+        headers: Headers = UNSTORED,
     ) -> Applied:
         """
         Check and apply one event as it came off the stream
@@ -415,7 +445,8 @@ class Registry:
         :param received_time: when the stream stored it (epoch seconds)
         :param stream_seq: its stream sequence; ``None`` (no stream: tests, tools)
             takes it for newer than anything known about its drone
-        :param headers: the headers it was stored with
+        :param headers: the headers it was stored with; :data:`UNSTORED` for an
+            event that did not come off a stream (nothing to check)
         """
         try:
             event = check_event(data, subject, self._prefix, self.max_message_bytes, headers)
@@ -568,9 +599,10 @@ class Registry:
         self.records_applied += 1
         return Applied.APPLIED
 
-    def record_relayed(self, key: str, revision: int, stored_time: float) -> Applied:
+    def record_relayed(self, key: str, revision: int, stored_time: float, why: str) -> Applied:
         """
-        A server's answer relayed onto ``key`` (:func:`relayed`): the record is tampered
+        A value on ``key`` that no writer of records published (a server's answer
+        relayed there, :func:`relayed`): the record is tampered
 
         It replaced the drone's record in the bucket; whatever it says, it is
         nobody's word about the drone.
@@ -578,7 +610,7 @@ class Registry:
         target = self._record_key(key)
         if target is None:
             return self.reject(Rejection.RELAYED, key, "not a <site>.<drone> key")
-        self.reject(Rejection.RELAYED, key, "a server's answer, relayed by a reply subject")
+        self.reject(Rejection.RELAYED, key, why)
         self._tamper(target, revision, stored_time, "relayed by the server")
         return Applied.REJECTED
 

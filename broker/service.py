@@ -44,6 +44,7 @@ from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
 from remote_agent.connect import connect
 from remote_agent.events import EVENT_TYPES, Namespace, kind_of
+from remote_agent.handshake import EXPECTED_LAST
 
 from .consumer import (
     DEFAULT_DURABLE,
@@ -123,9 +124,13 @@ class RecordFeed:
         key = subject.removeprefix(self.prefix)
         how = headers and (headers.get(_KV_OPERATION) or headers.get(_KV_MARKER))
         if relayed(headers):  # before the markers: a relayed marker is no marker
-            self.registry.record_relayed(key, seq, stored)
+            self.registry.record_relayed(key, seq, stored, "a server's answer, relayed")
         elif how:
             self.registry.record_removed(key, seq, stored, str(how)[:40])
+        elif not headers or EXPECTED_LAST not in headers:
+            # every record write is a compare-and-set; a value without it is a
+            # server's answer asked for without headers (a direct get with no_hdr)
+            self.registry.record_relayed(key, seq, stored, f"stored without {EXPECTED_LAST}")
         else:
             self.registry.apply_record_message(key, data, seq, stored)
         return Disposition.ACK

@@ -60,7 +60,14 @@ from remote_agent.events import (
 from .connection import connect_once
 from .consumer import api_prefix, metadata, read_all
 from .errors import BrokerError
-from .registry import Rejected, Rejection, check_event, relayed
+from .registry import (
+    UNSTORED,
+    Headers,
+    Rejected,
+    Rejection,
+    check_event,
+    published_by_writer,
+)
 
 
 class TimelineError(BrokerError):
@@ -114,23 +121,24 @@ def check_message(
     data: bytes,
     subject: str,
     namespace: Namespace,
-    headers: Mapping[str, str] | None = None,
+    headers: Headers = UNSTORED,
 ) -> Event | TardisState:
     """
     The event or manager note in ``data`` if the registry would accept it on ``subject``
 
+    :param headers: as for :func:`broker.registry.check_event`
     :raises Rejected: otherwise
     """
     if ".mgr." not in subject:
         return check_event(data, subject, namespace.prefix, headers=headers)
-    if relayed(headers):
-        raise Rejected(Rejection.RELAYED, "a server's answer, relayed by a reply subject")
     try:
         note = decode_note(data)
     except SchemaError as err:
         raise Rejected(Rejection.MALFORMED, str(err)) from None
     if subject != namespace.manager_note(note.site, note.drone, kind_of(type(note))):
         raise Rejected(Rejection.SENDER, f"note for {note.site}/{note.drone} on {subject!r}")
+    if headers is not UNSTORED and not published_by_writer(headers, note.id):
+        raise Rejected(Rejection.RELAYED, "not stored as the manager published it")
     return note
 
 

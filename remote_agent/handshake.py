@@ -73,8 +73,9 @@ CLOSED_PHASES = frozenset(
 FINAL_PHASES = frozenset({RecordPhase.RELEASED, RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED})
 
 
-#: the compare-and-set header of a publish to a KV key (``0``: the key must not exist)
-_EXPECTED_LAST = "Nats-Expected-Last-Subject-Sequence"
+#: the compare-and-set header of a publish to a KV key (``0``: the key must not exist);
+#: every record write carries it, and the bucket stores it with the record
+EXPECTED_LAST: Final = "Nats-Expected-Last-Subject-Sequence"
 #: JetStream's error codes for "the subject's last sequence is not the expected one"
 _WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 
@@ -275,7 +276,7 @@ class RecordStore:
 
     async def _publish(self, key: str, value: bytes, last: int) -> int | None:
         """Store ``value`` if the key's newest revision is ``last`` (0: none); its revision"""
-        headers = {_EXPECTED_LAST: str(last)}
+        headers = {EXPECTED_LAST: str(last)}
         try:
             ack = await self._js.publish(self._write_prefix + key, value, headers=headers)
         except nats.js.errors.APIError as err:

@@ -17,6 +17,7 @@ import logging
 import sys
 import time
 from collections.abc import AsyncIterator, Mapping
+from typing import Any
 
 import msgspec
 import pytest
@@ -215,11 +216,11 @@ async def test_a_bug_in_the_registry_does_not_stop_the_manager(
     original = Registry.apply_message
 
     def apply_message(
-        self: Registry, data: bytes, subject: str, received: float, stream_seq: int | None = None
+        self: Registry, data: bytes, subject: str, *args: Any, **kwargs: Any
     ) -> object:
         if buggy.drone in subject:
             raise RuntimeError("a bug in the registry")
-        return original(self, data, subject, received, stream_seq)
+        return original(self, data, subject, *args, **kwargs)
 
     monkeypatch.setattr(Registry, "apply_message", apply_message)
     await _publish_story(stream, buggy, 2)  # in the stream before the start: the rebuild reads it

@@ -16,6 +16,7 @@ from pathlib import Path
 
 import msgspec
 import nats.errors
+import nats.js.errors
 import pytest
 from fake_drones import FakeDrone, eventually
 from helpers import drone_creds, secured_server
@@ -33,7 +34,7 @@ from broker.tardis_adapter import BusConfig, RemoteBus, RemoteSiteAdapter
 from broker.timeline import read_timeline
 from remote_agent import events as ev
 from remote_agent.connect import connect
-from remote_agent.handshake import PROOF_KEY
+from remote_agent.handshake import EXPECTED_LAST, PROOF_KEY
 
 pytestmark = pytest.mark.timeout(120)
 NS = ev.Namespace()
@@ -75,9 +76,20 @@ async def as_drone(url: str, creds: Path) -> AsyncIterator[Client]:
 
 
 async def publish(nc: Client, event: ev.Event) -> int:
+    """Publish an event as an agent does (with its ``Nats-Msg-Id``)"""
     subject = NS.event(event.site, event.drone, ev.kind_of(type(event)))
-    ack = await nc.jetstream().publish(subject, ev.encode(event))
+    ack = await nc.jetstream().publish(subject, ev.encode(event), headers={"Nats-Msg-Id": event.id})
     return ack.seq
+
+
+async def write_record(nc: Client, subject: str, value: bytes) -> None:
+    """Write a key as a record writer does: a compare-and-set over its newest revision"""
+    js = nc.jetstream()
+    try:
+        last = (await js.get_msg(f"KV_{NS.record_bucket}", subject=subject, direct=True)).seq
+    except nats.js.errors.NotFoundError:
+        last = 0
+    await js.publish(subject, value, headers={EXPECTED_LAST: str(last or 0)})
 
 
 async def busy_and_up(nc: Client) -> FakeDrone:
@@ -88,7 +100,7 @@ async def busy_and_up(nc: Client) -> FakeDrone:
     record = ev.DroneRecord(
         site=SITE, drone=DRONE, phase=ev.RecordPhase.UP, writer="agent", at=ev.utcnow()
     )
-    await nc.jetstream().publish(RECORD_SUBJECT, ev.encode(record))
+    await write_record(nc, RECORD_SUBJECT, ev.encode(record))
     await publish(nc, drone.payload_started("1.0"))
     await publish(nc, drone.payload_started("2.0"))
     return drone
@@ -118,7 +130,7 @@ async def test_a_drone_writing_the_managers_release_is_not_removable(
             at=ev.utcnow(),
             proof=b"\x00" * 32,
         )
-        await nc.jetstream().publish(RECORD_SUBJECT, ev.encode(forged))
+        await write_record(nc, RECORD_SUBJECT, ev.encode(forged))
         await eventually(
             lambda: (
                 (view := service.registry.view(SITE, DRONE)) is not None
@@ -238,7 +250,11 @@ async def test_live_rebuilt_and_timeline_agree_on_a_hostile_stream(
         low = ev.decode_event(stream[3][1])
         assert low.seq < ev.decode_event(stream[2][1]).seq
         for subject, data in stream:
-            await js.publish(subject, data)
+            try:  # the writer's dedupe id, as an agent sends it
+                headers = {"Nats-Msg-Id": ev.decode_event(data).id}
+            except ev.SchemaError:
+                headers = None
+            await js.publish(subject, data, headers=headers)
         await eventually(
             lambda: service.consumer_stats.acked + service.consumer_stats.termed >= len(stream),
             what="every message handled",
@@ -317,7 +333,7 @@ async def test_tardis_never_removes_a_busy_drone_that_forged_its_record(
                     writer="manager",
                     at=ev.utcnow(),
                 )
-                await nc.jetstream().publish(RECORD_SUBJECT, ev.encode(forged))
+                await write_record(nc, RECORD_SUBJECT, ev.encode(forged))
             else:
                 await nc.jetstream().publish(RECORD_SUBJECT, b"", headers={"KV-Operation": "DEL"})
             await eventually(
@@ -353,10 +369,14 @@ OTHER_RECORD = f"$KV.{NS.record_bucket}.{NS.record_key(SITE, OTHER)}"
 OWN_DIRECT_GET = f"$JS.API.DIRECT.GET.KV_{NS.record_bucket}.{RECORD_SUBJECT}"
 
 
-async def relay_own_key(nc: Client, body: bytes, target: str) -> None:
-    """Write ``body`` to the own key, then have the server send it to ``target``"""
+async def relay_own_key(nc: Client, body: bytes, target: str, *, no_headers: bool) -> None:
+    """
+    Write ``body`` to the own key (without compare-and-set: the target stream would
+    check that header against the target's subject), then have the server send it to
+    ``target``, with its answer headers or, asked for ``no_hdr``, with none
+    """
     await nc.jetstream().publish(RECORD_SUBJECT, body)
-    await nc.publish(OWN_DIRECT_GET, b"", reply=target)
+    await nc.publish(OWN_DIRECT_GET, b'{"no_hdr":true}' if no_headers else b"", reply=target)
     await nc.flush()
 
 
@@ -390,7 +410,7 @@ async def test_a_drone_cannot_have_the_server_relay_its_words_onto_another_drone
                 incarnation=victim.incarnation,
                 at=ev.utcnow(),
             )
-            await victim_nc.jetstream().publish(OTHER_RECORD, ev.encode(up))
+            await write_record(victim_nc, OTHER_RECORD, ev.encode(up))
         finally:
             await victim_nc.close()
         await eventually(
@@ -405,19 +425,21 @@ async def test_a_drone_cannot_have_the_server_relay_its_words_onto_another_drone
         assert before is not None
         # the victim's record and its heartbeat, in the attacker's words
         forged = msgspec.structs.replace(up, phase=ev.RecordPhase.DEADLINE_EXPIRED)
-        await relay_own_key(nc, ev.encode(forged), OTHER_RECORD)
         idle = FakeDrone(SITE, OTHER, incarnation=victim.incarnation, seq=victim.seq)
-        await relay_own_key(nc, ev.encode(idle.heartbeat()), NS.event(SITE, OTHER, "heartbeat"))
+        beat = ev.encode(idle.heartbeat())
+        for no_headers in (False, True):
+            await relay_own_key(nc, ev.encode(forged), OTHER_RECORD, no_headers=no_headers)
+            await relay_own_key(nc, beat, NS.event(SITE, OTHER, "heartbeat"), no_headers=no_headers)
         # and the server's acks
         await nc.jetstream().publish(RECORD_SUBJECT, b"x")
         await nc.publish(NS.event(SITE, DRONE, "heartbeat"), b"x", reply=OTHER_RECORD)
         await nc.flush()
         await eventually(
-            lambda: service.registry.metrics().rejected["relayed"] >= 2,
+            lambda: service.registry.metrics().rejected["relayed"] >= 4,
             what="the relays rejected",
         )
         await eventually(
-            lambda: service.consumer_stats.acked + service.consumer_stats.termed >= 6,
+            lambda: service.consumer_stats.acked + service.consumer_stats.termed >= 7,
             what="every event handled",
         )
         view = service.registry.view(SITE, OTHER)
@@ -451,7 +473,8 @@ async def test_the_proof_key_cannot_be_overwritten_through_a_relay(
     proof_subject = f"$KV.{NS.manager_bucket}.{PROOF_KEY}"
     async with as_drone(server.url, drone_creds(tmp_path, authority, SITE, DRONE)) as nc:
         await nc.publish(NS.event(SITE, DRONE, "heartbeat"), b"x", reply=proof_subject)
-        await relay_own_key(nc, b"k" * 32, proof_subject)
+        await relay_own_key(nc, b"k" * 32, proof_subject, no_headers=False)
+        await relay_own_key(nc, b"k" * 32, proof_subject, no_headers=True)
         await asyncio.sleep(0.5)
     async with manager(server.url, manager_creds) as restarted:  # ready: the key is intact
         assert restarted.registry.proof_key == key

@@ -101,7 +101,9 @@ async def test_consumer_applies_then_acks(nc: Client, stream: JetStreamContext) 
     for drone in drones:
         await _publish_story(stream, drone, 8)
     registry = Registry(NS)
-    pull = PullConsumer(nc, NS.event_stream, "t", event_handler(registry), settings=FAST)
+    pull = PullConsumer(
+        nc, NS.event_stream, "t", event_handler(registry), settings=FAST, headers=True
+    )
     assert pull.direct
     async with _running(pull):
         await eventually(lambda: _state(registry) == _expected(drones), what="all applied")
@@ -128,7 +130,13 @@ async def test_portable_path_works_too(nc: Client, stream: JetStreamContext) -> 
         await _publish_story(stream, drone, 5)
     registry = Registry(NS)
     pull = PullConsumer(
-        nc, NS.event_stream, "portable", event_handler(registry), settings=FAST, direct=False
+        nc,
+        NS.event_stream,
+        "portable",
+        event_handler(registry),
+        settings=FAST,
+        direct=False,
+        headers=True,
     )
     async with _running(pull):
         await eventually(lambda: _state(registry) == _expected(drones), what="all applied")
@@ -149,14 +157,16 @@ async def test_crash_before_ack_means_redelivery(nc: Client, stream: JetStreamCo
     # applies every message and never answers: a manager that dies before its acks
     # are written (a handler that raises rejects its message instead)
     crashing = PullConsumer(
-        nc, NS.event_stream, "crashy", event_handler(first), settings=FAST, acks=False
+        nc, NS.event_stream, "crashy", event_handler(first), settings=FAST, acks=False, headers=True
     )
     async with _running(crashing):
         await eventually(lambda: crashing.stats.delivered >= total, what="all handled once")
     assert crashing.stats.acked == crashing.stats.termed == 0
 
     second = Registry(NS)
-    pull = PullConsumer(nc, NS.event_stream, "crashy", event_handler(second), settings=FAST)
+    pull = PullConsumer(
+        nc, NS.event_stream, "crashy", event_handler(second), settings=FAST, headers=True
+    )
     async with _running(pull):
         await eventually(lambda: _state(second) == _expected(drones), what="redelivered")
         await eventually(lambda: pull.stats.acked >= total, what="acked")
@@ -189,7 +199,9 @@ async def test_garbage_and_forgeries_are_termed_and_counted(
     await stream.publish(NS.event(SITE, honest.drone, "drained"), ev.encode(honest.heartbeat()))
 
     registry = Registry(NS)
-    pull = PullConsumer(nc, NS.event_stream, "strict", event_handler(registry), settings=FAST)
+    pull = PullConsumer(
+        nc, NS.event_stream, "strict", event_handler(registry), settings=FAST, headers=True
+    )
     async with _running(pull):
         await eventually(lambda: pull.stats.delivered >= 4, what="all delivered")
         await eventually(lambda: pull.stats.termed == 3, what="termed")

@@ -28,7 +28,7 @@ DRONES = ("site1-0000000001", "site1-0000000002", "site1-0000000003")
 KINDS = ("heartbeat", "payload_started", "drained", "agent_started")
 T0 = 1_800_000_000.0
 
-Message = tuple[str, bytes]  # subject, data
+Message = tuple[str, bytes, dict[str, str] | None]  # subject, data, stored headers
 
 
 def _event(drone: str, kind: str, seq: int, incarnation: str) -> ev.Event:
@@ -44,6 +44,24 @@ def _event(drone: str, kind: str, seq: int, incarnation: str) -> ev.Event:
 
 @st.composite
 def _message(draw: st.DrawFn) -> Message:
+    """A message as stored, with the headers its writer (or a relaying server) gave it"""
+    subject, data = draw(_body())
+    try:
+        message_id = ev.decode_event(data, max_size=len(data)).id
+    except ev.SchemaError:
+        message_id = "no-event"
+    how = draw(st.sampled_from(["writer", "writer", "writer", "none", "other_id", "relayed"]))
+    if how == "none":  # a direct get's answer asked for without headers
+        return subject, data, None
+    if how == "other_id":
+        return subject, data, {"Nats-Msg-Id": message_id + "x"}
+    if how == "relayed":
+        return subject, data, {"Nats-Msg-Id": message_id, "Nats-Subject": subject}
+    return subject, data, {"Nats-Msg-Id": message_id}
+
+
+@st.composite
+def _body(draw: st.DrawFn) -> tuple[str, bytes]:
     drone = draw(st.sampled_from(DRONES))
     kind = draw(st.sampled_from(KINDS))
     subject = NS.event(SITE, drone, kind)
@@ -84,17 +102,17 @@ def _rebuilt(stream: list[Message]) -> Registry:
     """What rebuild() does, on the server's semantics"""
     registry = _registry()
     last: dict[str, int] = {}
-    for number, (subject, _) in enumerate(stream, 1):
+    for number, (subject, _, _) in enumerate(stream, 1):
         last[subject] = number
     hidden: set[str] = set()
     read = event_reader(registry, hidden)
     for number in sorted(last.values()):
-        subject, data = stream[number - 1]
-        read(subject, _reply(number), data, None)
+        subject, data, headers = stream[number - 1]
+        read(subject, _reply(number), data, headers)
     resolve = event_reader(registry, None)
-    for number, (subject, data) in enumerate(stream, 1):
+    for number, (subject, data, headers) in enumerate(stream, 1):
         if subject in hidden:
-            resolve(subject, _reply(number), data, None)
+            resolve(subject, _reply(number), data, headers)
     return registry
 
 
@@ -105,9 +123,9 @@ def test_live_rebuilt_and_timeline_agree(stream: list[Message], data: st.DataObj
     handle = event_handler(live)
     deliveries = list(enumerate(stream, 1))
     order = data.draw(st.permutations(deliveries), label="delivery order")
-    again = data.draw(st.lists(st.sampled_from(deliveries or [(0, ("", b""))]), max_size=10))
-    for number, (subject, payload) in [*order, *(d for d in again if d[0])]:
-        handle(subject, _reply(number), payload, None)
+    again = data.draw(st.lists(st.sampled_from(deliveries or [(0, ("", b"", None))]), max_size=10))
+    for number, (subject, payload, headers) in [*order, *(d for d in again if d[0])]:
+        handle(subject, _reply(number), payload, headers)
 
     rebuilt = _rebuilt(stream)
     assert dict(rebuilt.views()) == dict(live.views())
@@ -115,10 +133,10 @@ def test_live_rebuilt_and_timeline_agree(stream: list[Message], data: st.DataObj
     for drone in DRONES:
         root = NS.drone_root(SITE, drone) + "."
         accepted = []
-        for number, (subject, payload) in enumerate(stream, 1):
+        for number, (subject, payload, headers) in enumerate(stream, 1):
             if subject.startswith(root):
                 try:
-                    accepted.append((number, check_message(payload, subject, NS)))
+                    accepted.append((number, check_message(payload, subject, NS, headers)))
                 except Exception:
                     continue
         rows = build(accepted, heartbeats=True)
