@@ -246,7 +246,9 @@ async def test_a_flooding_drone_evicts_only_its_own_history(capped: Bus) -> None
             for seq in range(300)
             for kind in ("heartbeat", "payload_started")
         ]
-        await asyncio.wait_for(asyncio.gather(*acks), 60)
+        # publish_async returns once sent; its future resolves with the server's ack
+        futures = await asyncio.gather(*acks)
+        await asyncio.wait_for(asyncio.gather(*futures), 60)
         info = await js.stream_info(NS.event_stream, subjects_filter=f"{NS.prefix}.>")
         assert info.state.subjects == {
             NS.event(SITE, HONEST, "heartbeat"): 5,
