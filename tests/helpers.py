@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import os
 import socket
@@ -18,7 +19,9 @@ from broker.auth import (
     save_authority,
 )
 from broker.provision import provision
+from broker.registry import Registry
 from broker.server import EmbeddedServer
+from broker.service import ManagerService, ManagerSettings
 from remote_agent.events import Namespace
 
 
@@ -95,3 +98,18 @@ def drone_creds(tmp_path: Path, authority_file: Path, site: str, drone: str) -> 
     path = tmp_path / f"{drone}.creds"
     path.write_text(drone_credentials(load_authority(authority_file), Namespace(), site, drone))
     return path
+
+
+@contextlib.asynccontextmanager
+async def running_manager(
+    settings: ManagerSettings, registry: Registry | None = None
+) -> AsyncIterator[ManagerService]:
+    """A :class:`ManagerService` run as COBalD would, ready (rebuilt); stopped at the end"""
+    service = ManagerService(settings, registry)
+    task = asyncio.create_task(service.run())
+    try:
+        await asyncio.wait_for(service.ready.wait(), 30)
+        yield service
+    finally:
+        service.stop()
+        await asyncio.wait_for(task, 30)

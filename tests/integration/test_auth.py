@@ -17,7 +17,7 @@ import nats.errors
 import pytest
 from agent_support import SITE, drone_life, wait_for
 from agent_support import settings as agent_settings
-from helpers import hub_and_leaf
+from helpers import hub_and_leaf, secured_server
 
 from broker.auth import (
     AuthError,
@@ -30,7 +30,6 @@ from broker.auth import (
     issued_users,
     leaf_credentials,
     load_authority,
-    manager_credentials,
     note_issued,
     revoke,
     save_authority,
@@ -52,22 +51,7 @@ OTHER = "site1-00000000bb"
 @pytest.fixture
 async def secured(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedServer, Path]]:
     """A server in operator mode with JetStream; yields it and the authority file"""
-    authority_file = tmp_path / "authority.json"
-    save_authority(create_authority(), authority_file)
-    authority = load_authority(authority_file)
-    config = tmp_path / "server.conf"
-    config.write_text(
-        f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\n' + authority.server_config()
-    )
-    server = EmbeddedServer(tmp_path / "nats", config_file=config)
-    async with server:
-        manager = tmp_path / "manager.creds"
-        manager.write_text(manager_credentials(authority))
-        nc = await nats.connect(server.url, user_credentials=str(manager))
-        try:
-            await provision(nc.jetstream())
-        finally:
-            await nc.close()
+    async with secured_server(tmp_path) as (server, authority_file):
         yield server, authority_file
 
 

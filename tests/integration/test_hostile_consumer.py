@@ -22,6 +22,7 @@ from typing import Any
 import msgspec
 import pytest
 from fake_drones import FakeDrone, eventually, publish
+from helpers import running_manager
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
@@ -103,14 +104,8 @@ async def _service(server: EmbeddedServer, **options: object) -> AsyncIterator[M
     settings = ManagerSettings(
         servers=[server.url], retry_s=0.2, pull=FAST, lost_check_s=0.5, ack_wait_s=1.0, **options
     )  # type: ignore[arg-type]
-    service = ManagerService(settings)
-    task = asyncio.create_task(service.run())
-    try:
-        await asyncio.wait_for(service.ready.wait(), 30)
+    async with running_manager(settings) as service:
         yield service
-    finally:
-        service.stop()
-        await asyncio.wait_for(task, 30)
 
 
 # --------------------------------------------------------------------------- the live consumer

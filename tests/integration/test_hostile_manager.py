@@ -19,7 +19,7 @@ import nats.errors
 import nats.js.errors
 import pytest
 from fake_drones import FakeDrone, eventually
-from helpers import drone_creds, secured_server
+from helpers import drone_creds, running_manager, secured_server
 from nats.aio.client import Client
 from tardis.agents.siteagent import SiteAgent
 from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
@@ -51,18 +51,11 @@ async def secured(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedServer, Path]]:
 
 @contextlib.asynccontextmanager
 async def manager(url: str, creds: Path | None = None) -> AsyncIterator[ManagerService]:
-    service = ManagerService(
-        ManagerSettings(
-            servers=[url], creds=str(creds) if creds else None, retry_s=0.2, lost_check_s=0.2
-        )
+    settings = ManagerSettings(
+        servers=[url], creds=str(creds) if creds else None, retry_s=0.2, lost_check_s=0.2
     )
-    task = asyncio.create_task(service.run())
-    try:
-        await asyncio.wait_for(service.ready.wait(), 30)
+    async with running_manager(settings) as service:
         yield service
-    finally:
-        service.stop()
-        await asyncio.wait_for(task, 30)
 
 
 @contextlib.asynccontextmanager

@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from fake_drones import FakeDrone, eventually, publish
+from helpers import running_manager
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
@@ -85,14 +86,8 @@ async def _service(
     settings = ManagerSettings(
         servers=[server.url], retry_s=0.2, pull=FAST, lost_check_s=0.5, **options
     )  # type: ignore[arg-type]
-    service = ManagerService(settings, registry)
-    task = asyncio.create_task(service.run())
-    try:
-        await asyncio.wait_for(service.ready.wait(), 30)
+    async with running_manager(settings, registry) as service:
         yield service
-    finally:
-        service.stop()
-        await asyncio.wait_for(task, 30)
 
 
 async def test_consumer_applies_then_acks(nc: Client, stream: JetStreamContext) -> None:

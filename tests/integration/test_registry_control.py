@@ -10,6 +10,7 @@ from collections.abc import AsyncIterator
 
 import pytest
 from fake_drones import FakeDrone, answer_commands, eventually, publish
+from helpers import running_manager
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
@@ -270,14 +271,8 @@ async def _service(server: EmbeddedServer) -> AsyncIterator[ManagerService]:
         request_timeout_s=0.5,
         pull=PullSettings(batch=50, expires_s=2.0, idle_heartbeat_s=0.5),
     )
-    service = ManagerService(settings)
-    task = asyncio.create_task(service.run())
-    try:
-        await asyncio.wait_for(service.ready.wait(), 30)
+    async with running_manager(settings) as service:
         yield service
-    finally:
-        service.stop()
-        await asyncio.wait_for(task, 30)
 
 
 async def test_service_sees_records_written_by_agents(
