@@ -195,14 +195,6 @@ def metadata(reply: str) -> tuple[int, int, float, int]:
     raise ValueError(f"not a JetStream reply subject: {reply!r}")
 
 
-def stored_time(reply: str) -> float:
-    """When the stream stored the message of ``reply``, epoch seconds (see :func:`metadata`)"""
-    tokens = reply.split(".")
-    if len(tokens) == 9:
-        return int(tokens[7]) / 1e9
-    return metadata(reply)[2]
-
-
 # ---------------------------------------------------------------------- provisioning
 
 

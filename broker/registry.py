@@ -205,7 +205,7 @@ def check_event(
             f"event {kind!r} for {event.site}/{event.drone} arrived on the subject of "
             f"{parts[1]}/{parts[2]} ({parts[4]!r})",
         )
-    if headers is not UNSTORED and (headers is None or headers.get(MSG_ID) != event.id):
+    if headers is not UNSTORED and not published_by_writer(headers, event.id):
         raise Rejected(Rejection.RELAYED, f"stored without its writer's {MSG_ID}")
     return event
 
@@ -670,8 +670,3 @@ class Registry:
                         extra={"drone": view.drone, "site": view.site},
                     )
         return newly
-
-
-def finished(view: DroneView) -> bool:
-    """Whether the drone's agent said its very last word (its state is ``exiting``)"""
-    return view.state is DroneState.EXITING

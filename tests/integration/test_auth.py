@@ -17,7 +17,7 @@ import nats.errors
 import pytest
 from agent_support import SITE, drone_life, wait_for
 from agent_support import settings as agent_settings
-from helpers import hub_and_leaf, secured_server
+from helpers import drone_creds, hub_and_leaf, secured_server
 
 from broker.auth import (
     AuthError,
@@ -55,12 +55,6 @@ async def secured(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedServer, Path]]:
         yield server, authority_file
 
 
-def _creds(tmp_path: Path, authority_file: Path, drone: str) -> Path:
-    path = tmp_path / f"{drone}.creds"
-    path.write_text(drone_credentials(load_authority(authority_file), NS, SITE, drone))
-    return path
-
-
 async def refused_for_another(url: str, creds: Path, domain: str | None = None) -> None:
     """With ``DRONE``'s credentials: ``OTHER``'s event, record and commands are all refused"""
     errors: list[str] = []
@@ -92,7 +86,9 @@ async def test_a_drone_runs_on_its_own_credentials_and_cannot_speak_for_another(
     )
     service_task = asyncio.create_task(service.run())
     agent = Agent(
-        agent_settings(tmp_path, server.url, DRONE, creds=_creds(tmp_path, authority_file, DRONE))
+        agent_settings(
+            tmp_path, server.url, DRONE, creds=drone_creds(tmp_path, authority_file, SITE, DRONE)
+        )
     )
     try:
         # its own claim, events, record and answers are allowed; with the same

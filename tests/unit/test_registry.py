@@ -12,7 +12,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from broker.control import SAFE_REMOVALS, Removal, removal_verdict
-from broker.registry import Applied, DroneView, Registry, Rejection, finished
+from broker.registry import Applied, DroneView, Registry, Rejection
 from remote_agent import events as ev
 from remote_agent.handshake import record_proof
 
@@ -347,17 +347,6 @@ def test_agent_record_is_a_sign_of_life() -> None:
 def test_lost_after_must_be_positive() -> None:
     with pytest.raises(ValueError, match="lost_after_s"):
         Registry(NS, lost_after_s=0)
-
-
-def test_finished() -> None:
-    drone = FakeDrone(SITE, "site1-0000000001")
-    registry = Registry(NS)
-    _apply(registry, drone.drained(), 1.0)
-    view = registry.view(SITE, drone.drone)
-    assert view is not None and not finished(view)
-    _apply(registry, drone.exiting(), 2.0)
-    view = registry.view(SITE, drone.drone)
-    assert view is not None and finished(view)
 
 
 # --------------------------------------------------------------------------- may remove
