@@ -232,6 +232,7 @@ class Agent:
         self._winding_down = False
         self._claimable = asyncio.Event()
         self._recheck = asyncio.Event()
+        self._listening = asyncio.Event()  # the command and record-hint subscriptions are in
         self._release_recorded: asyncio.Event | None = None
 
         #: payloads let in (or adopted) so far: a release-if-idle that saw another
@@ -732,6 +733,8 @@ class Agent:
     async def _claim(self) -> None:
         """Claim the record before the gate may open; act on what it says"""
         await self._claimable.wait()
+        # subscribed first: every write to the record after the claim's read is a hint
+        await self._listening.wait()
         delay = 0.2
         failures = 0
         while not self._sealed:
@@ -803,6 +806,8 @@ class Agent:
                 continue
             except (nats.errors.Error, OSError, TimeoutError) as err:
                 log.debug("cannot read the record: %r", err, extra={"drone": self._drone})
+                await asyncio.sleep(self.settings.reconnect_wait_s)
+                self._recheck.set()  # the hint is not lost with the failed read
                 continue
             if current is None:
                 self._on_record_lost("the record was deleted")
@@ -891,6 +896,14 @@ class Agent:
         # it after a reconnect. (A KV watch would need the consumer API.)
         key = self.namespace.record_key(self._site, self._drone)
         await nc.subscribe(f"$KV.{self.namespace.record_bucket}.{key}", cb=self._on_record_hint)
+        while True:  # the server has the subscriptions once a flush returns
+            try:
+                await nc.flush()
+                break
+            except (nats.errors.Error, TimeoutError) as err:
+                log.debug("subscriptions not flushed yet: %r", err, extra={"drone": self._drone})
+                await asyncio.sleep(self.settings.reconnect_wait_s)
+        self._listening.set()
 
     async def _on_record_hint(self, msg: Msg) -> None:
         self._recheck.set()
