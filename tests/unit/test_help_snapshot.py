@@ -54,7 +54,7 @@ def _observe() -> dict[str, dict[str, object]]:
     ):
         for path in _paths(parser):
             code, text = _run(main, [*path, "--help"])
-            wrong, error = _run(main, [*path, "--no-such-option"])
+            wrong, _ = _run(main, [*path, "--no-such-option"])
             facts: dict[str, object] = {"help_exit": code, "help": text, "usage_exit": wrong}
             if _is_group(parser, path):  # a group without its command: usage, no action
                 facts["bare_exit"], facts["bare"] = _run(main, list(path))
@@ -79,7 +79,7 @@ def _fixed_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
 
 def test_every_help_text_and_exit_code_is_as_recorded() -> None:
     seen = _observe()
-    python = "%d.%d" % sys.version_info[:2]
+    python = f"{sys.version_info.major}.{sys.version_info.minor}"
     if os.environ.get("COBALD_REMOTE_SNAPSHOT") == "write":
         text = json.dumps({"python": python, "commands": seen}, indent=1, sort_keys=True)
         SNAPSHOT.write_text(text + "\n")
