@@ -33,9 +33,9 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
-from broker.provision import Topology, provision  # noqa: E402
-from broker.server import EmbeddedServer  # noqa: E402
-from remote_agent import events as ev  # noqa: E402
+from broker.server.embedded import EmbeddedServer  # noqa: E402
+from broker.server.provision import Topology, provision  # noqa: E402
+from remote_agent.protocol import events as ev  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 

@@ -41,9 +41,9 @@ from pathlib import Path
 import nats
 import nats.js.errors
 
-from broker.provision import provision
-from broker.server import EmbeddedServer
-from remote_agent.events import Namespace
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from remote_agent.protocol.events import Namespace
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DRONE = "bench-00000000ff"

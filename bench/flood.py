@@ -6,10 +6,10 @@ Run from the repository root::
     python bench/flood.py                 # 20 s baseline, 10 s flood, 20 s after; < 2 min
     python bench/flood.py --quick         # 8 s, 10 s, 8 s
 
-A real nats-server in operator mode (``broker/auth.py``: every drone on its own
+A real nats-server in operator mode (``broker/server/auth.py``: every drone on its own
 credentials, the account and drone limits of ``docs/deployment.md#limits``),
 the streams as ``broker init`` makes them (per-subject cap, size cap), and the
-real :class:`~broker.service.ManagerService` in this process. ``--drones``
+real :class:`~broker.manager.service.ManagerService` in this process. ``--drones``
 honest drones (default 100), each on its own connection and credentials,
 publish what an agent publishes: a heartbeat every ``--heartbeat`` seconds
 (default 2) and now and then a payload start or end, each awaiting its PubAck.
@@ -48,12 +48,12 @@ import _common
 from _common import percentiles
 from nats.aio.client import Client
 
-from broker.auth import create_authority, drone_credentials, manager_credentials
-from broker.provision import provision
-from broker.server import EmbeddedServer
-from broker.service import ManagerService, ManagerSettings
-from remote_agent import events as ev
-from remote_agent.connect import connect
+from broker.manager.service import ManagerService, ManagerSettings
+from broker.server.auth import create_authority, drone_credentials, manager_credentials
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.connect import connect
 
 SITE = "bench"
 NS = ev.Namespace()

@@ -47,7 +47,7 @@ from _common import (  # also puts the repository on sys.path
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from broker.consumer import (
+from broker.jetstream.consumer import (
     Disposition,
     Handler,
     PullConsumer,
@@ -55,11 +55,11 @@ from broker.consumer import (
     durable_config,
     ensure_consumer,
 )
-from broker.provision import Topology, provision
-from broker.registry import Registry
-from broker.server import EmbeddedServer
-from broker.service import event_handler
-from remote_agent import events as ev
+from broker.manager.registry import Registry
+from broker.manager.service import event_handler
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import Topology, provision
+from remote_agent.protocol import events as ev
 
 GOAL_RATE = 50_000.0
 BASELINE = "raw nats-py pull, AckNone (baseline)"

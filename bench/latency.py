@@ -15,7 +15,7 @@ simulated drones (default 10,000) on it, each event published with
    ``publish_async`` to the callback of an ordered push consumer (AckNone) on the
    event stream; and, meanwhile, the round trip of a core NATS request to a
    responder that answers at once.
-2. **the system**: a real :class:`~broker.service.ManagerService` (rebuild, durable
+2. **the system**: a real :class:`~broker.manager.service.ManagerService` (rebuild, durable
    pull consumer, registry) and ``--agents`` real in-process
    :class:`~remote_agent.agent.Agent` s (no startd, a sleeping worker). Each event's
    time from ``publish_async`` to the moment the registry applied it (the service's
@@ -46,11 +46,11 @@ from _common import Bus, percentiles
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
-from broker.control import CommandOutcome, CommandResult, Control
-from broker.registry import Applied, Registry
-from broker.service import ManagerService, ManagerSettings
-from remote_agent import events as ev
+from broker.manager.control import CommandOutcome, CommandResult, Control
+from broker.manager.registry import Applied, Registry
+from broker.manager.service import ManagerService, ManagerSettings
 from remote_agent.agent import Agent
+from remote_agent.protocol import events as ev
 from remote_agent.settings import Settings
 
 SITE = "bench"

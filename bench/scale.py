@@ -17,11 +17,11 @@ Then, against baselines measured in the same run:
   registry allocated and still holds, divided by the drones); baseline: a plain
   dict ``{(site, drone): <copy of the newest raw msgpack bytes>}``. The resident
   memory growth over the rebuild is shown beside it (coarser: allocator reuse).
-* **rebuild after a restart**: :func:`broker.service.rebuild` into an empty
+* **rebuild after a restart**: :func:`broker.manager.service.rebuild` into an empty
   registry (heartbeats ``LAST_PER_SUBJECT``, then the replay, then the handshake
   bucket); baselines: nats-py alone reading the same messages with an ordered
   push consumer (AckNone, same delivery policies and start sequence), and the
-  project's own reader (:func:`broker.consumer.read_all`) with a handler that
+  project's own reader (:func:`broker.jetstream.consumer.read_all`) with a handler that
   does nothing, which separates reading from decoding and applying.
 * **handshake operations per second** (one server, ``--inflight`` concurrent
   operations on distinct drones): :meth:`RecordStore.release` and
@@ -49,11 +49,11 @@ from _common import Bus
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from broker.consumer import read_all
-from broker.registry import Registry
-from broker.service import rebuild
-from remote_agent import events as ev
-from remote_agent.handshake import RecordStore
+from broker.jetstream.consumer import read_all
+from broker.manager.registry import Registry
+from broker.manager.service import rebuild
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.handshake import RecordStore
 
 SITE = "bench"
 GOAL_BYTES_PER_DRONE = 2048

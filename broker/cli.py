@@ -19,16 +19,15 @@ from pathlib import Path
 
 from nats.aio.client import Client
 
+from broker.commands.ops import add_commands as add_operator_commands
+from broker.errors import BrokerError
+from broker.manager.timeline import add_command as add_timeline_command
+from broker.server.auth import add_auth_commands
+from broker.server.connection import connect_once
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import Topology, provision
 from remote_agent.cli import add_commands as add_agent_commands
-from remote_agent.events import DEFAULT_MAX_SIZE, Namespace, SchemaError, decode, to_json
-
-from .auth import add_auth_commands
-from .connection import connect_once
-from .errors import BrokerError
-from .ops import add_commands as add_operator_commands
-from .provision import Topology, provision
-from .server import EmbeddedServer
-from .timeline import add_command as add_timeline_command
+from remote_agent.protocol.events import DEFAULT_MAX_SIZE, Namespace, SchemaError, decode, to_json
 
 log = logging.getLogger(__name__)
 
@@ -148,9 +147,9 @@ def build_parser() -> argparse.ArgumentParser:
     dec.add_argument("--max-size", type=int, default=DEFAULT_MAX_SIZE, help="limit in bytes")
     dec.set_defaults(run=_decode)
     add_agent_commands(groups)
-    add_operator_commands(groups)  # drain, release, status (broker/ops.py)
-    add_timeline_command(groups)  # timeline (broker/timeline.py)
-    add_auth_commands(groups)  # auth init, drone, manager (broker/auth.py)
+    add_operator_commands(groups)  # drain, release, status (broker/commands/ops.py)
+    add_timeline_command(groups)  # timeline (broker/manager/timeline.py)
+    add_auth_commands(groups)  # auth init, drone, manager (broker/server/auth.py)
     _add_demo_command(groups)
 
     return parser

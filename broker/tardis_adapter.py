@@ -10,7 +10,7 @@ composite pool the way ``tardis.resources.poolfactory`` does:
   environment, answers ``resource_status`` from the registry while the
   drone's agent is heard from, and lets ``stop_resource`` and
   ``terminate_resource`` reach the wrapped adapter only when
-  :meth:`~broker.control.Control.may_remove` says the job may be removed
+  :meth:`~broker.manager.control.Control.may_remove` says the job may be removed
   (after a release or a self-drain); otherwise it raises
   ``TardisResourceStatusUpdateFailed`` and TARDIS tries again next heartbeat;
 * :class:`RemoteBatchSystemAdapter` answers machine status, allocation and
@@ -70,7 +70,18 @@ from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.resources.poolfactory import create_drone, get_drones_to_restore, load_plugins
 from tardis.utilities.attributedict import AttributeDict
 
-from remote_agent.events import (
+from broker.jetstream.consumer import DEFAULT_DURABLE
+from broker.manager.control import (
+    DEFAULT_DRAIN_S,
+    DEFAULT_REQUEST_TIMEOUT_S,
+    Control,
+    Removal,
+    Verdict,
+)
+from broker.manager.metrics import MetricsServer, Sources, parse_address
+from broker.manager.registry import DEFAULT_LOST_AFTER_S, DroneView, Registry
+from broker.manager.service import ManagerService, ManagerSettings
+from remote_agent.protocol.events import (
     DEFAULT_PREFIX,
     DroneState,
     Namespace,
@@ -81,12 +92,6 @@ from remote_agent.events import (
     utcnow,
 )
 from remote_agent.settings import TARDIS_SETTINGS_ENV, split_urls
-
-from .consumer import DEFAULT_DURABLE
-from .control import DEFAULT_DRAIN_S, DEFAULT_REQUEST_TIMEOUT_S, Control, Removal, Verdict
-from .metrics import MetricsServer, Sources, parse_address
-from .registry import DEFAULT_LOST_AFTER_S, DroneView, Registry
-from .service import ManagerService, ManagerSettings
 
 log = logging.getLogger(__name__)
 

@@ -25,11 +25,11 @@ worker, with the environment from ``install_fake_condor``); then drive it with
 ``EmulatorControl(state_dir)``.
 """
 
-from .control import EmulatorControl, EmulatorUnavailable
-from .groundtruth import read_ground_truth
-from .install import DEPLOY_CONFIG, DEPLOY_DIR, install_fake_condor
-from .pool import OverlayPool, PoolJob
-from .process import EmulatedMaster
+from emulation.control import EmulatorControl, EmulatorUnavailable
+from emulation.groundtruth import read_ground_truth
+from emulation.install import DEPLOY_CONFIG, DEPLOY_DIR, install_fake_condor
+from emulation.pool import OverlayPool, PoolJob
+from emulation.process import EmulatedMaster
 
 __all__ = [
     "DEPLOY_CONFIG",

@@ -16,9 +16,9 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from .control import EmulatorUnavailable, request_sync
-from .groundtruth import read_ground_truth
-from .paths import GROUND_TRUTH_FILE, control_socket_path
+from emulation.control import EmulatorUnavailable, request_sync
+from emulation.groundtruth import read_ground_truth
+from emulation.paths import GROUND_TRUTH_FILE, control_socket_path
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -23,8 +23,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from .groundtruth import read_ground_truth
-from .paths import GROUND_TRUTH_FILE
+from emulation.groundtruth import read_ground_truth
+from emulation.paths import GROUND_TRUTH_FILE
 
 
 def _percentile(values: list[float], share: float) -> float:

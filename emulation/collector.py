@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from .control import EmulatorUnavailable, request_sync
-from .schedd import install_socket_tools
+from emulation.control import EmulatorUnavailable, request_sync
+from emulation.schedd import install_socket_tools
 
 COLLECTOR = "collector.overlay"
 _SUFFIX = ".overlay"

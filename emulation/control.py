@@ -40,8 +40,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .groundtruth import read_ground_truth
-from .paths import GROUND_TRUTH_FILE, control_socket_path
+from emulation.groundtruth import read_ground_truth
+from emulation.paths import GROUND_TRUTH_FILE, control_socket_path
 
 
 class EmulatorUnavailable(Exception):

@@ -3,7 +3,7 @@
 
 One run (see ``docs/tardis.md``, "The demonstration"):
 
-1. the embedded broker (``broker.server.EmbeddedServer``), provisioned;
+1. the embedded broker (``broker.server.embedded.EmbeddedServer``), provisioned;
 2. an emulated local batch system (``lbs.py``) that starts each drone job as a
    local process tree after the scenario's queue delay, and an emulated
    overlay pool (``overlay.py``) that offers short payloads to every startd;
@@ -41,21 +41,20 @@ import nats
 import nats.errors
 import nats.js.errors
 
-from broker.provision import Topology, provision
-from broker.server import EmbeddedServer
-from broker.timeline import format_table, read_timeline
-from remote_agent.connect import connect
-from remote_agent.events import Namespace, SchemaError, decode_record
-
-from .analysis import analyze
-from .collector import install_fake_collector
-from .groundtruth import GroundTruth, read_ground_truth
-from .install import DEPLOY_CONFIG, install_fake_condor
-from .lbs import Job, LocalBatchSystem
-from .overlay import OverlayPool
-from .paths import GROUND_TRUTH_FILE
-from .scenario import Scenario
-from .schedd import install_fake_schedd
+from broker.manager.timeline import format_table, read_timeline
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import Topology, provision
+from emulation.analysis import analyze
+from emulation.collector import install_fake_collector
+from emulation.groundtruth import GroundTruth, read_ground_truth
+from emulation.install import DEPLOY_CONFIG, install_fake_condor
+from emulation.lbs import Job, LocalBatchSystem
+from emulation.overlay import OverlayPool
+from emulation.paths import GROUND_TRUTH_FILE
+from emulation.scenario import Scenario
+from emulation.schedd import install_fake_schedd
+from remote_agent.protocol.connect import connect
+from remote_agent.protocol.events import Namespace, SchemaError, decode_record
 
 #: the COBalD/TARDIS configuration the demo fills in for each run
 CONFIG_TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "cobald" / "demo.yaml"

@@ -7,8 +7,8 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from .paths import CONFIG_FILE
-from .tools import TOOLS
+from emulation.paths import CONFIG_FILE
+from emulation.tools import TOOLS
 
 #: the drone startd configuration shipped in this repository
 DEPLOY_DIR = Path(__file__).resolve().parent.parent / "deploy" / "htcondor"

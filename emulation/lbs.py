@@ -34,8 +34,8 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from .groundtruth import GroundTruth
-from .wire import serve
+from emulation.groundtruth import GroundTruth
+from emulation.wire import serve
 
 log = logging.getLogger(__name__)
 

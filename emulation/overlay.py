@@ -27,9 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from .control import EmulatorControl, EmulatorUnavailable
-from .groundtruth import GroundTruth
-from .wire import serve
+from emulation.control import EmulatorControl, EmulatorUnavailable
+from emulation.groundtruth import GroundTruth
+from emulation.wire import serve
 
 log = logging.getLogger(__name__)
 

@@ -10,8 +10,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from .config import Config
-from .control import EmulatorControl
+from emulation.config import Config
+from emulation.control import EmulatorControl
 
 
 class EmulatedMaster:

@@ -44,10 +44,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from .classad import ERROR, UNDEFINED, Ad, ClassAdSyntaxError, Node, evaluate, literal
-from .config import Config
-from .groundtruth import GroundTruth
-from .paths import GROUND_TRUTH_FILE, MASTER_EXIT_FILE, control_socket_path
+from emulation.classad import ERROR, UNDEFINED, Ad, ClassAdSyntaxError, Node, evaluate, literal
+from emulation.config import Config
+from emulation.groundtruth import GroundTruth
+from emulation.paths import GROUND_TRUTH_FILE, MASTER_EXIT_FILE, control_socket_path
 
 log = logging.getLogger(__name__)
 

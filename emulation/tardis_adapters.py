@@ -49,8 +49,8 @@ from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStat
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.utilities.attributedict import AttributeDict
 
-from .control import EmulatorUnavailable
-from .wire import request
+from emulation.control import EmulatorUnavailable
+from emulation.wire import request
 
 log = logging.getLogger("cobald.runtime.emulation.tardis_adapters")
 

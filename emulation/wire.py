@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from .control import EmulatorUnavailable
+from emulation.control import EmulatorUnavailable
 
 log = logging.getLogger(__name__)
 

@@ -14,11 +14,11 @@ import asyncio
 import logging
 import sys
 
-from .errors import AgentError, SettingsError
-from .hooks import add_hook_commands
-from .interfaces import Startd
-from .logs import JsonLines
-from .settings import Settings, add_options, from_args
+from remote_agent.errors import AgentError, SettingsError
+from remote_agent.hooks import add_hook_commands
+from remote_agent.interfaces import Startd
+from remote_agent.logs import JsonLines
+from remote_agent.settings import Settings, add_options, from_args
 
 log = logging.getLogger(__name__)
 
@@ -81,13 +81,13 @@ def run_agent(args: argparse.Namespace) -> int:
 
 async def serve(settings: Settings) -> int:
     """Run the agent with the real startd (unless ``--no-startd``) and the gate socket"""
-    from .agent import Agent
-    from .gate import GateServer
+    from remote_agent.agent import Agent
+    from remote_agent.gate import GateServer
 
     startd: Startd | None = None
     if settings.startd:
         # the HTCondor side lives in its own module; imported only when it is used
-        from .htcondor import CondorStartd
+        from remote_agent.htcondor import CondorStartd
 
         startd = CondorStartd()
     agent = Agent(settings, startd=startd)

@@ -16,7 +16,7 @@ class SpoolError(AgentError):
 
 
 class IllegalTransition(AgentError):
-    """A lifecycle transition that the table in ``remote_agent/state.py`` does not allow"""
+    """A lifecycle transition that the table in ``remote_agent/agent/state.py`` does not allow"""
 
     def __init__(self, current: str, wanted: str) -> None:
         super().__init__(f"illegal drone state transition {current} -> {wanted}")

@@ -47,11 +47,11 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import msgspec
 
-from .errors import AgentError
-from .events import PayloadEnd
-from .interfaces import GATE_CLOSED_STATUS, GateDecision, GateHandler, JobStart
-from .ratelog import RateLimitedLog
-from .spool import private_directory
+from remote_agent.errors import AgentError
+from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, GateHandler, JobStart
+from remote_agent.protocol.events import PayloadEnd
+from remote_agent.protocol.ratelog import RateLimitedLog
+from remote_agent.spool import private_directory
 
 if TYPE_CHECKING:
     import asyncio

@@ -37,9 +37,8 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import BinaryIO, Final, TextIO
 
-from .classad import ClassAd, parse_ad, quote
-from .events import PayloadEnd
-from .gate import (
+from remote_agent.classad import ClassAd, parse_ad, quote
+from remote_agent.gate import (
     GateAck,
     GateDecisionReply,
     GateErrorReply,
@@ -49,7 +48,8 @@ from .gate import (
     ask,
     find_gate_path,
 )
-from .interfaces import AGENT_UNREACHABLE_STATUS
+from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS
+from remote_agent.protocol.events import PayloadEnd
 
 log = logging.getLogger(__name__)
 

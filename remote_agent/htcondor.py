@@ -34,8 +34,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from .classad import ClassAd, parse_ads
-from .interfaces import DrainResult, SlotInfo, StartdError
+from remote_agent.classad import ClassAd, parse_ads
+from remote_agent.interfaces import DrainResult, SlotInfo, StartdError
 
 log = logging.getLogger(__name__)
 

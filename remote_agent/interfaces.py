@@ -16,7 +16,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal, Protocol
 
-from .events import PayloadEnd
+from remote_agent.protocol.events import PayloadEnd
 
 
 class StartdError(Exception):

@@ -32,8 +32,8 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from .connect import connect
-from .spool import Spool, SpooledEvent
+from remote_agent.protocol.connect import connect
+from remote_agent.spool import Spool, SpooledEvent
 
 log = logging.getLogger(__name__)
 

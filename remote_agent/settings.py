@@ -19,8 +19,8 @@ from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any, Final, Literal
 
-from .errors import SettingsError
-from .events import DEFAULT_PREFIX, SchemaError, check_token
+from remote_agent.errors import SettingsError
+from remote_agent.protocol.events import DEFAULT_PREFIX, SchemaError, check_token
 
 DeadlinePolicy = Literal["wait", "kill"]
 

@@ -47,7 +47,7 @@ from typing import Final, Self
 
 import msgspec
 
-from .errors import SpoolError
+from remote_agent.errors import SpoolError
 
 log = logging.getLogger(__name__)
 

@@ -14,10 +14,10 @@ from typing import Any
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from broker.service import ManagerService
-from remote_agent import events as ev
+from broker.manager.service import ManagerService
 from remote_agent.agent import Agent
 from remote_agent.interfaces import DrainResult, SlotInfo, StartdError
+from remote_agent.protocol import events as ev
 from remote_agent.settings import Settings
 
 NS = ev.Namespace()

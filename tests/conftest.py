@@ -11,7 +11,7 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from broker.server import EmbeddedServer
+from broker.server.embedded import EmbeddedServer
 
 # tests/vectors.py is imported by the tests as a plain module
 sys.path.insert(0, str(Path(__file__).resolve().parent))

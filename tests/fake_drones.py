@@ -20,7 +20,7 @@ from nats.aio.msg import Msg
 from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
-from remote_agent import events as ev
+from remote_agent.protocol import events as ev
 
 T0 = dt.datetime(2026, 3, 18, 12, 0, tzinfo=dt.UTC)
 

@@ -11,18 +11,18 @@ from pathlib import Path
 
 import nats
 
-from broker.auth import (
+from broker.manager.registry import Registry
+from broker.manager.service import ManagerService, ManagerSettings
+from broker.server.auth import (
     create_authority,
     drone_credentials,
     load_authority,
     manager_credentials,
     save_authority,
 )
-from broker.provision import provision
-from broker.registry import Registry
-from broker.server import EmbeddedServer
-from broker.service import ManagerService, ManagerSettings
-from remote_agent.events import Namespace
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from remote_agent.protocol.events import Namespace
 
 
 def pid_exists(pid: int) -> bool:

@@ -4,7 +4,7 @@ Fakes for the TARDIS integration tests: plain adapter classes, no mocks
 :class:`FakeSite` and :class:`FakeOverlay` are real subclasses of TARDIS's
 adapter interfaces with scripted answers, so the decorators wrap them as they
 wrap TARDIS's own adapters. :class:`FakeControl` stands in for
-:class:`broker.control.Control` where a test needs no server.
+:class:`broker.manager.control.Control` where a test needs no server.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStat
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.utilities.attributedict import AttributeDict
 
-from broker.control import (
+from broker.manager.control import (
     DrainOutcome,
     DrainResult,
     ReleaseOutcome,
@@ -26,9 +26,9 @@ from broker.control import (
     Removal,
     Verdict,
 )
-from broker.registry import Registry
+from broker.manager.registry import Registry
 from broker.tardis_adapter import BusConfig, RemoteBus
-from remote_agent import events as ev
+from remote_agent.protocol import events as ev
 
 SITE_NAME = "Site1"
 SITE = "site1"

@@ -11,9 +11,9 @@ from pathlib import Path
 from agent_support import kinds, read_events
 from nats.js import JetStreamContext
 
-from broker.provision import provision
-from broker.server import EmbeddedServer
-from remote_agent import events as ev
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from remote_agent.protocol import events as ev
 
 DRONE = "site1-00000000cc"
 

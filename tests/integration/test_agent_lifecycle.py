@@ -25,12 +25,12 @@ from helpers import pid_exists
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from broker.provision import provision
-from broker.server import EmbeddedServer
-from remote_agent import events as ev
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
 from remote_agent.agent import Agent
-from remote_agent.handshake import RecordStore
 from remote_agent.interfaces import GATE_CLOSED_STATUS, JobStart, SlotInfo
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.handshake import RecordStore
 
 DRONE = "site1-0123456789"
 

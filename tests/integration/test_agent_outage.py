@@ -24,12 +24,12 @@ from agent_support import (
 from helpers import pid_exists
 from nats.js import JetStreamContext
 
-from broker.provision import provision
-from broker.server import EmbeddedServer
-from remote_agent import events as ev
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
 from remote_agent.agent import Agent
-from remote_agent.handshake import RecordStore
 from remote_agent.interfaces import JobStart
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.handshake import RecordStore
 from remote_agent.spool import Spool
 
 DRONE = "site1-00000000aa"

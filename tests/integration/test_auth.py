@@ -1,4 +1,4 @@
-"""Per-drone credentials (broker/auth.py) against a real nats-server in operator mode"""
+"""Per-drone credentials (broker/server/auth.py) against a real nats-server in operator mode"""
 
 from __future__ import annotations
 
@@ -19,7 +19,9 @@ from agent_support import SITE, drone_life, wait_for
 from agent_support import settings as agent_settings
 from helpers import drone_creds, hub_and_leaf, secured_server
 
-from broker.auth import (
+from broker.cli import main
+from broker.manager.service import ManagerService, ManagerSettings
+from broker.server.auth import (
     AuthError,
     create_authority,
     creds_claims,
@@ -34,13 +36,11 @@ from broker.auth import (
     revoke,
     save_authority,
 )
-from broker.cli import main
-from broker.provision import provision
-from broker.server import EmbeddedServer
-from broker.service import ManagerService, ManagerSettings
-from remote_agent import events as ev
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
 from remote_agent.agent import Agent
-from remote_agent.connect import connect
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.connect import connect
 
 pytestmark = pytest.mark.timeout(120)
 NS = ev.Namespace()

@@ -15,9 +15,9 @@ from nats.js.api import StorageType, StreamConfig
 from vectors import EXAMPLES, example
 
 from broker.errors import ProvisioningError, ServerStartError
-from broker.provision import Topology, provision
-from broker.server import EmbeddedServer
-from remote_agent import events as ev
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import Topology, provision
+from remote_agent.protocol import events as ev
 
 NS = ev.Namespace()
 
@@ -90,7 +90,7 @@ async def test_missing_binary_is_a_clear_error(tmp_path: Path) -> None:
 async def test_binary_not_found_names_the_wheel(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from broker import server as server_module
+    from broker.server import embedded as server_module
 
     monkeypatch.setattr(server_module.sysconfig, "get_path", lambda _name: str(tmp_path))
     monkeypatch.setattr(server_module.sys, "executable", str(tmp_path / "python"))

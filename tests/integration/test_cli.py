@@ -12,7 +12,7 @@ import nats
 from helpers import pid_exists
 from vectors import EXAMPLES, example
 
-from remote_agent import events as ev
+from remote_agent.protocol import events as ev
 
 CLI = [sys.executable, "-m", "broker.cli"]
 

@@ -1,5 +1,5 @@
 """
-remote_agent.connect: a failed or cancelled connect leaves no socket open
+remote_agent.protocol.connect: a failed or cancelled connect leaves no socket open
 
 An open socket left to the garbage collector fails whichever later test is
 running when it is freed (ResourceWarning, and filterwarnings = error), and
@@ -18,8 +18,8 @@ from pathlib import Path
 import nats.errors
 import pytest
 
-from broker.server import EmbeddedServer
-from remote_agent.connect import connect
+from broker.server.embedded import EmbeddedServer
+from remote_agent.protocol.connect import connect
 
 pytestmark = pytest.mark.timeout(60)
 

@@ -26,8 +26,8 @@ from tardis.interfaces.siteadapter import SiteAdapter
 from tardis.plugins.sqliteregistry import SqliteRegistry
 from tardis.utilities.attributedict import AttributeDict
 
-from broker.provision import provision
-from broker.server import EmbeddedServer
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
 from broker.tardis_adapter import (
     RemoteBatchSystemAdapter,
     RemoteFactoryPool,
@@ -38,7 +38,7 @@ from emulation import install_fake_condor
 from emulation.demo import render_config
 from emulation.groundtruth import read_ground_truth
 from emulation.scenario import Scenario
-from remote_agent import events as ev
+from remote_agent.protocol import events as ev
 
 pytestmark = pytest.mark.timeout(120)
 

@@ -17,11 +17,11 @@ from agent_support import settings as agent_settings
 from helpers import free_ports, hub_and_leaf
 
 from broker.errors import ProvisioningError
-from broker.provision import Topology, provision
-from broker.server import EmbeddedServer, find_binary
-from broker.service import ManagerService, ManagerSettings
-from remote_agent import events as ev
+from broker.manager.service import ManagerService, ManagerSettings
+from broker.server.embedded import EmbeddedServer, find_binary
+from broker.server.provision import Topology, provision
 from remote_agent.agent import Agent
+from remote_agent.protocol import events as ev
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 CONFIGS = sorted(DEPLOY.glob("*.conf"))

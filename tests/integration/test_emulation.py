@@ -17,10 +17,10 @@ import pytest
 from test_gate import FakeAgent
 
 from emulation import EmulatedMaster, EmulatorControl, OverlayPool, install_fake_condor
-from remote_agent.events import PayloadEnd
 from remote_agent.gate import GateServer
 from remote_agent.htcondor import CondorStartd
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS, GATE_CLOSED_STATUS, JobStart
+from remote_agent.protocol.events import PayloadEnd
 
 TERMINAL = {"payload_finished", "payload_killed", "payload_refused", "payload_held"}
 

@@ -12,7 +12,6 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from remote_agent.events import PayloadEnd
 from remote_agent.gate import (
     GATE_ENV,
     MAX_REQUEST_BYTES,
@@ -29,6 +28,7 @@ from remote_agent.gate import (
     find_gate_path,
 )
 from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, JobStart
+from remote_agent.protocol.events import PayloadEnd
 
 
 class FakeAgent:

@@ -18,9 +18,9 @@ from test_gate import FakeAgent
 
 from emulation import DEPLOY_DIR
 from remote_agent.classad import parse_ad
-from remote_agent.events import PayloadEnd
 from remote_agent.gate import GATE_ENV, PYTHON_ENV, GateServer
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS, GATE_CLOSED_STATUS, JobStart
+from remote_agent.protocol.events import PayloadEnd
 
 JOB_AD = b"""\
 ClusterId = 4711

@@ -11,10 +11,10 @@ import nats.js.errors
 import pytest
 from nats.js import JetStreamContext
 
-from broker.provision import provision
-from remote_agent import events as ev
-from remote_agent.events import DrainIntent, Namespace, RecordPhase, encode, utcnow
-from remote_agent.handshake import (
+from broker.server.provision import provision
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.events import DrainIntent, Namespace, RecordPhase, encode, utcnow
+from remote_agent.protocol.handshake import (
     HandshakeError,
     RecordStore,
     RecordTampered,

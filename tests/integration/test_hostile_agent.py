@@ -32,19 +32,19 @@ from agent_support import (
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from broker.provision import provision
-from broker.server import EmbeddedServer
-from remote_agent import events as ev
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
 from remote_agent.agent import Agent
-from remote_agent.events import MAX_JOB_ID
 from remote_agent.gate import (
     GateDecisionReply,
     GateServer,
     PrepareJobRequest,
     ask,
 )
-from remote_agent.handshake import RecordStore
 from remote_agent.interfaces import GATE_CLOSED_STATUS, SlotInfo
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.events import MAX_JOB_ID
+from remote_agent.protocol.handshake import RecordStore
 
 DRONE = "site1-0123456789"
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +54,7 @@ JOBS = ("101.0", "102.0")
 _FORGER = """
 import sys
 from pathlib import Path
-from remote_agent.events import PayloadEnd
+from remote_agent.protocol.events import PayloadEnd
 from remote_agent.gate import GateAck, JobExitRequest, ask
 for job_id in sys.argv[2:]:
     reply = ask(Path(sys.argv[1]), JobExitRequest(job_id=job_id, how=PayloadEnd.EXIT), 10.0)

@@ -27,7 +27,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 
-from broker.consumer import (
+from broker.jetstream.consumer import (
     ConsumerStats,
     Disposition,
     PullConsumer,
@@ -36,11 +36,11 @@ from broker.consumer import (
     ensure_consumer,
     read_all,
 )
-from broker.provision import provision
-from broker.registry import Registry
-from broker.server import EmbeddedServer
-from broker.service import ManagerService, ManagerSettings
-from remote_agent import events as ev
+from broker.manager.registry import Registry
+from broker.manager.service import ManagerService, ManagerSettings
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from remote_agent.protocol import events as ev
 
 NS = ev.Namespace()
 SITE = "site1"
@@ -175,7 +175,7 @@ async def test_a_handler_that_raises_terms_and_counts(
         applied[event["drone"]] = event["seq"]
         return Disposition.ACK
 
-    caplog.set_level(logging.WARNING, logger="broker.consumer")
+    caplog.set_level(logging.WARNING, logger="broker.jetstream.consumer")
     pull = PullConsumer(nc, NS.event_stream, name, handler, settings=FAST, direct=direct)
     stop = asyncio.Event()
     task = asyncio.create_task(pull.run(stop))
@@ -193,7 +193,7 @@ async def test_a_handler_that_raises_terms_and_counts(
     assert stats.handler_error_types == {"ValueError": 3, "RuntimeError": 3, "RecursionError": 3}
     assert stats.acked == total - 9
     # rate-limited: one line per kind, naming the subject and the type, never the payload
-    lines = [r.getMessage() for r in caplog.records if r.name == "broker.consumer"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "broker.jetstream.consumer"]
     assert len(lines) == 3
     assert any(
         "RecursionError" in line and NS.event(SITE, drones[0].drone, "heartbeat") in line

@@ -26,15 +26,15 @@ from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
 from tardis.interfaces.siteadapter import ResourceStatus
 from tardis_support import FakeSite, attributes
 
-from broker.control import ReleaseOutcome, Removal
-from broker.registry import Registry
-from broker.server import EmbeddedServer
-from broker.service import ManagerService, ManagerSettings, rebuild
+from broker.manager.control import ReleaseOutcome, Removal
+from broker.manager.registry import Registry
+from broker.manager.service import ManagerService, ManagerSettings, rebuild
+from broker.manager.timeline import read_timeline
+from broker.server.embedded import EmbeddedServer
 from broker.tardis_adapter import BusConfig, RemoteBus, RemoteSiteAdapter
-from broker.timeline import read_timeline
-from remote_agent import events as ev
-from remote_agent.connect import connect
-from remote_agent.handshake import EXPECTED_LAST, PROOF_KEY
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.connect import connect
+from remote_agent.protocol.handshake import EXPECTED_LAST, PROOF_KEY
 
 pytestmark = pytest.mark.timeout(120)
 NS = ev.Namespace()
@@ -232,7 +232,7 @@ async def test_live_rebuilt_and_timeline_agree_on_a_hostile_stream(
     nats_server: EmbeddedServer, nc: Client
 ) -> None:
     """Without credentials anyone may publish anything: still one truth"""
-    from broker.provision import provision
+    from broker.server.provision import provision
 
     js = nc.jetstream()
     await provision(js)

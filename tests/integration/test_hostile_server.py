@@ -1,8 +1,8 @@
 """
 What the server enforces against a hostile drone, with per-drone credentials
 
-A real nats-server in operator mode (``broker/auth.py``), the streams as
-``broker/provision.py`` makes them, and drones that use their own
+A real nats-server in operator mode (``broker/server/auth.py``), the streams as
+``broker/server/provision.py`` makes them, and drones that use their own
 credentials for everything they may do and try what they may not: roll up
 or purge the record bucket or the event stream, publish on subjects of
 their own making, hold more subscriptions than allowed, send oversized
@@ -26,7 +26,7 @@ from fake_drones import FakeDrone
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
 
-from broker.auth import (
+from broker.server.auth import (
     Authority,
     create_authority,
     creds_claims,
@@ -34,10 +34,10 @@ from broker.auth import (
     drone_credentials,
     manager_credentials,
 )
-from broker.provision import Topology, provision
-from broker.server import EmbeddedServer
-from remote_agent import events as ev
-from remote_agent.connect import connect
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import Topology, provision
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.connect import connect
 
 pytestmark = pytest.mark.timeout(120)
 NS = ev.Namespace()

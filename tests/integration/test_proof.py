@@ -2,7 +2,7 @@
 The proof of the release handshake
 
 Drives the real agent (``remote_agent.agent.Agent`` with its real gate socket)
-and the real manager (``broker.service.ManagerService`` and its ``Control``)
+and the real manager (``broker.manager.service.ManagerService`` and its ``Control``)
 against a real nats-server through generated schedules of: agent start (its
 claim), agent crash and restart, manager release, manager drain, payload start
 through the gate (the hook's own client code), payload end, manager restart,
@@ -46,11 +46,10 @@ import nats.errors
 import pytest
 from agent_support import FakeStartd, TcpProxy, read_events, settings, wait_for
 
-from broker.control import Control, DrainOutcome, ReleaseOutcome
-from broker.provision import provision
-from broker.server import EmbeddedServer
-from broker.service import ManagerService, ManagerSettings
-from remote_agent import events as ev
+from broker.manager.control import Control, DrainOutcome, ReleaseOutcome
+from broker.manager.service import ManagerService, ManagerSettings
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
 from remote_agent.agent import Agent
 from remote_agent.gate import (
     GateDecisionReply,
@@ -60,7 +59,8 @@ from remote_agent.gate import (
     PrepareJobRequest,
     ask,
 )
-from remote_agent.handshake import HandshakeError
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.handshake import HandshakeError
 
 SCHEDULES = int(os.environ.get("COBALD_REMOTE_PROOF_SCHEDULES", "60"))
 FIRST = int(os.environ.get("COBALD_REMOTE_PROOF_FIRST", "0"))  #: to replay one schedule

@@ -11,11 +11,11 @@ from fake_drones import FakeDrone, answer_commands, publish
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from broker.ops import EXIT_UNCONFIRMED, OperatorError, site_of
-from broker.provision import provision
-from broker.server import EmbeddedServer
-from remote_agent import events as ev
-from remote_agent.handshake import RecordStore
+from broker.commands.ops import EXIT_UNCONFIRMED, OperatorError, site_of
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.handshake import RecordStore
 
 CLI = [sys.executable, "-m", "broker.cli"]
 NS = ev.Namespace()

@@ -14,7 +14,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 from nats.protocol.parser import Parser
 
-from broker.consumer import (
+from broker.jetstream.consumer import (
     ConsumerError,
     PullConsumer,
     PullSettings,
@@ -22,12 +22,12 @@ from broker.consumer import (
     durable_config,
     ensure_consumer,
 )
-from broker.provision import provision
-from broker.registry import DroneView, Registry, Rejection
-from broker.server import EmbeddedServer
-from broker.service import ManagerService, ManagerSettings, event_handler, rebuild
-from remote_agent import events as ev
-from remote_agent.handshake import RecordStore
+from broker.manager.registry import DroneView, Registry, Rejection
+from broker.manager.service import ManagerService, ManagerSettings, event_handler, rebuild
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.handshake import RecordStore
 
 NS = ev.Namespace()
 SITE = "site1"
@@ -362,7 +362,7 @@ async def test_deleted_durable_is_recreated_and_rebuilt(
 
 
 async def test_ephemeral_reader_reads_what_was_there(nc: Client, stream: JetStreamContext) -> None:
-    from broker.consumer import read_all
+    from broker.jetstream.consumer import read_all
 
     drones = _fleet(3)
     for drone in drones:

@@ -15,8 +15,8 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from broker.consumer import PullSettings
-from broker.control import (
+from broker.jetstream.consumer import PullSettings
+from broker.manager.control import (
     CommandOutcome,
     Control,
     DrainOutcome,
@@ -24,12 +24,12 @@ from broker.control import (
     ReleaseOutcome,
     Removal,
 )
-from broker.provision import provision
-from broker.registry import Registry
-from broker.server import EmbeddedServer
-from broker.service import ManagerService, ManagerSettings
-from remote_agent import events as ev
-from remote_agent.handshake import RecordStore
+from broker.manager.registry import Registry
+from broker.manager.service import ManagerService, ManagerSettings
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.handshake import RecordStore
 
 NS = ev.Namespace()
 SITE = "site1"

@@ -34,8 +34,9 @@ from tardis.resources.drone import Drone
 from tardis.utilities.attributedict import AttributeDict
 from tardis_support import SITE, FakeOverlay, FakeSite, attributes
 
-from broker.provision import provision
-from broker.server import EmbeddedServer
+from broker.manager.timeline import read_timeline
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
 from broker.tardis_adapter import (
     BusConfig,
     RemoteBatchSystemAdapter,
@@ -43,14 +44,13 @@ from broker.tardis_adapter import (
     RemoteSiteAdapter,
     TardisStateNotes,
 )
-from broker.timeline import read_timeline
 from emulation import install_fake_condor
 from emulation.collector import install_fake_collector
 from emulation.groundtruth import GroundTruth, read_ground_truth
 from emulation.lbs import Job, LocalBatchSystem
 from emulation.overlay import OverlayPool
 from emulation.schedd import install_fake_schedd
-from remote_agent import events as ev
+from remote_agent.protocol import events as ev
 
 pytestmark = pytest.mark.timeout(180)
 

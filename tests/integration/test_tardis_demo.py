@@ -16,8 +16,8 @@ import pytest
 from fake_drones import eventually
 from nats.js import JetStreamContext
 
-from broker.provision import provision
-from broker.server import EmbeddedServer
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
 from emulation.demo import run_mode
 from emulation.groundtruth import read_ground_truth
 from emulation.scenario import Scenario

@@ -7,9 +7,9 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from remote_agent import events as ev
-from remote_agent.agent import Agent, bounded_command, bounded_intent
-from remote_agent.events import (
+from remote_agent.agent.core import Agent, bounded_command, bounded_intent
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.events import (
     MAX_COMMAND,
     MAX_JOB_ID,
     MAX_NAME,

@@ -6,9 +6,9 @@ import itertools
 
 import pytest
 
+from remote_agent.agent.state import CLOSED_STATES, TRANSITIONS, Lifecycle, allowed
 from remote_agent.errors import IllegalTransition
-from remote_agent.events import DroneState
-from remote_agent.state import CLOSED_STATES, TRANSITIONS, Lifecycle, allowed
+from remote_agent.protocol.events import DroneState
 
 S = DroneState
 

@@ -13,7 +13,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from vectors import DRONE, EXAMPLES, SITE, T0, example
 
-from remote_agent import events as ev
+from remote_agent.protocol import events as ev
 
 
 def test_every_message_type_has_an_example() -> None:

@@ -1,7 +1,7 @@
 """
 The consumer's protocol parser against nats-py's own, on the same bytes cut anywhere
 
-``broker.consumer._FastParser`` replaces nats-py's parser on the manager's
+``broker.jetstream.consumer._FastParser`` replaces nats-py's parser on the manager's
 connection (see ``docs/architecture.md``). Both are fed the same server
 output, split into arbitrary chunks, and must hand the client exactly the
 same calls; the parser's client here is a recorder standing where nats-py's
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
-from broker.consumer import _FastParser
+from broker.jetstream.consumer import _FastParser
 
 Call = tuple[object, ...]
 

@@ -13,7 +13,6 @@ import msgspec
 import pytest
 
 from remote_agent.errors import SpoolError
-from remote_agent.events import PayloadEnd
 from remote_agent.gate import (
     MAX_REQUEST_BYTES,
     GateAck,
@@ -27,6 +26,7 @@ from remote_agent.gate import (
     encode,
 )
 from remote_agent.interfaces import GateDecision, JobStart
+from remote_agent.protocol.events import PayloadEnd
 from remote_agent.spool import Spool, private_directory
 
 NOBODY = 65534

@@ -10,12 +10,12 @@ import pytest
 from fake_drones import FakeDrone
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker import metrics as metrics_module
-from broker.consumer import ConsumerStats
-from broker.metrics import MetricsServer, Sources, parse_address, render
-from broker.registry import Registry
+from broker.jetstream.consumer import ConsumerStats
+from broker.manager import metrics as metrics_module
+from broker.manager.metrics import MetricsServer, Sources, parse_address, render
+from broker.manager.registry import Registry
 from broker.tardis_adapter import BusConfig
-from remote_agent import events as ev
+from remote_agent.protocol import events as ev
 
 NS = ev.Namespace()
 SITE = "site1"

@@ -24,7 +24,7 @@ import pytest
 import vectors
 
 from broker import cli
-from remote_agent import events as ev
+from remote_agent.protocol import events as ev
 
 _EXAMPLE = re.compile(
     r"^\$ echo ([0-9a-f]+) \| xxd -r -p \| cobald-remote protocol decode((?: \S+)*)\n(.+)$",

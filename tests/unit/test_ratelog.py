@@ -4,7 +4,7 @@ import logging
 
 import pytest
 
-from remote_agent.ratelog import RateLimitedLog
+from remote_agent.protocol.ratelog import RateLimitedLog
 
 
 class Clock:

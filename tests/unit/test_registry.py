@@ -11,10 +11,10 @@ from fake_drones import FakeDrone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.control import SAFE_REMOVALS, Removal, removal_verdict
-from broker.registry import Applied, DroneView, Registry, Rejection
-from remote_agent import events as ev
-from remote_agent.handshake import record_proof
+from broker.manager.control import SAFE_REMOVALS, Removal, removal_verdict
+from broker.manager.registry import Applied, DroneView, Registry, Rejection
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.handshake import record_proof
 
 NS = ev.Namespace()
 SITE = "site1"

@@ -35,7 +35,7 @@ from tardis_support import (
     yes,
 )
 
-from broker.control import Removal
+from broker.manager.control import Removal
 from broker.tardis_adapter import (
     BusConfig,
     RemoteBatchSystemAdapter,
@@ -44,7 +44,7 @@ from broker.tardis_adapter import (
     TardisStateNotes,
     site_token,
 )
-from remote_agent import events as ev
+from remote_agent.protocol import events as ev
 from remote_agent.settings import Settings
 
 #: what TARDIS's drone states handle from each site call (tardis/resources/dronestates.py,

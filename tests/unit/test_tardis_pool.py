@@ -8,7 +8,7 @@ from typing import Any
 from tardis_support import SITE, announce, offline_bus
 
 from broker.tardis_adapter import RemoteBus, RemoteFactoryPool
-from remote_agent import events as ev
+from remote_agent.protocol import events as ev
 
 
 class Child:

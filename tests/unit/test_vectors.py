@@ -13,7 +13,7 @@ import msgspec
 import pytest
 import vectors
 
-from remote_agent import events as ev
+from remote_agent.protocol import events as ev
 
 _VECTOR = re.compile(r"#### `(\w+)`[^\n]*\n\n```hex\n([0-9a-f\n]+)```\n\n```json\n(.*?)\n```", re.S)
 _REJECTED = re.compile(r"^\| `([0-9a-f]+)` \| (.+) \|$", re.M)

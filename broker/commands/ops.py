@@ -1,8 +1,8 @@
 """
 Operator commands: ``cobald-remote drain``, ``release`` and ``status``
 
-They use the same control API as the TARDIS integration (:mod:`broker.control`)
-and the same registry rebuild as the manager service (:func:`broker.service.rebuild`),
+They use the same control API as the TARDIS integration (:mod:`broker.manager.control`)
+and the same registry rebuild as the manager service (:func:`broker.manager.service.rebuild`),
 so what an operator sees and does is what the manager sees and does.
 ``broker/cli.py`` only wires :func:`add_commands` into the command line.
 """
@@ -24,12 +24,9 @@ import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
 
-from remote_agent.events import Namespace, SchemaError, check_token
-from remote_agent.handshake import HandshakeError, load_proof_key
-
-from .connection import connect_once
-from .consumer import api_prefix
-from .control import (
+from broker.errors import BrokerError
+from broker.jetstream.consumer import api_prefix
+from broker.manager.control import (
     DEFAULT_DRAIN_S,
     DEFAULT_REQUEST_TIMEOUT_S,
     Control,
@@ -38,9 +35,11 @@ from .control import (
     ReleaseOutcome,
     ReleaseResult,
 )
-from .errors import BrokerError
-from .registry import DEFAULT_LOST_AFTER_S, DroneView, Registry
-from .service import rebuild
+from broker.manager.registry import DEFAULT_LOST_AFTER_S, DroneView, Registry
+from broker.manager.service import rebuild
+from broker.server.connection import connect_once
+from remote_agent.protocol.events import Namespace, SchemaError, check_token
+from remote_agent.protocol.handshake import HandshakeError, load_proof_key
 
 #: exit status when the intent is recorded but the agent did not confirm it
 EXIT_UNCONFIRMED = 3

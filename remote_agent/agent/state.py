@@ -24,8 +24,8 @@ import datetime as dt
 from collections.abc import Mapping
 from typing import Final
 
-from .errors import IllegalTransition
-from .events import DroneState, utcnow
+from remote_agent.errors import IllegalTransition
+from remote_agent.protocol.events import DroneState, utcnow
 
 S = DroneState
 

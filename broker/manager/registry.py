@@ -51,7 +51,7 @@ from typing import Final
 
 import msgspec
 
-from remote_agent.events import (
+from remote_agent.protocol.events import (
     DEFAULT_MAX_SIZE,
     EVENT_TYPES,
     SCHEMA_VERSION,
@@ -71,8 +71,8 @@ from remote_agent.events import (
     is_token,
     kind_of,
 )
-from remote_agent.handshake import proven
-from remote_agent.ratelog import RateLimitedLog
+from remote_agent.protocol.handshake import proven
+from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 _rejections = RateLimitedLog(log)
@@ -165,7 +165,7 @@ def check_event(
     The event in ``data`` if it is valid as it arrived on ``subject`` with ``headers``
 
     Valid means: at most ``max_size`` bytes, a message of the schema (strict
-    decoding, see :func:`remote_agent.events.decode_event`), speaking for the
+    decoding, see :func:`remote_agent.protocol.events.decode_event`), speaking for the
     site, drone and kind that its subject names, and, when it came off the
     stream, stored as its writer published it (:func:`published_by_writer`).
     Depends on nothing else, so the live registry, a rebuild and the timeline

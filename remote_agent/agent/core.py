@@ -5,7 +5,7 @@ One :class:`Agent` runs inside each drone job (``cobald-remote agent run``). It
 
 * starts the worker (normally ``condor_master -f``) at once, whether or not the
   broker is reachable, forwards SIGTERM/SIGINT to it and exits with its status;
-* keeps the drone's lifecycle (:mod:`remote_agent.state`) and publishes every
+* keeps the drone's lifecycle (:mod:`remote_agent.agent.state`) and publishes every
   change as an event with the drone's sequence number, dedupe id and full
   snapshot, plus a heartbeat every ``heartbeat_s``, through the spool and the
   ordered :class:`~remote_agent.publisher.Publisher`;
@@ -39,8 +39,18 @@ import nats.errors
 from nats.aio.msg import Msg
 from nats.js.kv import KeyValue
 
-from . import __version__
-from .events import (
+from remote_agent import __version__
+from remote_agent.agent.state import Lifecycle
+from remote_agent.interfaces import (
+    GATE_CLOSED_STATUS,
+    SELF_EXIT_STATUSES,
+    GateDecision,
+    JobStart,
+    SlotInfo,
+    Startd,
+    StartdError,
+)
+from remote_agent.protocol.events import (
     MAX_COMMAND,
     MAX_JOB_ID,
     MAX_NAME,
@@ -86,21 +96,11 @@ from .events import (
     kind_of,
     utcnow,
 )
-from .handshake import HandshakeError, RecordStore, Versioned
-from .interfaces import (
-    GATE_CLOSED_STATUS,
-    SELF_EXIT_STATUSES,
-    GateDecision,
-    JobStart,
-    SlotInfo,
-    Startd,
-    StartdError,
-)
-from .publisher import Publisher
-from .ratelog import RateLimitedLog
-from .settings import Settings
-from .spool import Spool, SpooledEvent
-from .state import Lifecycle
+from remote_agent.protocol.handshake import HandshakeError, RecordStore, Versioned
+from remote_agent.protocol.ratelog import RateLimitedLog
+from remote_agent.publisher import Publisher
+from remote_agent.settings import Settings
+from remote_agent.spool import Spool, SpooledEvent
 
 log = logging.getLogger(__name__)
 _rejections = RateLimitedLog(log)

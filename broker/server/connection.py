@@ -8,10 +8,9 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
-from remote_agent.connect import connect
+from broker.errors import BrokerError
+from remote_agent.protocol.connect import connect
 from remote_agent.settings import split_urls
-
-from .errors import BrokerError
 
 log = logging.getLogger(__name__)
 

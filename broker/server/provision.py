@@ -20,10 +20,9 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
-from remote_agent.events import DEFAULT_MAX_SIZE, Namespace
-from remote_agent.handshake import HandshakeError, load_proof_key
-
-from .errors import ProvisioningError
+from broker.errors import ProvisioningError
+from remote_agent.protocol.events import DEFAULT_MAX_SIZE, Namespace
+from remote_agent.protocol.handshake import HandshakeError, load_proof_key
 
 log = logging.getLogger(__name__)
 
@@ -118,7 +117,7 @@ class Topology:
         """
         The manager's own KV bucket (the record proof key), as ``create_key_value`` makes it
 
-        Drones have no permission to read it (``broker/auth.py``). Its key is written
+        Drones have no permission to read it (``broker/server/auth.py``). Its key is written
         once, by :func:`provision`: the bucket refuses every later message on the
         key's subject (discard new per subject), also a server's answer that a
         drone's reply subject would send there.

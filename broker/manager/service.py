@@ -10,7 +10,7 @@ are logged and retried.
 :func:`rebuild` restores a registry after a restart from the stream and the
 bucket (``docs/architecture.md``, "Rebuilding the registry"). A drone's state
 is its valid event stored last and its valid heartbeat stored last
-(:mod:`broker.registry`), so the rebuild reads:
+(:mod:`broker.manager.registry`), so the rebuild reads:
 
 1. the last message of every event subject (a ``LAST_PER_SUBJECT`` consumer
    on ``<prefix>.*.*.evt.>``: one per drone and event kind), applied by stream
@@ -42,11 +42,8 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from remote_agent.connect import connect
-from remote_agent.events import EVENT_TYPES, Namespace, kind_of
-from remote_agent.handshake import EXPECTED_LAST
-
-from .consumer import (
+from broker.errors import BrokerError
+from broker.jetstream.consumer import (
     DEFAULT_DURABLE,
     ConsumerGone,
     ConsumerStats,
@@ -60,9 +57,11 @@ from .consumer import (
     metadata,
     read_all,
 )
-from .control import DEFAULT_REQUEST_TIMEOUT_S, Control
-from .errors import BrokerError
-from .registry import DEFAULT_LOST_AFTER_S, Applied, Registry, relayed
+from broker.manager.control import DEFAULT_REQUEST_TIMEOUT_S, Control
+from broker.manager.registry import DEFAULT_LOST_AFTER_S, Applied, Registry, relayed
+from remote_agent.protocol.connect import connect
+from remote_agent.protocol.events import EVENT_TYPES, Namespace, kind_of
+from remote_agent.protocol.handshake import EXPECTED_LAST
 
 log = logging.getLogger(__name__)
 

@@ -26,7 +26,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Self
 
-from .errors import ServerStartError
+from broker.errors import ServerStartError
 
 log = logging.getLogger(__name__)
 

@@ -2,7 +2,7 @@
 The race-free release handshake on JetStream KV compare-and-set
 
 One record per drone (key ``<site>.<drone>`` in the bucket of
-:attr:`~remote_agent.events.Namespace.record_bucket`), written only with
+:attr:`~remote_agent.protocol.events.Namespace.record_bucket`), written only with
 create-if-absent or update-with-expected-revision. JetStream serialises both
 through the stream leader, so of "agent: I am up" and "manager: released, it
 never came up" exactly one wins. Both sides use the operations below; nothing
@@ -49,7 +49,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from .events import (
+from remote_agent.protocol.events import (
     DrainIntent,
     DroneRecord,
     Namespace,
@@ -80,7 +80,7 @@ EXPECTED_LAST: Final = "Nats-Expected-Last-Subject-Sequence"
 _WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 
 
-#: key of the record proof key in :attr:`~remote_agent.events.Namespace.manager_bucket`
+#: key of the record proof key in :attr:`~remote_agent.protocol.events.Namespace.manager_bucket`
 PROOF_KEY: Final = "record-proof-key"
 #: bytes of a proof key
 _PROOF_KEY_BYTES: Final = 32

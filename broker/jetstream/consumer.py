@@ -53,9 +53,8 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 
-from remote_agent.ratelog import RateLimitedLog
-
-from .errors import BrokerError
+from broker.errors import BrokerError
+from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 #: handler errors and given-up messages come in floods: one line per kind and interval

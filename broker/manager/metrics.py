@@ -23,11 +23,10 @@ from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Final
 
-from remote_agent.events import DroneState, RecordPhase
-
-from .consumer import ConsumerStats
-from .errors import BrokerError
-from .registry import Registry
+from broker.errors import BrokerError
+from broker.jetstream.consumer import ConsumerStats
+from broker.manager.registry import Registry
+from remote_agent.protocol.events import DroneState, RecordPhase
 
 log = logging.getLogger(__name__)
 

@@ -43,7 +43,8 @@ from typing import Any, Final
 
 import nkeys
 
-from remote_agent.events import (
+from broker.errors import BrokerError
+from remote_agent.protocol.events import (
     DEFAULT_MAX_SIZE,
     EVENT_TYPES,
     Namespace,
@@ -51,8 +52,6 @@ from remote_agent.events import (
     check_token,
     kind_of,
 )
-
-from .errors import BrokerError
 
 #: how long a drone's credentials are valid by default (a drone lives hours to days)
 DEFAULT_DRONE_VALIDITY_S: Final = 7 * 24 * 3600

@@ -2,7 +2,7 @@
 The manager's control API: release, drain, release-if-idle, status, and may-remove
 
 Every operation that can end a drone goes through the handshake record first
-(:class:`remote_agent.handshake.RecordStore`), so that its effect does not
+(:class:`remote_agent.protocol.handshake.RecordStore`), so that its effect does not
 depend on a message arriving: the request-reply command to the agent only
 makes it fast. The answers are enums and frozen dataclasses that say what
 actually happened, for TARDIS and for operators.
@@ -12,7 +12,7 @@ removed (``condor_rm``, ``scancel``, ...). It answers yes in exactly the four
 safe cases of the design (``docs/architecture.md``, "Control API"):
 
 a. the manager released the drone before its agent came up (record ``released``
-   with the manager's proof, :func:`remote_agent.handshake.record_proof`: no
+   with the manager's proof, :func:`remote_agent.protocol.handshake.record_proof`: no
    payload can ever start);
 b. the agent confirmed that it is idle and has closed its gate (record
    ``drained`` written by the agent, and its newest event lists no payload);
@@ -34,7 +34,8 @@ from typing import Final
 import nats.errors
 from nats.aio.client import Client
 
-from remote_agent.events import (
+from broker.manager.registry import DroneView, Registry
+from remote_agent.protocol.events import (
     AnyCommand,
     DrainCommand,
     DrainIntent,
@@ -51,16 +52,14 @@ from remote_agent.events import (
     encode,
     utcnow,
 )
-from remote_agent.handshake import (
+from remote_agent.protocol.handshake import (
     HandshakeError,
     RecordStore,
     RecordTampered,
     Versioned,
     load_proof_key,
 )
-from remote_agent.ratelog import RateLimitedLog
-
-from .registry import DroneView, Registry
+from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 #: a drone with a tampered record is asked again on every removal attempt

@@ -9,7 +9,7 @@ report that started this project had to piece together from three logs.
 
 Rows are in the order the stream stored them (the writers' clocks may be
 off by minutes), and only what the registry accepts is shown: an event must
-pass :func:`broker.registry.check_event`, a note must speak for the drone and
+pass :func:`broker.manager.registry.check_event`, a note must speak for the drone and
 kind of its subject. So the drone state of the last agent row is the state the
 manager's registry holds. Read-only: an ephemeral consumer, deleted afterwards.
 Without ``--site`` the drone's site is a wildcard, since drone uuids are unique.
@@ -30,7 +30,18 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from remote_agent.events import (
+from broker.errors import BrokerError
+from broker.jetstream.consumer import api_prefix, metadata, read_all
+from broker.manager.registry import (
+    UNSTORED,
+    Headers,
+    Rejected,
+    Rejection,
+    check_event,
+    published_by_writer,
+)
+from broker.server.connection import connect_once
+from remote_agent.protocol.events import (
     AgentExiting,
     AgentStarted,
     DrainAccepted,
@@ -55,18 +66,6 @@ from remote_agent.events import (
     check_token,
     decode_note,
     kind_of,
-)
-
-from .connection import connect_once
-from .consumer import api_prefix, metadata, read_all
-from .errors import BrokerError
-from .registry import (
-    UNSTORED,
-    Headers,
-    Rejected,
-    Rejection,
-    check_event,
-    published_by_writer,
 )
 
 
@@ -126,7 +125,7 @@ def check_message(
     """
     The event or manager note in ``data`` if the registry would accept it on ``subject``
 
-    :param headers: as for :func:`broker.registry.check_event`
+    :param headers: as for :func:`broker.manager.registry.check_event`
     :raises Rejected: otherwise
     """
     if ".mgr." not in subject:

@@ -1,0 +1,1 @@
+"""The ``cobald-remote`` commands: argument parsing and printing only"""

@@ -1,0 +1,1 @@
+"""Generic JetStream reading: the pull loop, its fast path, one-shot reads"""

@@ -1,0 +1,1 @@
+"""The manager: registry, control, record feed, rebuild, metrics, the service"""
