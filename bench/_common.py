@@ -36,6 +36,7 @@ if str(ROOT) not in sys.path:
 from broker.server.embedded import EmbeddedServer  # noqa: E402
 from broker.server.provision import Topology, provision  # noqa: E402
 from remote_agent.protocol import events as ev  # noqa: E402
+from remote_agent.protocol.names import Namespace, dedupe_id  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 
@@ -47,7 +48,7 @@ class Bus:
     server: EmbeddedServer
     nc: Client
     js: JetStreamContext
-    namespace: ev.Namespace
+    namespace: Namespace
     tmp: Path
 
     @property
@@ -57,10 +58,10 @@ class Bus:
 
 @contextlib.asynccontextmanager
 async def bus(
-    namespace: ev.Namespace | None = None, *, prefix: str = "cobald-remote-bench-"
+    namespace: Namespace | None = None, *, prefix: str = "cobald-remote-bench-"
 ) -> AsyncIterator[Bus]:
     """Start a nats-server in a temporary directory, connect, provision; stop it all after"""
-    namespace = namespace or ev.Namespace("bench")
+    namespace = namespace or Namespace("bench")
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         async with EmbeddedServer(Path(tmp) / "nats") as server:
             nc = await nats.connect(server.url, pending_size=64 * 1024 * 1024)
@@ -129,7 +130,7 @@ def fleet_events(
             "incarnation": "inc0",
             "seq": seq,
             "at": at,
-            "id": ev.dedupe_id(drone, "inc0", seq),
+            "id": dedupe_id(drone, "inc0", seq),
             "snapshot": snapshot,
         }
         if kind is ev.PayloadStarted:
@@ -147,7 +148,7 @@ def drone_name(site: str, i: int) -> str:
     return f"{site}-{i:010x}"
 
 
-async def publish_all(js: JetStreamContext, ns: ev.Namespace, events: Sequence[ev.Event]) -> float:
+async def publish_all(js: JetStreamContext, ns: Namespace, events: Sequence[ev.Event]) -> float:
     """Publish ``events`` as fast as the server acknowledges them; seconds taken"""
     started = time.perf_counter()
     for event in events:

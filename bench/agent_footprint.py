@@ -43,7 +43,7 @@ import nats.js.errors
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
-from remote_agent.protocol.events import Namespace
+from remote_agent.protocol.names import Namespace
 
 RESULTS = Path(__file__).resolve().parent / "results"
 DRONE = "bench-00000000ff"

@@ -54,9 +54,10 @@ from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.connect import connect
+from remote_agent.protocol.names import Namespace, dedupe_id
 
 SITE = "bench"
-NS = ev.Namespace()
+NS = Namespace()
 FLOODER = _common.drone_name(SITE, 0xFFFFFF)
 T0 = dt.datetime(2026, 3, 18, 12, 0, tzinfo=dt.UTC)
 
@@ -81,7 +82,7 @@ def event(
         "incarnation": "inc0",
         "seq": seq,
         "at": now,
-        "id": ev.dedupe_id(drone, "inc0", seq),
+        "id": dedupe_id(drone, "inc0", seq),
         "snapshot": snapshot,
     }
     return kind(**head, **fields)  # type: ignore[arg-type]

@@ -60,6 +60,7 @@ from broker.manager.service import event_handler
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import Topology, provision
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.names import Namespace
 
 GOAL_RATE = 50_000.0
 BASELINE = "raw nats-py pull, AckNone (baseline)"
@@ -82,7 +83,7 @@ class Result:
         return self.messages / self.seconds if self.seconds > 0 else 0.0
 
 
-async def publish(nc: Client, ns: ev.Namespace, events: list[ev.Event]) -> Result:
+async def publish(nc: Client, ns: Namespace, events: list[ev.Event]) -> Result:
     js = nc.jetstream(publish_async_max_pending=4000)
     started = time.perf_counter()
     for event in events:
@@ -158,7 +159,7 @@ async def consume(
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
-    ns = ev.Namespace("bench")
+    ns = Namespace("bench")
     with tempfile.TemporaryDirectory(prefix="cobald-remote-bench-") as tmp:
         async with EmbeddedServer(Path(tmp) / "nats") as server:
             nc = await nats.connect(server.url, pending_size=64 * 1024 * 1024)

@@ -51,6 +51,7 @@ from broker.manager.registry import Applied, Registry
 from broker.manager.service import ManagerService, ManagerSettings
 from remote_agent.agent import Agent
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.names import Namespace
 from remote_agent.settings import Settings
 
 SITE = "bench"
@@ -77,7 +78,7 @@ TARDIS_LAG = [
 class TimedRegistry(Registry):
     """The registry, noting when each awaited event was applied"""
 
-    def __init__(self, namespace: ev.Namespace, sent: dict[str, float]) -> None:
+    def __init__(self, namespace: Namespace, sent: dict[str, float]) -> None:
         super().__init__(namespace)
         self.sent = sent
         self.latencies: list[float] = []
@@ -343,7 +344,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     print(f"building 2 x {n:,} events from {args.drones:,} drones ...", flush=True)
     first = _common.fleet_events(n, args.drones, SITE, seed=1, first_seq=1_000_000)
     second = _common.fleet_events(n, args.drones, SITE, seed=2, first_seq=2_000_000)
-    async with _common.bus(ev.Namespace("bench")) as bus:
+    async with _common.bus(Namespace("bench")) as bus:
         print(f"baseline: {args.rate:,.0f} events/s for {args.seconds:g} s ...", flush=True)
         base = await baseline(bus, first, args.rate)
         print(f"system: manager service + {args.agents} agents, same load ...", flush=True)

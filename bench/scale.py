@@ -54,6 +54,7 @@ from broker.manager.registry import Registry
 from broker.manager.service import rebuild
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
+from remote_agent.protocol.names import Namespace, dedupe_id
 
 SITE = "bench"
 GOAL_BYTES_PER_DRONE = 2048
@@ -63,7 +64,7 @@ GOAL_REBUILD_AT = 100_000
 
 def fleet(n_drones: int) -> list[tuple[str, bytes, str]]:
     """(subject, data, id): one heartbeat per drone, then a tail of n/2 realistic events"""
-    ns = ev.Namespace("bench")
+    ns = Namespace("bench")
     beats = _common.fleet_events(
         n_drones, n_drones, SITE, seed=3, round_robin=True, heartbeats_only=True
     )
@@ -75,7 +76,7 @@ def fleet(n_drones: int) -> list[tuple[str, bytes, str]]:
 
 def busy_heartbeats(n_drones: int, payloads: int = 8) -> list[tuple[str, bytes, str]]:
     """(subject, data, id): one heartbeat per drone, each drone running ``payloads`` payloads"""
-    ns = ev.Namespace("bench")
+    ns = Namespace("bench")
     at = ev.utcnow()
     out = []
     for i in range(n_drones):
@@ -88,7 +89,7 @@ def busy_heartbeats(n_drones: int, payloads: int = 8) -> list[tuple[str, bytes, 
             state=ev.DroneState.BUSY, since=at, gate_open=True, slots=payloads,
             payloads=running, worker_pid=4711, started_at=at,
         )  # fmt: skip
-        event_id = ev.dedupe_id(drone, "inc0", 1)
+        event_id = dedupe_id(drone, "inc0", 1)
         beat = ev.Heartbeat(
             site=SITE, drone=drone, incarnation="inc0", seq=1, at=at, id=event_id,
             snapshot=snapshot, interval_s=30.0,
@@ -118,7 +119,7 @@ def memory(messages: Sequence[tuple[str, bytes, str]], n_drones: int) -> dict[st
     gc.collect()
     tracemalloc.start()
     try:
-        registry = Registry(ev.Namespace("bench"))
+        registry = Registry(Namespace("bench"))
         before = tracemalloc.get_traced_memory()[0]
         for subject, data, _ in messages:
             # a copy, as the parser hands each message over: the registry keeps the
@@ -157,7 +158,7 @@ def memory(messages: Sequence[tuple[str, bytes, str]], n_drones: int) -> dict[st
 
 def record_values(n_drones: int) -> list[tuple[str, bytes]]:
     """(key, value): one ``UP`` handshake record per drone, as a running fleet has"""
-    ns = ev.Namespace("bench")
+    ns = Namespace("bench")
     at = ev.utcnow()
     out = []
     for i in range(n_drones):
@@ -232,7 +233,7 @@ async def noop_read(
 async def fleet_size(n_drones: int) -> dict[str, object]:
     print(f"{n_drones:,} drones: building events ...", flush=True)
     messages = fleet(n_drones)
-    async with _common.bus(ev.Namespace("bench")) as bus:
+    async with _common.bus(Namespace("bench")) as bus:
         published = await publish(bus, messages)
         records_s = await fill_records(bus, n_drones)
         print(
@@ -316,7 +317,7 @@ async def concurrently(
 
 async def handshakes(n: int, inflight: int) -> dict[str, object]:
     """RecordStore.release and .claim of new records vs kv.put, ``inflight`` at a time"""
-    async with _common.bus(ev.Namespace("bench")) as bus:
+    async with _common.bus(Namespace("bench")) as bus:
         store = await RecordStore.open(bus.js, bus.namespace)
         kv = store.kv
         size = len(

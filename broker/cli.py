@@ -27,7 +27,9 @@ from broker.server.connection import connect_once
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import Topology, provision
 from remote_agent.cli import add_commands as add_agent_commands
-from remote_agent.protocol.events import DEFAULT_MAX_SIZE, Namespace, SchemaError, decode, to_json
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.events import DEFAULT_MAX_SIZE, decode, to_json
+from remote_agent.protocol.names import Namespace
 
 log = logging.getLogger(__name__)
 

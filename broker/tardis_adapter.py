@@ -81,16 +81,9 @@ from broker.manager.control import (
 from broker.manager.metrics import MetricsServer, Sources, parse_address
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, DroneView, Registry
 from broker.manager.service import ManagerService, ManagerSettings
-from remote_agent.protocol.events import (
-    DEFAULT_PREFIX,
-    DroneState,
-    Namespace,
-    SchemaError,
-    TardisState,
-    check_token,
-    encode,
-    utcnow,
-)
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.events import DroneState, TardisState, encode, utcnow
+from remote_agent.protocol.names import DEFAULT_PREFIX, Namespace, check_token
 from remote_agent.settings import TARDIS_SETTINGS_ENV, split_urls
 
 log = logging.getLogger(__name__)

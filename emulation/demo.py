@@ -54,7 +54,9 @@ from emulation.paths import GROUND_TRUTH_FILE
 from emulation.scenario import Scenario
 from emulation.schedd import install_fake_schedd
 from remote_agent.protocol.connect import connect
-from remote_agent.protocol.events import Namespace, SchemaError, decode_record
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.events import decode_record
+from remote_agent.protocol.names import Namespace
 
 #: the COBalD/TARDIS configuration the demo fills in for each run
 CONFIG_TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "cobald" / "demo.yaml"

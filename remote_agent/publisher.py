@@ -33,6 +33,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from remote_agent.protocol.connect import connect
+from remote_agent.protocol.names import MSG_ID
 from remote_agent.spool import Spool, SpooledEvent
 
 log = logging.getLogger(__name__)
@@ -210,7 +211,7 @@ class Publisher:
                 entry.subject,
                 entry.data,
                 timeout=self.publish_timeout_s,
-                headers={"Nats-Msg-Id": entry.id},
+                headers={MSG_ID: entry.id},
             )
         except _TRANSIENT as err:
             self.retries += 1

@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from remote_agent.errors import SettingsError
-from remote_agent.protocol.events import DEFAULT_PREFIX, SchemaError, check_token
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.names import DEFAULT_PREFIX, check_token
 
 DeadlinePolicy = Literal["wait", "kill"]
 

@@ -18,9 +18,10 @@ from broker.manager.service import ManagerService
 from remote_agent.agent import Agent
 from remote_agent.interfaces import DrainResult, SlotInfo, StartdError
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.names import Namespace
 from remote_agent.settings import Settings
 
-NS = ev.Namespace()
+NS = Namespace()
 SITE = "site1"
 #: a worker that does nothing until it is told to stop
 SLEEPER = ("sleep", "1000")

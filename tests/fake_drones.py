@@ -21,6 +21,7 @@ from nats.aio.subscription import Subscription
 from nats.js import JetStreamContext
 
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.names import Namespace, dedupe_id
 
 T0 = dt.datetime(2026, 3, 18, 12, 0, tzinfo=dt.UTC)
 
@@ -58,7 +59,7 @@ class FakeDrone:
             "incarnation": self.incarnation,
             "seq": self.seq,
             "at": self.clock,
-            "id": ev.dedupe_id(self.drone, self.incarnation, self.seq),
+            "id": dedupe_id(self.drone, self.incarnation, self.seq),
         }
 
     def _event(self, kind: type[ev.Event], **fields: object) -> ev.Event:
@@ -97,11 +98,11 @@ class FakeDrone:
         self.state, self.gate_open = ev.DroneState.EXITING, False
         return self._event(ev.AgentExiting, exit_code=0)
 
-    def subject(self, event: ev.Event, namespace: ev.Namespace) -> str:
+    def subject(self, event: ev.Event, namespace: Namespace) -> str:
         return namespace.event(self.site, self.drone, ev.kind_of(type(event)))
 
 
-async def publish(js: JetStreamContext, namespace: ev.Namespace, event: ev.Event) -> int:
+async def publish(js: JetStreamContext, namespace: Namespace, event: ev.Event) -> int:
     """Publish like an agent does; returns the stream sequence"""
     subject = namespace.event(event.site, event.drone, ev.kind_of(type(event)))
     ack = await js.publish(subject, ev.encode(event), headers={"Nats-Msg-Id": event.id})
@@ -110,7 +111,7 @@ async def publish(js: JetStreamContext, namespace: ev.Namespace, event: ev.Event
 
 async def answer_commands(
     nc: Client,
-    namespace: ev.Namespace,
+    namespace: Namespace,
     drone: FakeDrone,
     decide: Callable[[ev.AnyCommand], tuple[ev.Outcome, str]],
     seen: list[ev.AnyCommand] | None = None,

@@ -22,7 +22,7 @@ from broker.server.auth import (
 )
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
-from remote_agent.protocol.events import Namespace
+from remote_agent.protocol.names import Namespace
 
 
 def pid_exists(pid: int) -> bool:

@@ -29,6 +29,7 @@ from broker.manager.control import (
 from broker.manager.registry import Registry
 from broker.tardis_adapter import BusConfig, RemoteBus
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.names import dedupe_id
 
 SITE_NAME = "Site1"
 SITE = "site1"
@@ -233,7 +234,7 @@ def announce(
         incarnation="inc1",
         seq=seq,
         at=now,
-        id=ev.dedupe_id(drone, "inc1", seq),
+        id=dedupe_id(drone, "inc1", seq),
         snapshot=snapshot,
         interval_s=1.0,
     )

@@ -25,7 +25,6 @@ import nats.js.errors
 from nats.aio.client import Client
 
 from broker.errors import BrokerError
-from broker.jetstream.consumer import api_prefix
 from broker.manager.control import (
     DEFAULT_DRAIN_S,
     DEFAULT_REQUEST_TIMEOUT_S,
@@ -38,8 +37,9 @@ from broker.manager.control import (
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, DroneView, Registry
 from broker.manager.service import rebuild
 from broker.server.connection import connect_once
-from remote_agent.protocol.events import Namespace, SchemaError, check_token
-from remote_agent.protocol.handshake import HandshakeError, load_proof_key
+from remote_agent.protocol.errors import HandshakeError, SchemaError
+from remote_agent.protocol.handshake import load_proof_key
+from remote_agent.protocol.names import Namespace, api_prefix, check_token
 
 #: exit status when the intent is recorded but the agent did not confirm it
 EXIT_UNCONFIRMED = 3

@@ -54,14 +54,19 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 
 from broker.errors import BrokerError
+from remote_agent.protocol.names import (
+    DEFAULT_API_PREFIX,
+    DESCRIPTION,
+    MAX_DELIVERIES_ADVISORY,
+    PENDING_MESSAGES,
+    STATUS,
+)
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
 #: handler errors and given-up messages come in floods: one line per kind and interval
 _rejections = RateLimitedLog(log)
 
-#: JetStream API prefix without a domain; ``$JS.<domain>.API`` with one
-DEFAULT_API_PREFIX: Final = "$JS.API"
 #: pull batch of :func:`read_all`
 READ_ALL_BATCH: Final = 2000
 #: name of the manager's durable consumer on the event stream
@@ -69,15 +74,9 @@ DEFAULT_DURABLE: Final = "cobald-registry"
 #: deliveries of one message to the durable before the server gives up on it
 #: (see :func:`durable_config`)
 MAX_DELIVER: Final = 5
-#: ``$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES.<stream>.<consumer>``: the server's
-#: note that a message reached ``max_deliver`` (nats-server server/jetstream_api.go:271)
-MAX_DELIVERIES_ADVISORY: Final = "$JS.EVENT.ADVISORY.CONSUMER.MAX_DELIVERIES"
 #: exception types counted by name at most; more are counted as ``other``
 _MAX_ERROR_KINDS: Final = 32
 
-_STATUS: Final = "Status"
-_DESCRIPTION: Final = "Description"
-_PENDING_MESSAGES: Final = "Nats-Pending-Messages"
 _ACK: Final = b"+ACK"
 _NAK: Final = b"-NAK"
 _TERM: Final = b"+TERM"
@@ -107,11 +106,6 @@ Handler = Callable[[str, str, bytes, "Mapping[str, str] | None"], Disposition]
 #: returns what is left to await (rarely anything), so that the usual message
 #: costs a plain call instead of a coroutine
 _RawCallback = Callable[[bytes, bytes, bytes, "bytes | None"], "Awaitable[None] | None"]
-
-
-def api_prefix(domain: str | None = None) -> str:
-    """The JetStream API prefix for ``domain`` (leaf-node deployments) or none"""
-    return f"$JS.{domain}.API" if domain else DEFAULT_API_PREFIX
 
 
 @dataclass(frozen=True, slots=True)
@@ -512,9 +506,9 @@ def _parse_headers(raw: bytes) -> dict[str, str]:
     first = lines[0]
     if first.startswith(b"NATS/1.0 "):
         status, _, description = first[9:].partition(b" ")
-        out[_STATUS] = status.decode("ascii", "replace").strip()
+        out[STATUS] = status.decode("ascii", "replace").strip()
         if description:
-            out[_DESCRIPTION] = description.decode("utf-8", "replace").strip()
+            out[DESCRIPTION] = description.decode("utf-8", "replace").strip()
     for line in lines[1:]:
         name, sep, value = line.partition(b":")
         if sep:
@@ -714,7 +708,7 @@ class PullConsumer:
         self._activity += 1
         if headers is not None and not data and headers.startswith(b"NATS/1.0 "):
             parsed = _parse_headers(headers)
-            return self._on_status(parsed.get(_STATUS, ""), parsed)
+            return self._on_status(parsed.get(STATUS, ""), parsed)
         if self._sub is None:
             return None  # stopped: leave it unacknowledged
         self._owed -= 1
@@ -752,7 +746,7 @@ class PullConsumer:
         self._activity += 1
         headers = msg.headers
         if headers is not None and not msg.data:
-            status = headers.get(_STATUS)
+            status = headers.get(STATUS)
             if status is not None:
                 await self._on_status(status, headers)
                 return
@@ -847,16 +841,16 @@ class PullConsumer:
                     self.stream,
                     self.consumer,
                     status,
-                    headers.get(_DESCRIPTION, ""),
+                    headers.get(DESCRIPTION, ""),
                 )
             return
         # the request ended or was cut short: it owes no more than it says
-        pending = headers.get(_PENDING_MESSAGES)
+        pending = headers.get(PENDING_MESSAGES)
         self._owed -= int(pending) if pending is not None else self.settings.batch
         self._owed = max(self._owed, 0)
         if status == "409":
             stats.cut_short += 1
-            description = headers.get(_DESCRIPTION, "")
+            description = headers.get(DESCRIPTION, "")
             log.info("pull on %s/%s cut short: %s", self.stream, self.consumer, description)
             if "deleted" in description.lower():
                 self._gone = ConsumerGone(

@@ -35,30 +35,24 @@ import nats.errors
 from nats.aio.client import Client
 
 from broker.manager.registry import DroneView, Registry
+from remote_agent.protocol.errors import HandshakeError, RecordTampered, SchemaError
 from remote_agent.protocol.events import (
     AnyCommand,
     DrainCommand,
     DrainIntent,
     ErrorReply,
-    Namespace,
     Outcome,
     RecordPhase,
     ReleaseIfIdleCommand,
     Reply,
-    SchemaError,
     Snapshot,
     StatusCommand,
     decode_reply,
     encode,
     utcnow,
 )
-from remote_agent.protocol.handshake import (
-    HandshakeError,
-    RecordStore,
-    RecordTampered,
-    Versioned,
-    load_proof_key,
-)
+from remote_agent.protocol.handshake import RecordStore, Versioned, load_proof_key
+from remote_agent.protocol.names import Namespace
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)

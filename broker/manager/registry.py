@@ -51,6 +51,7 @@ from typing import Final
 
 import msgspec
 
+from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
     DEFAULT_MAX_SIZE,
     EVENT_TYPES,
@@ -60,18 +61,16 @@ from remote_agent.protocol.events import (
     DroneRecord,
     DroneState,
     Heartbeat,
-    Namespace,
     Payload,
     RecordPhase,
-    SchemaError,
     Snapshot,
     decode_event,
     decode_record,
     encode,
-    is_token,
     kind_of,
 )
 from remote_agent.protocol.handshake import proven
+from remote_agent.protocol.names import MSG_ID, RELAY_HEADERS, Namespace, is_token
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -103,19 +102,6 @@ class Rejection(enum.StrEnum):
     SENDER = "sender"  #: the body speaks for another drone or kind than its subject
     RECORD = "record"  #: a KV value that is not a valid record for its key
     RELAYED = "relayed"  #: a server's answer that a reply subject sent onto this subject
-
-
-#: headers the server puts on its answers to direct gets and message gets, never on a
-#: client's publish. nats-server checks a publisher's permissions against the subject,
-#: not the reply subject, and publishes its answers (JetStream acks, direct-get
-#: responses) to the reply subject as they are: a stream that captures that subject
-#: stores them. A stored message carrying these headers is such a relay; one asked
-#: for without headers (a direct get with ``no_hdr``) lacks what every writer sends:
-#: an event its ``Nats-Msg-Id`` (its ``id``), a record its compare-and-set header.
-RELAY_HEADERS: Final = frozenset(
-    {"Nats-Stream", "Nats-Subject", "Nats-Sequence", "Nats-Time-Stamp", "Nats-Last-Sequence"}
-)
-MSG_ID: Final = "Nats-Msg-Id"
 
 
 class Unstored(enum.Enum):

@@ -51,7 +51,6 @@ from broker.jetstream.consumer import (
     Handler,
     PullConsumer,
     PullSettings,
-    api_prefix,
     durable_config,
     ensure_consumer,
     metadata,
@@ -60,19 +59,21 @@ from broker.jetstream.consumer import (
 from broker.manager.control import DEFAULT_REQUEST_TIMEOUT_S, Control
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, Applied, Registry, relayed
 from remote_agent.protocol.connect import connect
-from remote_agent.protocol.events import EVENT_TYPES, Namespace, kind_of
-from remote_agent.protocol.handshake import EXPECTED_LAST
+from remote_agent.protocol.events import EVENT_TYPES, kind_of
+from remote_agent.protocol.names import (
+    DEFAULT_API_PREFIX,
+    EXPECTED_LAST,
+    KV_MARKER,
+    KV_OPERATION,
+    Namespace,
+    api_prefix,
+    kv_subjects,
+)
 
 log = logging.getLogger(__name__)
 
 #: subjects read by one consumer when resolving messages hidden behind invalid ones
 _RESOLVE_SUBJECTS = 100
-
-#: headers of KV delete and purge markers (nats-py ``nats/js/kv.py``) and of
-#: the markers the server writes when it removes a subject's messages; any of
-#: them on a record key means the record is gone, whoever wrote it
-_KV_OPERATION = "KV-Operation"
-_KV_MARKER = "Nats-Marker-Reason"
 
 
 def event_handler(registry: Registry) -> Handler:
@@ -112,7 +113,7 @@ class RecordFeed:
 
     def __init__(self, registry: Registry, bucket: str) -> None:
         self.registry = registry
-        self.prefix = f"$KV.{bucket}."
+        self.prefix = kv_subjects(bucket)
         self.next_seq = 1
 
     def __call__(
@@ -121,7 +122,7 @@ class RecordFeed:
         seq, _, stored, _ = metadata(reply)
         self.next_seq = max(self.next_seq, seq + 1)
         key = subject.removeprefix(self.prefix)
-        how = headers and (headers.get(_KV_OPERATION) or headers.get(_KV_MARKER))
+        how = headers and (headers.get(KV_OPERATION) or headers.get(KV_MARKER))
         if relayed(headers):  # before the markers: a relayed marker is no marker
             self.registry.record_relayed(key, seq, stored, "a server's answer, relayed")
         elif how:
@@ -135,12 +136,8 @@ class RecordFeed:
         return Disposition.ACK
 
 
-def _record_stream(namespace: Namespace) -> str:
-    return f"KV_{namespace.record_bucket}"
-
-
 async def load_records(
-    nc: Client, js: JetStreamContext, registry: Registry, *, api: str = "$JS.API"
+    nc: Client, js: JetStreamContext, registry: Registry, *, api: str = DEFAULT_API_PREFIX
 ) -> RecordFeed:
     """
     Load every handshake record into ``registry``
@@ -148,7 +145,7 @@ async def load_records(
     :returns: the feed, whose ``next_seq`` is where a watch for later changes starts
     """
     ns = registry.namespace
-    stream = _record_stream(ns)
+    stream = ns.record_stream
     feed = RecordFeed(registry, ns.record_bucket)
     last = (await js.stream_info(stream)).state.last_seq
     await read_all(
@@ -157,7 +154,7 @@ async def load_records(
         stream,
         ConsumerConfig(
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            filter_subject=f"$KV.{ns.record_bucket}.>",
+            filter_subject=ns.all_records,
         ),
         feed,
         headers=True,
@@ -173,7 +170,7 @@ async def watch_records(
     feed: RecordFeed,
     stop: asyncio.Event,
     *,
-    api: str = "$JS.API",
+    api: str = DEFAULT_API_PREFIX,
     settings: PullSettings | None = None,
     on_pull: list[PullConsumer] | None = None,
 ) -> None:
@@ -185,7 +182,7 @@ async def watch_records(
     where the feed got to.
     """
     ns = feed.registry.namespace
-    stream = _record_stream(ns)
+    stream = ns.record_stream
     settings = settings or PullSettings(batch=200, expires_s=5.0, idle_heartbeat_s=1.0)
     while not stop.is_set():
         try:
@@ -195,7 +192,7 @@ async def watch_records(
                     deliver_policy=DeliverPolicy.BY_START_SEQUENCE,
                     opt_start_seq=feed.next_seq,
                     ack_policy=AckPolicy.NONE,
-                    filter_subject=f"$KV.{ns.record_bucket}.>",
+                    filter_subject=ns.all_records,
                     inactive_threshold=30.0,
                     mem_storage=True,
                     num_replicas=1,
@@ -247,7 +244,7 @@ async def rebuild(
     js: JetStreamContext,
     registry: Registry,
     *,
-    api: str = "$JS.API",
+    api: str = DEFAULT_API_PREFIX,
     pause_gc: bool = True,
 ) -> tuple[RebuildReport, RecordFeed]:
     """

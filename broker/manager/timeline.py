@@ -31,7 +31,7 @@ from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from broker.errors import BrokerError
-from broker.jetstream.consumer import api_prefix, metadata, read_all
+from broker.jetstream.consumer import metadata, read_all
 from broker.manager.registry import (
     UNSTORED,
     Headers,
@@ -41,6 +41,7 @@ from broker.manager.registry import (
     published_by_writer,
 )
 from broker.server.connection import connect_once
+from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
     AgentExiting,
     AgentStarted,
@@ -54,19 +55,17 @@ from remote_agent.protocol.events import (
     GateOpened,
     Heartbeat,
     Message,
-    Namespace,
     PayloadFinished,
     PayloadStarted,
     Released,
-    SchemaError,
     StartdReady,
     TardisState,
     WorkerExited,
     WorkerStarted,
-    check_token,
     decode_note,
     kind_of,
 )
+from remote_agent.protocol.names import Namespace, api_prefix, check_token
 
 
 class TimelineError(BrokerError):

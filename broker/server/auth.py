@@ -44,13 +44,14 @@ from typing import Any, Final
 import nkeys
 
 from broker.errors import BrokerError
-from remote_agent.protocol.events import (
-    DEFAULT_MAX_SIZE,
-    EVENT_TYPES,
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.events import DEFAULT_MAX_SIZE, EVENT_TYPES, kind_of
+from remote_agent.protocol.names import (
     Namespace,
-    SchemaError,
     check_token,
-    kind_of,
+    direct_get,
+    inbox_prefix,
+    kv_write_prefix,
 )
 
 #: how long a drone's credentials are valid by default (a drone lives hours to days)
@@ -402,18 +403,21 @@ def drone_permissions(
     check_token(drone, "drone uuid")
     bucket = namespace.record_bucket
     key = namespace.record_key(site, drone)
-    api = f"$JS.{domain}.API" if domain else "$JS.API"
-    write = f"{api}.$KV.{bucket}.{key}" if domain else f"$KV.{bucket}.{key}"
-    root = namespace.drone_root(site, drone)
     return {
         "pub": {
             "allow": [
                 *(namespace.event(site, drone, kind_of(kind)) for kind in EVENT_TYPES),
-                write,
-                f"{api}.DIRECT.GET.KV_{bucket}.$KV.{bucket}.{key}",
+                kv_write_prefix(bucket, domain) + key,
+                direct_get(bucket, key, domain),
             ]
         },
-        "sub": {"allow": [f"{root}.cmd", f"$KV.{bucket}.{key}", f"_INBOX_{drone}.>"]},
+        "sub": {
+            "allow": [
+                namespace.command(site, drone),
+                namespace.record_subject(site, drone),
+                f"{inbox_prefix(drone)}.>",
+            ]
+        },
         "resp": {"max": 1, "ttl": 0},
     }
 

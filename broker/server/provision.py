@@ -21,8 +21,10 @@ from nats.js import JetStreamContext
 from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfig
 
 from broker.errors import ProvisioningError
-from remote_agent.protocol.events import DEFAULT_MAX_SIZE, Namespace
-from remote_agent.protocol.handshake import HandshakeError, load_proof_key
+from remote_agent.protocol.errors import HandshakeError
+from remote_agent.protocol.events import DEFAULT_MAX_SIZE
+from remote_agent.protocol.handshake import load_proof_key
+from remote_agent.protocol.names import Namespace, kv_stream, kv_subjects
 
 log = logging.getLogger(__name__)
 
@@ -97,9 +99,9 @@ class Topology:
         """
         bucket = self.namespace.record_bucket
         return StreamConfig(
-            name=f"KV_{bucket}",
+            name=kv_stream(bucket),
             description="cobald-remote drone handshake records",
-            subjects=[f"$KV.{bucket}.>"],
+            subjects=[f"{kv_subjects(bucket)}>"],
             retention=RetentionPolicy.LIMITS,
             discard=DiscardPolicy.NEW,
             max_msgs_per_subject=1,
@@ -124,9 +126,9 @@ class Topology:
         """
         bucket = self.namespace.manager_bucket
         return StreamConfig(
-            name=f"KV_{bucket}",
+            name=kv_stream(bucket),
             description="cobald-remote manager secrets",
-            subjects=[f"$KV.{bucket}.>"],
+            subjects=[f"{kv_subjects(bucket)}>"],
             retention=RetentionPolicy.LIMITS,
             discard=DiscardPolicy.NEW,
             max_msgs_per_subject=1,

@@ -50,6 +50,7 @@ from remote_agent.interfaces import (
     Startd,
     StartdError,
 )
+from remote_agent.protocol.errors import HandshakeError, SchemaError
 from remote_agent.protocol.events import (
     MAX_COMMAND,
     MAX_JOB_ID,
@@ -74,7 +75,6 @@ from remote_agent.protocol.events import (
     GateClosed,
     GateOpened,
     Heartbeat,
-    Namespace,
     Outcome,
     Payload,
     PayloadEnd,
@@ -84,19 +84,18 @@ from remote_agent.protocol.events import (
     Released,
     ReleaseIfIdleCommand,
     Reply,
-    SchemaError,
     Snapshot,
     StartdReady,
     StatusCommand,
     WorkerExited,
     WorkerStarted,
     decode_command,
-    dedupe_id,
     encode,
     kind_of,
     utcnow,
 )
-from remote_agent.protocol.handshake import HandshakeError, RecordStore, Versioned
+from remote_agent.protocol.handshake import RecordStore, Versioned
+from remote_agent.protocol.names import Namespace, dedupe_id, inbox_prefix, kv_stream, kv_subjects
 from remote_agent.protocol.ratelog import RateLimitedLog
 from remote_agent.publisher import Publisher
 from remote_agent.settings import Settings
@@ -308,7 +307,7 @@ class Agent:
                 settings.servers,
                 name=f"cobald-remote-agent-{self._drone}",
                 creds=settings.creds,
-                inbox_prefix=f"_INBOX_{self._drone}",
+                inbox_prefix=inbox_prefix(self._drone),
                 publish_timeout_s=settings.publish_timeout_s,
                 reconnect_wait_s=settings.reconnect_wait_s,
                 domain=settings.domain,
@@ -692,7 +691,7 @@ class Agent:
             # bound without STREAM.INFO: a drone needs only a direct get and publishes
             # to its own key, no other JetStream API (docs/agent.md, permissions)
             kv = KeyValue(
-                name=bucket, stream=f"KV_{bucket}", pre=f"$KV.{bucket}.", js=js, direct=True
+                name=bucket, stream=kv_stream(bucket), pre=kv_subjects(bucket), js=js, direct=True
             )
             self._store = RecordStore(kv, self.namespace, js=js, domain=self._domain)
         return self._store
@@ -894,8 +893,8 @@ class Agent:
         # A core subscription on the key's subject sees every write attempt, also ones the
         # stream refused, so it is only a hint to re-read the record; the client replays
         # it after a reconnect. (A KV watch would need the consumer API.)
-        key = self.namespace.record_key(self._site, self._drone)
-        await nc.subscribe(f"$KV.{self.namespace.record_bucket}.{key}", cb=self._on_record_hint)
+        subject = self.namespace.record_subject(self._site, self._drone)
+        await nc.subscribe(subject, cb=self._on_record_hint)
         while True:  # the server has the subscriptions once a flush returns
             try:
                 await nc.flush()

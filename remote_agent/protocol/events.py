@@ -18,21 +18,18 @@ from __future__ import annotations
 
 import datetime as dt
 import enum
-import re
-import string
-from dataclasses import dataclass
 from typing import Annotated, Any, Final, Generic, Literal, TypeVar
 
 import msgspec
+
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.names import TOKEN_CHARS, Namespace
 
 #: major version of the wire schema written by this code and the only one it reads
 SCHEMA_VERSION: Final = 1
 
 #: default limit on the size of one encoded message, in bytes
 DEFAULT_MAX_SIZE: Final = 64 * 1024
-
-#: default first subject token of everything cobald-remote publishes
-DEFAULT_PREFIX: Final = "cobald"
 
 # Snapshot limits: an agent keeps its events within them, so that the largest event
 # it can encode stays well below DEFAULT_MAX_SIZE and the stream never rejects one
@@ -50,9 +47,6 @@ MAX_COMMAND: Final = 4096
 #: request ids are cut to this many characters
 MAX_REQUEST_ID: Final = 128
 
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
-_TOKEN_CHARS: Final = string.ascii_letters + string.digits + "_-"
-
 #: a subject token: site names, drone uuids, prefixes (no dots, wildcards or whitespace).
 #: msgspec checks the length; the characters are checked by ``__post_init__`` of every
 #: message that carries tokens (:func:`_check_tokens`): ``str.strip`` of the allowed
@@ -66,7 +60,7 @@ def _check_tokens(message: object, names: tuple[str, ...]) -> None:
     """Raise the error for the first of ``names`` that is no token (msgspec reports it)"""
     for name in names:
         value = getattr(message, name)
-        if value.strip(_TOKEN_CHARS):
+        if value.strip(TOKEN_CHARS):
             raise ValueError(
                 f"`{name}` must be a subject token (1-128 of A-Z a-z 0-9 _ -), not {value!r}"
             )
@@ -76,10 +70,6 @@ def _check_tokens(message: object, names: tuple[str, ...]) -> None:
 UtcTime = Annotated[dt.datetime, msgspec.Meta(tz=True)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
-
-
-class SchemaError(ValueError):
-    """A message or subject that does not follow the wire contract"""
 
 
 def utcnow() -> dt.datetime:
@@ -203,7 +193,7 @@ class Event(Message, frozen=True, kw_only=True):
     snapshot: Snapshot
 
     def __post_init__(self) -> None:
-        chars = _TOKEN_CHARS  # inlined: this runs for every event the manager reads
+        chars = TOKEN_CHARS  # inlined: this runs for every event the manager reads
         if self.site.strip(chars) or self.drone.strip(chars) or self.incarnation.strip(chars):
             _check_tokens(self, ("site", "drone", "incarnation"))
 
@@ -560,103 +550,7 @@ def to_json(message: Message) -> bytes:
     return msgspec.json.encode(message)
 
 
-# --------------------------------------------------------------------------- subjects
-
-
-def is_token(value: str) -> bool:
-    """Whether ``value`` can be one subject token (see :func:`check_token`)"""
-    return 0 < len(value) <= 128 and not value.strip(_TOKEN_CHARS)
-
-
-def check_token(value: str, what: str = "subject token") -> str:
-    """
-    Return ``value`` if it can be one subject token (and one KV key part)
-
-    :raises SchemaError: for empty values, dots, wildcards, whitespace, other
-        characters than ``A-Z a-z 0-9 _ -``, or more than 128 characters
-    """
-    if not _TOKEN_RE.match(value):
-        raise SchemaError(
-            f"invalid {what} {value!r}: use 1-128 of A-Z a-z 0-9 _ - "
-            "(no dots, wildcards or whitespace)"
-        )
-    return value
-
-
-@dataclass(frozen=True, slots=True)
-class Namespace:
-    """
-    Names of every subject, stream and bucket, derived from one prefix
-
-    Subjects are scoped per drone, so that NATS permissions can confine one
-    drone's credentials to ``<prefix>.<site>.<drone>.evt.>``, its command
-    subject and its own handshake key.
-    """
-
-    prefix: str = DEFAULT_PREFIX
-
-    def __post_init__(self) -> None:
-        check_token(self.prefix, "subject prefix")
-
-    @property
-    def event_stream(self) -> str:
-        """JetStream stream holding every drone event and TARDIS's own timeline"""
-        return f"{self.prefix.upper().replace('-', '_')}_EVENTS"
-
-    @property
-    def record_bucket(self) -> str:
-        """KV bucket holding one handshake record per drone"""
-        return f"{self.prefix}-drones"
-
-    @property
-    def manager_bucket(self) -> str:
-        """KV bucket of the manager's own secrets (the record proof key); drones cannot read it"""
-        return f"{self.prefix}-manager"
-
-    @property
-    def all_events(self) -> str:
-        """Wildcard of every drone event"""
-        return f"{self.prefix}.*.*.evt.>"
-
-    @property
-    def all_manager_notes(self) -> str:
-        """Wildcard of every manager-side note (TARDIS's view of each drone)"""
-        return f"{self.prefix}.*.*.mgr.>"
-
-    def drone_root(self, site: str, drone: str) -> str:
-        """Prefix of everything about one drone, e.g. to read its timeline"""
-        return f"{self.prefix}.{check_token(site, 'site')}.{check_token(drone, 'drone uuid')}"
-
-    def event(self, site: str, drone: str, kind: str) -> str:
-        """Subject of one drone's event of ``kind``"""
-        return f"{self.drone_root(site, drone)}.evt.{check_token(kind, 'event kind')}"
-
-    def drone_events(self, site: str, drone: str) -> str:
-        """Wildcard of one drone's events (its publish permission)"""
-        return f"{self.drone_root(site, drone)}.evt.>"
-
-    def command(self, site: str, drone: str) -> str:
-        """Subject on which one drone's agent answers commands"""
-        return f"{self.drone_root(site, drone)}.cmd"
-
-    def manager_note(self, site: str, drone: str, kind: str) -> str:
-        """Subject of a manager-side note about one drone"""
-        return f"{self.drone_root(site, drone)}.mgr.{check_token(kind, 'note kind')}"
-
-    def record_key(self, site: str, drone: str) -> str:
-        """Key of one drone's handshake record in :attr:`record_bucket`"""
-        return f"{check_token(site, 'site')}.{check_token(drone, 'drone uuid')}"
-
-    def parse_event_subject(self, subject: str) -> tuple[str, str, str]:
-        """
-        Split an event subject into ``(site, drone, kind)``
-
-        :raises SchemaError: if ``subject`` is not an event subject of this namespace
-        """
-        parts = subject.split(".")
-        if len(parts) != 5 or parts[0] != self.prefix or parts[3] != "evt":
-            raise SchemaError(f"not an event subject of {self.prefix!r}: {subject!r}")
-        return parts[1], parts[2], parts[4]
+# --------------------------------------------------------------------------- senders
 
 
 def check_sender(event: Event, subject: str, namespace: Namespace) -> None:
@@ -675,8 +569,3 @@ def check_sender(event: Event, subject: str, namespace: Namespace) -> None:
             f"event {kind_of(type(event))!r} for {event.site}/{event.drone} "
             f"arrived on the subject of {site}/{drone} ({kind!r})"
         )
-
-
-def dedupe_id(drone: str, incarnation: str, seq: int) -> str:
-    """The ``Nats-Msg-Id`` of a drone's event: stable across resends"""
-    return f"{drone}:{incarnation}:{seq}"

@@ -49,16 +49,16 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from remote_agent.protocol.errors import HandshakeError, RecordTampered, SchemaError
 from remote_agent.protocol.events import (
     DrainIntent,
     DroneRecord,
-    Namespace,
     RecordPhase,
-    SchemaError,
     decode_record,
     encode,
     utcnow,
 )
+from remote_agent.protocol.names import EXPECTED_LAST, Namespace, kv_write_prefix
 
 log = logging.getLogger(__name__)
 
@@ -73,9 +73,6 @@ CLOSED_PHASES = frozenset(
 FINAL_PHASES = frozenset({RecordPhase.RELEASED, RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED})
 
 
-#: the compare-and-set header of a publish to a KV key (``0``: the key must not exist);
-#: every record write carries it, and the bucket stores it with the record
-EXPECTED_LAST: Final = "Nats-Expected-Last-Subject-Sequence"
 #: JetStream's error codes for "the subject's last sequence is not the expected one"
 _WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 
@@ -84,19 +81,6 @@ _WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
 PROOF_KEY: Final = "record-proof-key"
 #: bytes of a proof key
 _PROOF_KEY_BYTES: Final = 32
-
-
-class HandshakeError(Exception):
-    """The handshake record could not be read or written"""
-
-
-class RecordTampered(HandshakeError):
-    """
-    The record was deleted, purged, or holds no valid record
-
-    Neither side wrote that: the manager never takes it for "never announced"
-    (it does not release over it), the agent takes it for a closed gate.
-    """
 
 
 def record_proof(key: bytes, record: DroneRecord) -> bytes:
@@ -178,7 +162,7 @@ class RecordStore:
         self.proof_key = proof_key
         self._js = js
         bucket = namespace.record_bucket
-        self._write_prefix = (f"$JS.{domain}.API." if domain else "") + f"$KV.{bucket}."
+        self._write_prefix = kv_write_prefix(bucket, domain)
 
     @classmethod
     async def open(

@@ -41,9 +41,11 @@ from broker.server.provision import provision
 from remote_agent.agent import Agent
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.connect import connect
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.names import Namespace
 
 pytestmark = pytest.mark.timeout(120)
-NS = ev.Namespace()
+NS = Namespace()
 DRONE = "site1-00000000aa"
 OTHER = "site1-00000000bb"
 
@@ -132,7 +134,7 @@ def test_drone_credentials_carry_its_permissions_and_expire() -> None:
     }
     assert f"_INBOX_{DRONE}.>" in nats_claims["sub"]["allow"]
     assert "-----BEGIN USER NKEY SEED-----\nSU" in text
-    with pytest.raises(ev.SchemaError):
+    with pytest.raises(SchemaError):
         drone_credentials(authority, NS, SITE, "no.dots")
 
 

@@ -18,8 +18,9 @@ from broker.errors import ProvisioningError, ServerStartError
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import Topology, provision
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.names import Namespace
 
-NS = ev.Namespace()
+NS = Namespace()
 
 
 def _events() -> list[ev.Event]:

@@ -21,7 +21,7 @@ from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.embedded import EmbeddedServer, find_binary
 from broker.server.provision import Topology, provision
 from remote_agent.agent import Agent
-from remote_agent.protocol import events as ev
+from remote_agent.protocol.names import Namespace
 
 DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
 CONFIGS = sorted(DEPLOY.glob("*.conf"))
@@ -99,7 +99,7 @@ async def test_cluster_config_survives_losing_the_stream_leader(
     urls = [node.url for node in cluster.values()]
     nc = await nats.connect(urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
     js = nc.jetstream(timeout=2)
-    ns = ev.Namespace()
+    ns = Namespace()
     for _ in range(100):  # the meta leader needs a moment after start
         try:
             await provision(js, Topology(replicas=3))

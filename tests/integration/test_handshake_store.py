@@ -13,14 +13,10 @@ from nats.js import JetStreamContext
 
 from broker.server.provision import provision
 from remote_agent.protocol import events as ev
-from remote_agent.protocol.events import DrainIntent, Namespace, RecordPhase, encode, utcnow
-from remote_agent.protocol.handshake import (
-    HandshakeError,
-    RecordStore,
-    RecordTampered,
-    load_proof_key,
-    proven,
-)
+from remote_agent.protocol.errors import HandshakeError, RecordTampered
+from remote_agent.protocol.events import DrainIntent, RecordPhase, encode, utcnow
+from remote_agent.protocol.handshake import RecordStore, load_proof_key, proven
+from remote_agent.protocol.names import Namespace
 
 NS = Namespace()
 SITE = "site1"

@@ -34,10 +34,12 @@ from broker.server.embedded import EmbeddedServer
 from broker.tardis_adapter import BusConfig, RemoteBus, RemoteSiteAdapter
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.connect import connect
-from remote_agent.protocol.handshake import EXPECTED_LAST, PROOF_KEY
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.handshake import PROOF_KEY
+from remote_agent.protocol.names import EXPECTED_LAST, Namespace
 
 pytestmark = pytest.mark.timeout(120)
-NS = ev.Namespace()
+NS = Namespace()
 SITE = "site1"
 DRONE = "site1-00000000aa"
 RECORD_SUBJECT = f"$KV.{NS.record_bucket}.{NS.record_key(SITE, DRONE)}"
@@ -245,7 +247,7 @@ async def test_live_rebuilt_and_timeline_agree_on_a_hostile_stream(
         for subject, data in stream:
             try:  # the writer's dedupe id, as an agent sends it
                 headers = {"Nats-Msg-Id": ev.decode_event(data).id}
-            except ev.SchemaError:
+            except SchemaError:
                 headers = None
             await js.publish(subject, data, headers=headers)
         await eventually(

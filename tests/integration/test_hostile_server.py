@@ -38,9 +38,10 @@ from broker.server.embedded import EmbeddedServer
 from broker.server.provision import Topology, provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.connect import connect
+from remote_agent.protocol.names import Namespace
 
 pytestmark = pytest.mark.timeout(120)
-NS = ev.Namespace()
+NS = Namespace()
 FLOODER = "site1-00000000aa"
 HONEST = "site1-00000000bb"
 

@@ -60,7 +60,7 @@ from remote_agent.gate import (
     ask,
 )
 from remote_agent.protocol import events as ev
-from remote_agent.protocol.handshake import HandshakeError
+from remote_agent.protocol.errors import HandshakeError
 
 SCHEDULES = int(os.environ.get("COBALD_REMOTE_PROOF_SCHEDULES", "60"))
 FIRST = int(os.environ.get("COBALD_REMOTE_PROOF_FIRST", "0"))  #: to replay one schedule

@@ -16,9 +16,10 @@ from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
+from remote_agent.protocol.names import Namespace
 
 CLI = [sys.executable, "-m", "broker.cli"]
-NS = ev.Namespace()
+NS = Namespace()
 SITE = "site1"
 
 

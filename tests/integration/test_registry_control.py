@@ -30,8 +30,9 @@ from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
+from remote_agent.protocol.names import Namespace
 
-NS = ev.Namespace()
+NS = Namespace()
 SITE = "site1"
 
 

@@ -51,6 +51,7 @@ from emulation.lbs import Job, LocalBatchSystem
 from emulation.overlay import OverlayPool
 from emulation.schedd import install_fake_schedd
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.names import Namespace
 
 pytestmark = pytest.mark.timeout(180)
 
@@ -326,7 +327,7 @@ async def test_the_bus_serves_metrics_of_what_it_consumed(
     bus = await make_bus(metrics="127.0.0.1:0")
     assert bus.metrics is not None
     await eventually(lambda: bus.metrics is not None and bus.metrics.port != 0, 10, "bound")
-    ns = ev.Namespace()
+    ns = Namespace()
     drones = [FakeDrone("site1", f"site1-{n:010x}") for n in range(3)]
     for drone in drones:
         for event in (drone.started(), drone.ready()):

@@ -14,6 +14,8 @@ from hypothesis import strategies as st
 from vectors import DRONE, EXAMPLES, SITE, T0, example
 
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.names import Namespace, check_token
 
 
 def test_every_message_type_has_an_example() -> None:
@@ -40,7 +42,7 @@ def test_family_decoders_accept_only_their_family(message: ev.Message) -> None:
         if isinstance(message, family):
             assert decoder(data) == message
         else:
-            with pytest.raises(ev.SchemaError, match="invalid"):
+            with pytest.raises(SchemaError, match="invalid"):
                 decoder(data)
 
 
@@ -70,21 +72,21 @@ def _drained(**changes: object) -> dict[str, object]:
     ],
 )
 def test_wrong_values_are_schema_errors(changes: dict[str, object], error: str) -> None:
-    with pytest.raises(ev.SchemaError, match=error):
+    with pytest.raises(SchemaError, match=error):
         ev.decode(msgpack.packb(_drained(**changes), datetime=True))
 
 
 def test_unknown_version_is_named_even_if_fields_changed() -> None:
     raw = _drained(v=3)
     del raw["seq"]
-    with pytest.raises(ev.SchemaError, match="unsupported message schema version 3"):
+    with pytest.raises(SchemaError, match="unsupported message schema version 3"):
         ev.decode(msgpack.packb(raw, datetime=True))
 
 
 def test_missing_field() -> None:
     raw = _drained()
     del raw["incarnation"]
-    with pytest.raises(ev.SchemaError, match="missing required field `incarnation`"):
+    with pytest.raises(SchemaError, match="missing required field `incarnation`"):
         ev.decode_event(msgpack.packb(raw, datetime=True))
 
 
@@ -95,10 +97,10 @@ def test_unknown_fields_are_ignored() -> None:
 
 def test_size_limit() -> None:
     message = ev.encode(EXAMPLES[0])
-    with pytest.raises(ev.SchemaError, match=r"of \d+ bytes exceeds the limit of 10 bytes"):
+    with pytest.raises(SchemaError, match=r"of \d+ bytes exceeds the limit of 10 bytes"):
         ev.decode(message, max_size=10)
     big = msgpack.packb(_drained(padding="x" * 2_000_000), datetime=True)
-    with pytest.raises(ev.SchemaError, match="exceeds the limit of 65536 bytes"):
+    with pytest.raises(SchemaError, match="exceeds the limit of 65536 bytes"):
         ev.decode_event(big)
     assert ev.decode_event(big, max_size=len(big)) == example(ev.Drained)
 
@@ -122,7 +124,7 @@ _ANY = st.recursive(
 def _decode_or_schema_error(data: bytes, max_size: int = ev.DEFAULT_MAX_SIZE) -> None:
     try:
         message = ev.decode(data, max_size=max_size)
-    except ev.SchemaError as err:
+    except SchemaError as err:
         assert str(err)
     else:
         assert isinstance(message, ev.MESSAGE_TYPES)
@@ -179,7 +181,7 @@ def test_mutated_fields_only_raise_schema_errors(
 @given(st.integers(1_048_577, 1_600_000), st.integers(0, 2**32))
 def test_oversized_input_only_raises_schema_errors(size: int, seed: int) -> None:
     data = random.Random(seed).randbytes(size)
-    with pytest.raises(ev.SchemaError, match="exceeds the limit"):
+    with pytest.raises(SchemaError, match="exceeds the limit"):
         ev.decode(data)
     # and with the limit lifted, still only schema errors
     _decode_or_schema_error(data, max_size=size)
@@ -188,18 +190,18 @@ def test_oversized_input_only_raises_schema_errors(size: int, seed: int) -> None
 
 @pytest.mark.parametrize("bad", ["", "a.b", "*", ">", "a b", "tab\t", "é", "x" * 129, "a\n"])
 def test_bad_tokens(bad: str) -> None:
-    with pytest.raises(ev.SchemaError, match="no dots, wildcards or whitespace"):
-        ev.check_token(bad)
-    with pytest.raises(ev.SchemaError):
-        ev.Namespace().event(bad, DRONE, "drained")
-    with pytest.raises(ev.SchemaError):
-        ev.Namespace().command(SITE, bad)
-    with pytest.raises(ev.SchemaError):
-        ev.Namespace(bad)
+    with pytest.raises(SchemaError, match="no dots, wildcards or whitespace"):
+        check_token(bad)
+    with pytest.raises(SchemaError):
+        Namespace().event(bad, DRONE, "drained")
+    with pytest.raises(SchemaError):
+        Namespace().command(SITE, bad)
+    with pytest.raises(SchemaError):
+        Namespace(bad)
 
 
 def test_subjects() -> None:
-    ns = ev.Namespace("cr")
+    ns = Namespace("cr")
     assert ns.event(SITE, DRONE, "drained") == f"cr.{SITE}.{DRONE}.evt.drained"
     assert ns.drone_events(SITE, DRONE) == f"cr.{SITE}.{DRONE}.evt.>"
     assert ns.command(SITE, DRONE) == f"cr.{SITE}.{DRONE}.cmd"
@@ -209,12 +211,12 @@ def test_subjects() -> None:
     assert ns.record_bucket == "cr-drones"
     assert ns.parse_event_subject(ns.event(SITE, DRONE, "heartbeat")) == (SITE, DRONE, "heartbeat")
     for subject in ("cr.a.b.cmd", "other.a.b.evt.x", "cr.a.b.evt.x.y", f"cr.{SITE}.{DRONE}.mgr.x"):
-        with pytest.raises(ev.SchemaError, match="not an event subject"):
+        with pytest.raises(SchemaError, match="not an event subject"):
             ns.parse_event_subject(subject)
 
 
 def test_a_drone_cannot_speak_for_another() -> None:
-    ns = ev.Namespace()
+    ns = Namespace()
     drained = example(ev.Drained)
     assert isinstance(drained, ev.Drained)
     ev.check_sender(drained, ns.event(SITE, DRONE, "drained"), ns)
@@ -223,7 +225,7 @@ def test_a_drone_cannot_speak_for_another() -> None:
         ns.event("site2", DRONE, "drained"),
         ns.event(SITE, DRONE, "heartbeat"),
     ):
-        with pytest.raises(ev.SchemaError, match="arrived on the subject of"):
+        with pytest.raises(SchemaError, match="arrived on the subject of"):
             ev.check_sender(drained, subject, ns)
 
 
@@ -247,7 +249,7 @@ def test_times_are_msgpack_timestamps() -> None:
 def test_deep_nesting_is_a_schema_error(decoder: Callable[[bytes], object], depth: int) -> None:
     """1.2 KB of nested arrays in an unknown field make msgspec recurse past Python's limit"""
     data = b"\x82\xa1x" + b"\x91" * depth + b"\xc0\xa4kind\xa9heartbeat"
-    with pytest.raises(ev.SchemaError, match="nested too deeply"):
+    with pytest.raises(SchemaError, match="nested too deeply"):
         decoder(data)
 
 
@@ -258,7 +260,7 @@ def test_a_snapshot_lists_at_most_max_payloads() -> None:
         state=ev.DroneState.BUSY, since=now, gate_open=True, payloads=payloads, started_at=now
     )
     event = msgspec.structs.replace(example(ev.Heartbeat), snapshot=snapshot)
-    with pytest.raises(ev.SchemaError, match="length <= 256"):
+    with pytest.raises(SchemaError, match="length <= 256"):
         ev.decode_event(ev.encode(event))
     bounded = msgspec.structs.replace(snapshot, payloads=payloads[:-1])
     assert ev.decode_event(ev.encode(msgspec.structs.replace(event, snapshot=bounded)))

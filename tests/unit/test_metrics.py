@@ -16,8 +16,9 @@ from broker.manager.metrics import MetricsServer, Sources, parse_address, render
 from broker.manager.registry import Registry
 from broker.tardis_adapter import BusConfig
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.names import Namespace
 
-NS = ev.Namespace()
+NS = Namespace()
 SITE = "site1"
 
 

@@ -21,8 +21,10 @@ from broker.manager.registry import Registry
 from broker.manager.service import event_handler, event_reader
 from broker.manager.timeline import build, check_message
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.names import Namespace
 
-NS = ev.Namespace()
+NS = Namespace()
 SITE = "site1"
 DRONES = ("site1-0000000001", "site1-0000000002", "site1-0000000003")
 KINDS = ("heartbeat", "payload_started", "drained", "agent_started")
@@ -48,7 +50,7 @@ def _message(draw: st.DrawFn) -> Message:
     subject, data = draw(_body())
     try:
         message_id = ev.decode_event(data, max_size=len(data)).id
-    except ev.SchemaError:
+    except SchemaError:
         message_id = "no-event"
     how = draw(st.sampled_from(["writer", "writer", "writer", "none", "other_id", "relayed"]))
     if how == "none":  # a direct get's answer asked for without headers

@@ -14,9 +14,11 @@ from hypothesis import strategies as st
 from broker.manager.control import SAFE_REMOVALS, Removal, removal_verdict
 from broker.manager.registry import Applied, DroneView, Registry, Rejection
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.handshake import record_proof
+from remote_agent.protocol.names import Namespace
 
-NS = ev.Namespace()
+NS = Namespace()
 SITE = "site1"
 
 
@@ -237,7 +239,7 @@ def test_sender_check_agrees_with_events_check_sender() -> None:
         try:
             ev.check_sender(event, subject, NS)
             expected = True
-        except ev.SchemaError:
+        except SchemaError:
             expected = False
         assert (registry.apply(event, subject, 1.0) is not Applied.REJECTED) is expected
 

@@ -14,6 +14,8 @@ import pytest
 import vectors
 
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.names import dedupe_id
 
 _VECTOR = re.compile(r"#### `(\w+)`[^\n]*\n\n```hex\n([0-9a-f\n]+)```\n\n```json\n(.*?)\n```", re.S)
 _REJECTED = re.compile(r"^\| `([0-9a-f]+)` \| (.+) \|$", re.M)
@@ -82,7 +84,7 @@ def test_event_vectors_are_one_life_each(drone: str) -> None:
     assert [e.seq for e in events] == sorted({e.seq for e in events})
     assert [e.at for e in events] == sorted(e.at for e in events)
     for event in events:
-        assert event.id == ev.dedupe_id(event.drone, event.incarnation, event.seq)
+        assert event.id == dedupe_id(event.drone, event.incarnation, event.seq)
         assert event.seq > 2**32  # an agent starts at its clock in microseconds
         assert event.snapshot.since <= event.at
         assert event.snapshot.started_at <= event.snapshot.since
@@ -138,5 +140,5 @@ def test_rejected_vectors_are_rejected() -> None:
     rejected = _REJECTED.findall(vectors.DOC.read_text())
     assert len(rejected) >= 4
     for hexdump, _why in rejected:
-        with pytest.raises(ev.SchemaError):
+        with pytest.raises(SchemaError):
             ev.decode(bytes.fromhex(hexdump))
