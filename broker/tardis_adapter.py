@@ -81,10 +81,10 @@ from broker.manager.control import (
 from broker.manager.metrics import MetricsServer, Sources, parse_address
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, DroneView, Registry
 from broker.manager.service import ManagerService, ManagerSettings
+from remote_agent.protocol.environment import TARDIS_SETTINGS_ENV, split_urls
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import DroneState, TardisState, encode, utcnow
 from remote_agent.protocol.names import DEFAULT_PREFIX, Namespace, check_token
-from remote_agent.settings import TARDIS_SETTINGS_ENV, split_urls
 
 log = logging.getLogger(__name__)
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import hashlib
 import os
-import re
 import tempfile
 import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
@@ -20,26 +19,18 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from remote_agent.errors import SettingsError
+from remote_agent.protocol.environment import (
+    TARDIS_CORES_ENV,
+    TARDIS_SETTINGS_ENV,
+    TARDIS_UUID_ENV,
+    site_of,
+    split_urls,
+)
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.names import DEFAULT_PREFIX, check_token
 
 DeadlinePolicy = Literal["wait", "kill"]
 
-#: what TARDIS site adapters export into every drone job
-TARDIS_UUID_ENV: Final = "TardisDroneUuid"
-#: the drone's cores as TARDIS's HTCondor site adapter exports them
-TARDIS_CORES_ENV: Final = "TardisDroneCores"
-#: what cobald-remote's TARDIS integration adds to every drone job's environment
-#: (``broker/tardis_adapter.py``; site adapters prefix each key with ``TardisDrone``),
-#: read when the ``COBALD_REMOTE_*`` variable of the same setting is not set
-TARDIS_SETTINGS_ENV: Final = {
-    "servers": "TardisDroneCobaldRemoteUrl",
-    "site": "TardisDroneCobaldRemoteSite",
-    "prefix": "TardisDroneCobaldRemotePrefix",
-    "domain": "TardisDroneCobaldRemoteDomain",
-}
-#: a TARDIS drone uuid: the lower-cased site name, a dash, ten hex digits
-_TARDIS_UUID_RE = re.compile(r"^(?P<site>.+)-[0-9a-f]{10}\Z")
 #: URL schemes nats-py connects with
 _URL_SCHEMES: Final = ("nats", "tls", "ws", "wss")
 #: longest path a Unix socket address can hold on Linux (108 bytes with the NUL)
@@ -146,7 +137,7 @@ class Settings:
             given.get("site")
             or env.get(_ENV["site"])
             or env.get(TARDIS_SETTINGS_ENV["site"])
-            or _site_of(drone)
+            or site_of(drone)
         )
         if not site:
             raise SettingsError(
@@ -258,27 +249,12 @@ _ENV: Final = {
 }
 
 
-def env_name(setting: str) -> str:
-    """The environment variable of a setting, e.g. ``COBALD_REMOTE_URL`` for ``servers``"""
-    return _ENV[setting]
-
-
-def _site_of(drone: str) -> str | None:
-    match = _TARDIS_UUID_RE.match(drone)
-    return match["site"] if match else None
-
-
 def _cores(env: Mapping[str, str]) -> int:
     """TARDIS's ``$TardisDroneCores`` (a number, possibly written as a float), else 0"""
     try:
         return max(0, int(float(env.get(TARDIS_CORES_ENV, "0"))))
     except ValueError:
         return 0
-
-
-def split_urls(text: str) -> list[str]:
-    """``nats://a:4222,nats://b:4222`` as a list of URLs (nats-py does not split commas)"""
-    return [url.strip() for url in text.split(",") if url.strip()]
 
 
 def _parse_bool(text: str) -> bool:

@@ -37,6 +37,7 @@ from broker.manager.control import (
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, DroneView, Registry
 from broker.manager.service import rebuild
 from broker.server.connection import connect_once
+from remote_agent.protocol.environment import site_of
 from remote_agent.protocol.errors import HandshakeError, SchemaError
 from remote_agent.protocol.handshake import load_proof_key
 from remote_agent.protocol.names import Namespace, api_prefix, check_token
@@ -49,16 +50,10 @@ class OperatorError(BrokerError):
     """An operator command that cannot be carried out (printed in one line, exit 1)"""
 
 
-def site_of(drone: str) -> str:
-    """
-    The site part of a TARDIS drone uuid: everything before its last ``-``
-
-    TARDIS names drones ``<site name in lower case>-<10 hex digits>``.
-
-    :raises OperatorError: if ``drone`` has no ``-`` to split at
-    """
-    site, dash, _ = drone.rpartition("-")
-    if not dash or not site:
+def _site(drone: str) -> str:
+    """The site of a TARDIS drone uuid"""
+    site = site_of(drone)
+    if site is None:
         raise OperatorError(
             f"cannot tell the site of drone {drone!r} (TARDIS uuids are <site>-<10 hex>): "
             "give --site"
@@ -69,7 +64,7 @@ def site_of(drone: str) -> str:
 def _target(args: argparse.Namespace) -> tuple[str, str]:
     try:
         drone = check_token(args.drone, "drone uuid")
-        site = check_token(args.site or site_of(drone), "site")
+        site = check_token(args.site or _site(drone), "site")
     except SchemaError as err:
         raise OperatorError(str(err)) from None
     return site, drone

@@ -44,6 +44,7 @@ from typing import Any, Final
 import nkeys
 
 from broker.errors import BrokerError
+from remote_agent.protocol.environment import site_of
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import DEFAULT_MAX_SIZE, EVENT_TYPES, kind_of
 from remote_agent.protocol.names import (
@@ -545,11 +546,6 @@ def revoke(
 # ---------------------------------------------------------------------- command line
 
 
-def _site_of(drone: str) -> str:
-    site, dash, _ = drone.rpartition("-")
-    return site if dash and site else ""
-
-
 def _write_secret(text: str, out: str | None) -> None:
     if out is None or out == "-":
         sys.stdout.write(text)
@@ -600,7 +596,7 @@ def _auth_init(args: argparse.Namespace) -> int:
 
 
 def _auth_drone(args: argparse.Namespace) -> int:
-    site = args.site or _site_of(args.drone)
+    site = args.site or site_of(args.drone)
     if not site:
         raise AuthError(f"cannot tell the site of drone {args.drone!r}: give --site")
     try:

@@ -10,7 +10,7 @@ from nats.aio.client import Client
 
 from broker.errors import BrokerError
 from remote_agent.protocol.connect import connect
-from remote_agent.settings import split_urls
+from remote_agent.protocol.environment import split_urls
 
 log = logging.getLogger(__name__)
 

@@ -11,10 +11,12 @@ from fake_drones import FakeDrone, answer_commands, publish
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
-from broker.commands.ops import EXIT_UNCONFIRMED, OperatorError, site_of
+from broker.cli import main
+from broker.commands.ops import EXIT_UNCONFIRMED
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.environment import site_of
 from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.names import Namespace
 
@@ -38,11 +40,13 @@ async def store(js: JetStreamContext) -> RecordStore:
     return await RecordStore.open(js, NS)
 
 
-def test_site_of_tardis_uuids() -> None:
+def test_site_of_tardis_uuids(capsys: pytest.CaptureFixture[str]) -> None:
     assert site_of("site1-0123456789") == "site1"
     assert site_of("my-site-0123456789") == "my-site"
-    with pytest.raises(OperatorError, match="--site"):
-        site_of("nodash")
+    assert site_of("nodash") is None
+    assert site_of("site1-not-a-uuid") is None
+    assert main(["drain", "nodash", "--server", "nats://127.0.0.1:1"]) == 1
+    assert "give --site" in capsys.readouterr().err
 
 
 async def test_status_table_and_json(
@@ -145,6 +149,6 @@ async def test_release_and_drain(
 
 
 async def test_unreachable_server_fails_fast() -> None:
-    for command in (["status"], ["drain", "site1-1"], ["release", "site1-1"]):
+    for command in (["status"], ["drain", "site1-0123456789"], ["release", "site1-0123456789"]):
         code, _, err = await _run(*command, "--server", "nats://127.0.0.1:1")
         assert code == 1 and "cannot connect" in err
