@@ -62,7 +62,7 @@ DEFAULT_TIMEOUT_S: Final = 5.0
 #: the most of the job ad a hook reads from stdin, in bytes
 MAX_AD_BYTES: Final = 1 << 20
 #: the JOB_EXIT reasons HTCondor passes as the first argument
-EXIT_REASONS: Final = ("exit", "remove", "hold", "evict")
+EXIT_REASONS: Final = tuple(end.value for end in PayloadEnd if end is not PayloadEnd.UNKNOWN)
 
 
 def read_ad(stream: BinaryIO) -> ClassAd:

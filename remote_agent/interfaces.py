@@ -14,7 +14,7 @@ The narrow seams inside the agent
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Literal, Protocol
+from typing import Protocol
 
 from remote_agent.protocol.events import PayloadEnd
 
@@ -121,8 +121,6 @@ AGENT_UNREACHABLE_STATUS = 391
 #: how a ``condor_master`` ends once its startd drained with ``-exit-on-completion``:
 #: 0, or 99 when ``DAEMON_SHUTDOWN`` fired; either is the planned end of a drone
 SELF_EXIT_STATUSES = frozenset({0, 99})
-
-JobExitReason = Literal["exit", "remove", "hold", "evict"]
 
 
 class GateHandler(Protocol):

@@ -32,6 +32,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 
+from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.connect import connect
 from remote_agent.protocol.names import MSG_ID
 from remote_agent.spool import Spool, SpooledEvent
@@ -184,7 +185,7 @@ class Publisher:
             except Exception as err:  # nats-py retries I/O itself; this is e.g. bad credentials
                 log.error("cannot connect to %s: %r", ", ".join(self.servers), err)
                 await asyncio.sleep(max(self.reconnect_wait_s, 1.0))
-        delay = 0.0
+        backoff = Backoff(first=0.05, most=2.0)
         while True:
             entry = self.spool.peek()
             if entry is None:
@@ -195,13 +196,12 @@ class Publisher:
             if not self.connected.is_set():
                 await self.connected.wait()
             if await self._publish(entry):
-                delay = 0.0
+                backoff.reset()
                 continue
             # a transient failure: back off, but retry at once when the connection returns
-            delay = min(max(delay * 2, 0.05), 2.0)
             self._wake.clear()
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), delay)
+                await asyncio.wait_for(self._wake.wait(), backoff.delay())
 
     async def _publish(self, entry: SpooledEvent) -> bool:
         """Publish one event; ``True`` if it left the spool"""

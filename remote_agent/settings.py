@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from remote_agent.errors import SettingsError
+from remote_agent.gate import MAX_SOCKET_PATH
 from remote_agent.protocol.environment import (
     TARDIS_CORES_ENV,
     TARDIS_SETTINGS_ENV,
@@ -33,8 +34,6 @@ DeadlinePolicy = Literal["wait", "kill"]
 
 #: URL schemes nats-py connects with
 _URL_SCHEMES: Final = ("nats", "tls", "ws", "wss")
-#: longest path a Unix socket address can hold on Linux (108 bytes with the NUL)
-_MAX_SOCKET_PATH = 107
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,7 +217,7 @@ class Settings:
                 raise SettingsError(
                     f"broker URL {url!r} is not one of {', '.join(_URL_SCHEMES)}://HOST:PORT"
                 )
-        if len(os.fsencode(self.gate_socket)) > _MAX_SOCKET_PATH:
+        if len(os.fsencode(self.gate_socket)) > MAX_SOCKET_PATH:
             raise SettingsError(
                 f"gate socket path is too long for a Unix socket: {self.gate_socket}"
             )
@@ -281,13 +280,13 @@ def default_gate_socket(spool_dir: Path, env: Mapping[str, str] = os.environ) ->
     only its user can reach the socket in it)
     """
     path = spool_dir / "gate.sock"
-    if len(os.fsencode(path)) <= _MAX_SOCKET_PATH:
+    if len(os.fsencode(path)) <= MAX_SOCKET_PATH:
         return path
     digest = hashlib.sha256(os.fsencode(spool_dir)).hexdigest()[:16]
     runtime = env.get("XDG_RUNTIME_DIR", "")
     if runtime and os.path.isabs(runtime):
         candidate = Path(runtime) / f"cobald-remote-{digest}" / "gate.sock"
-        if len(os.fsencode(candidate)) <= _MAX_SOCKET_PATH:
+        if len(os.fsencode(candidate)) <= MAX_SOCKET_PATH:
             return candidate
     return Path(tempfile.gettempdir()) / f"cobald-remote-{os.geteuid()}-{digest}" / "gate.sock"
 

@@ -50,6 +50,7 @@ from remote_agent.interfaces import (
     Startd,
     StartdError,
 )
+from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.errors import HandshakeError, SchemaError
 from remote_agent.protocol.events import (
     MAX_COMMAND,
@@ -94,7 +95,7 @@ from remote_agent.protocol.events import (
     kind_of,
     utcnow,
 )
-from remote_agent.protocol.handshake import RecordStore, Versioned
+from remote_agent.protocol.handshake import CLOSED_PHASES, RecordStore, Versioned
 from remote_agent.protocol.names import Namespace, dedupe_id, inbox_prefix, kv_stream, kv_subjects
 from remote_agent.protocol.ratelog import RateLimitedLog
 from remote_agent.publisher import Publisher
@@ -701,7 +702,7 @@ class Agent:
     ) -> Versioned | None:
         """Run a record operation, retrying while the broker is away, for ``budget_s``"""
         deadline = time.monotonic() + budget_s
-        delay = 0.1
+        backoff = Backoff(first=0.1, most=2.0)
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
@@ -715,8 +716,7 @@ class Agent:
                 return None
             except (nats.errors.Error, OSError, TimeoutError) as err:
                 log.debug("cannot %s yet: %r", what, err, extra={"drone": self._drone})
-            await asyncio.sleep(min(delay, max(0.0, deadline - time.monotonic())))
-            delay = min(delay * 2, 2.0)
+            await asyncio.sleep(min(backoff.delay(), max(0.0, deadline - time.monotonic())))
 
     async def _kv_finish(self, phase: RecordPhase, note: str, budget_s: float = 30.0) -> None:
         if self._released or self._record_lost is not None:
@@ -734,7 +734,7 @@ class Agent:
         await self._claimable.wait()
         # subscribed first: every write to the record after the claim's read is a hint
         await self._listening.wait()
-        delay = 0.2
+        backoff = Backoff(first=0.2, most=5.0)
         failures = 0
         while not self._sealed:
             store = await self._record_store()
@@ -749,8 +749,7 @@ class Agent:
                     err,
                     extra={"drone": self._drone},
                 )
-                await asyncio.sleep(delay)
-                delay = min(delay * 2, 5.0)
+                await asyncio.sleep(backoff.delay())
                 continue
             self._apply_claim(versioned.record)
             return
@@ -765,7 +764,7 @@ class Agent:
             self._open_gate()
         elif phase is RecordPhase.RELEASED:
             self._on_released(record)
-        elif phase in (RecordPhase.DRAINING, RecordPhase.DEADLINE_EXPIRED, RecordPhase.DRAINED):
+        elif phase in CLOSED_PHASES:  # not released (above): told to drain
             # an earlier incarnation was told to drain: carry on with that intent
             self._claimed = True
             self._claimed_incarnation = record.incarnation

@@ -49,6 +49,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.errors import HandshakeError, RecordTampered, SchemaError
 from remote_agent.protocol.events import (
     DrainIntent,
@@ -66,11 +67,9 @@ Writer = Literal["agent", "manager"]
 _Decide = Callable[["Versioned | None"], DroneRecord | None]
 
 #: phases in which no payload may start and nothing will ever open the gate again
-CLOSED_PHASES = frozenset(
+CLOSED_PHASES: Final = frozenset(
     {RecordPhase.RELEASED, RecordPhase.DRAINING, RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED}
 )
-#: phases after which the drone's batch job may be removed (given the record alone)
-FINAL_PHASES = frozenset({RecordPhase.RELEASED, RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED})
 
 
 #: JetStream's error codes for "the subject's last sequence is not the expected one"
@@ -297,6 +296,7 @@ class RecordStore:
         ``decide(current)`` returns the record to write, or ``None`` to keep
         ``current`` as it is (the operation is then already done or refused).
         """
+        backoff = Backoff(first=0.005, most=0.05)
         for attempt in range(self.attempts):
             current = await self.read(site, drone)
             wanted = decide(current)
@@ -312,7 +312,7 @@ class RecordStore:
             if written is not None:
                 return written
             log.debug("lost a compare-and-set on %s/%s (attempt %d)", site, drone, attempt + 1)
-            await asyncio.sleep(0.005 * attempt)
+            await asyncio.sleep(backoff.delay())
         raise HandshakeError(f"gave up on {site}/{drone} after {self.attempts} conflicting writes")
 
     # ----------------------------------------------------------------- agent side
