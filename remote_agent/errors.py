@@ -1,10 +1,24 @@
-"""Errors that ``remote_agent/`` raises on purpose"""
+"""
+Errors that the drone side raises on purpose
+
+::
+
+    AgentError
+    ├── SettingsError      the agent's configuration is missing or invalid
+    ├── SpoolError         the event spool cannot be used
+    ├── IllegalTransition  a lifecycle transition the state table forbids
+    ├── GateError          the gate socket cannot be served
+    ├── GateUnavailable    a hook got no answer from the agent
+    └── StartdError        the local startd cannot be asked or did not obey
+
+The protocol's own errors are in :mod:`remote_agent.protocol.errors`.
+"""
 
 from __future__ import annotations
 
 
 class AgentError(Exception):
-    """Base for everything remote_agent/ raises on purpose"""
+    """Base for everything the drone side raises on purpose"""
 
 
 class SettingsError(AgentError):
@@ -22,3 +36,15 @@ class IllegalTransition(AgentError):
         super().__init__(f"illegal drone state transition {current} -> {wanted}")
         self.current = current
         self.wanted = wanted
+
+
+class GateError(AgentError):
+    """The gate socket could not be served"""
+
+
+class GateUnavailable(AgentError):
+    """The hook could not get an answer from the agent (no socket, timeout, bad reply)"""
+
+
+class StartdError(AgentError):
+    """The local startd could not be asked or did not do what was asked"""

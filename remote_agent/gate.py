@@ -47,7 +47,7 @@ from typing import TYPE_CHECKING, Annotated, Final
 
 import msgspec
 
-from remote_agent.errors import AgentError
+from remote_agent.errors import GateError, GateUnavailable
 from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, GateHandler, JobStart
 from remote_agent.protocol.events import PayloadEnd
 from remote_agent.protocol.ratelog import RateLimitedLog
@@ -86,14 +86,6 @@ JobIdText = Annotated[
 NameText = Annotated[str, msgspec.Meta(max_length=MAX_NAME, pattern=r"\A[^\x00-\x1f\x7f]*\Z")]
 ShortText = Annotated[str, msgspec.Meta(max_length=256)]
 Seconds = Annotated[float, msgspec.Meta(ge=0)]
-
-
-class GateError(AgentError):
-    """The gate socket could not be served"""
-
-
-class GateUnavailable(Exception):
-    """The hook could not get an answer from the agent (no socket, timeout, bad reply)"""
 
 
 # --------------------------------------------------------------------------- protocol

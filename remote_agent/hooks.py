@@ -38,11 +38,11 @@ from pathlib import Path
 from typing import BinaryIO, Final, TextIO
 
 from remote_agent.classad import ClassAd, parse_ad, quote
+from remote_agent.errors import GateUnavailable
 from remote_agent.gate import (
     GateAck,
     GateDecisionReply,
     GateErrorReply,
-    GateUnavailable,
     JobExitRequest,
     PrepareJobRequest,
     ask,

@@ -35,7 +35,8 @@ from dataclasses import dataclass
 from typing import Final
 
 from remote_agent.classad import ClassAd, parse_ads
-from remote_agent.interfaces import DrainResult, SlotInfo, StartdError
+from remote_agent.errors import StartdError
+from remote_agent.interfaces import DrainResult, SlotInfo
 
 log = logging.getLogger(__name__)
 

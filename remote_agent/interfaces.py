@@ -18,11 +18,6 @@ from typing import Protocol
 
 from remote_agent.protocol.events import PayloadEnd
 
-
-class StartdError(Exception):
-    """The local startd could not be asked or did not do what was asked"""
-
-
 #: slot States that are not busy when no job is listed there (HTCondor ``State``)
 IDLE_SLOT_STATES = frozenset({"Unclaimed", "Owner", "Drained"})
 

@@ -16,7 +16,8 @@ from nats.js import JetStreamContext
 
 from broker.manager.service import ManagerService
 from remote_agent.agent import Agent
-from remote_agent.interfaces import DrainResult, SlotInfo, StartdError
+from remote_agent.errors import StartdError
+from remote_agent.interfaces import DrainResult, SlotInfo
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 from remote_agent.settings import Settings

@@ -41,6 +41,7 @@ from nats.js.kv import KeyValue
 
 from remote_agent import __version__
 from remote_agent.agent.state import Lifecycle
+from remote_agent.errors import StartdError
 from remote_agent.interfaces import (
     GATE_CLOSED_STATUS,
     SELF_EXIT_STATUSES,
@@ -48,7 +49,6 @@ from remote_agent.interfaces import (
     JobStart,
     SlotInfo,
     Startd,
-    StartdError,
 )
 from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.errors import HandshakeError, SchemaError

@@ -12,15 +12,14 @@ from pathlib import Path
 import msgspec
 import pytest
 
+from remote_agent.errors import GateError, GateUnavailable
 from remote_agent.gate import (
     GATE_ENV,
     MAX_REQUEST_BYTES,
     GateAck,
     GateDecisionReply,
-    GateError,
     GateErrorReply,
     GateServer,
-    GateUnavailable,
     JobExitRequest,
     PrepareJobRequest,
     ask,

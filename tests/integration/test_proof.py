@@ -51,14 +51,8 @@ from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from remote_agent.agent import Agent
-from remote_agent.gate import (
-    GateDecisionReply,
-    GateServer,
-    GateUnavailable,
-    JobExitRequest,
-    PrepareJobRequest,
-    ask,
-)
+from remote_agent.errors import GateUnavailable
+from remote_agent.gate import GateDecisionReply, GateServer, JobExitRequest, PrepareJobRequest, ask
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import HandshakeError
 

@@ -12,12 +12,11 @@ from pathlib import Path
 import msgspec
 import pytest
 
-from remote_agent.errors import SpoolError
+from remote_agent.errors import GateError, SpoolError
 from remote_agent.gate import (
     MAX_REQUEST_BYTES,
     GateAck,
     GateDecisionReply,
-    GateError,
     GateErrorReply,
     GateServer,
     JobExitRequest,

@@ -14,8 +14,9 @@ import pytest
 from helpers import pid_exists
 
 from emulation import EmulatedMaster, EmulatorControl, install_fake_condor
+from remote_agent.errors import StartdError
 from remote_agent.htcondor import GATE_ATTRIBUTE, CondorStartd
-from remote_agent.interfaces import SlotInfo, StartdError
+from remote_agent.interfaces import SlotInfo
 
 NO_HOOKS = ["STARTER_JOB_HOOK_KEYWORD ="]
 
