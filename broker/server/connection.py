@@ -12,7 +12,7 @@ from broker.errors import BrokerError
 from remote_agent.protocol.connect import connect
 from remote_agent.protocol.environment import split_urls
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("broker.connection")
 
 
 class ConnectError(BrokerError):

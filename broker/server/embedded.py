@@ -28,7 +28,7 @@ from typing import Self
 
 from broker.errors import ServerStartError
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("broker.server")
 
 BINARY_NAME = "nats-server"
 

@@ -61,7 +61,7 @@ from remote_agent.protocol.events import (
 )
 from remote_agent.protocol.names import EXPECTED_LAST, Namespace, kv_write_prefix
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("remote_agent.handshake")
 
 Writer = Literal["agent", "manager"]
 _Decide = Callable[["Versioned | None"], DroneRecord | None]
