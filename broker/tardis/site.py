@@ -47,14 +47,9 @@ _HANDLED: Final[Mapping[str, tuple[type[Exception], ...]]] = {
     "stop_resource": (TardisResourceStatusUpdateFailed,),
     "terminate_resource": (TardisResourceStatusUpdateFailed, TardisDroneCrashed),
 }
-#: what may leave :meth:`RemoteSiteAdapter.handle_exceptions` at all
-TARDIS_EXCEPTIONS: Final = (
-    TardisAuthError,
-    TardisDroneCrashed,
-    TardisQuotaExceeded,
-    TardisResourceStatusUpdateFailed,
-    TardisTimeout,
-)
+#: what may leave :meth:`RemoteSiteAdapter.handle_exceptions` at all: what TARDIS
+#: handles for any site call
+TARDIS_EXCEPTIONS: Final = tuple(dict.fromkeys(exc for excs in _HANDLED.values() for exc in excs))
 
 #: agent states in which a drone counts as running at its site
 _UP_STATES: Final = frozenset(
