@@ -104,8 +104,7 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
         site = self._bus.site_of(drone_uuid)
         why = "TARDIS drain"
         deadline = self._bus.drain_deadline()
-        view = self._bus.registry.view(site, drone_uuid)
-        if view is None or view.encoded is None:
+        if self._bus.announced(site, drone_uuid) is None:
             # never announced: release it (or learn that its agent won, and drain);
             # its startd, if it runs without an agent, is drained in the OBS as well
             released = await control.release(site, drone_uuid, note=why, deadline=deadline)
@@ -135,19 +134,19 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
             return 0.0
         return min(1.0, len(snapshot.payloads) / snapshot.slots)
 
-    async def get_allocation(self, drone_uuid: str) -> float:
+    async def _busy(self, call: str, drone_uuid: str) -> float:
+        """The agent's share of busy slots, else the wrapped adapter's answer to ``call``"""
         view = self._view(drone_uuid)
         if view is not None:
-            self.counts["get_allocation_from_agent"] += 1
+            self.counts[f"{call}_from_agent"] += 1
             return self._busy_fraction(view)
-        return _number(await self._fallback("get_allocation", drone_uuid, 0.0))
+        return _number(await self._fallback(call, drone_uuid, 0.0))
+
+    async def get_allocation(self, drone_uuid: str) -> float:
+        return await self._busy("get_allocation", drone_uuid)
 
     async def get_utilisation(self, drone_uuid: str) -> float:
-        view = self._view(drone_uuid)
-        if view is not None:
-            self.counts["get_utilisation_from_agent"] += 1
-            return self._busy_fraction(view)
-        return _number(await self._fallback("get_utilisation", drone_uuid, 0.0))
+        return await self._busy("get_utilisation", drone_uuid)
 
 
 def _number(value: object) -> float:

@@ -133,6 +133,11 @@ class RemoteBus:
         site, dash, _ = drone.rpartition("-")
         return site if dash and site else drone
 
+    def announced(self, site: str, drone: str) -> DroneView | None:
+        """The drone's view if its agent announced itself (an event, not just a record)"""
+        view = self.registry.view(site, drone)
+        return view if view is not None and view.encoded is not None else None
+
     def fresh(self, site: str, drone: str, now: float | None = None) -> DroneView | None:
         """
         The drone's view if its agent announced itself and is not lost, else ``None``
@@ -140,8 +145,8 @@ class RemoteBus:
         "Fresh" is the rule for answering from the registry instead of the
         wrapped adapters: the agent was heard from within ``lost_after_s``.
         """
-        view = self.registry.view(site, drone)
-        if view is None or view.encoded is None:  # no event yet (at most a record)
+        view = self.announced(site, drone)
+        if view is None:
             return None
         if view.is_lost(time.time() if now is None else now, self.config.lost_after_s):
             return None
