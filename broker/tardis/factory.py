@@ -24,7 +24,7 @@ from tardis.resources.poolfactory import create_drone, get_drones_to_restore, lo
 
 from broker.tardis.batch import RemoteBatchSystemAdapter
 from broker.tardis.bus import RemoteBus
-from broker.tardis.config import BusConfig, site_token
+from broker.tardis.config import BusConfig
 from broker.tardis.notes import TardisStateNotes
 from broker.tardis.pool import RemoteFactoryPool
 from broker.tardis.site import RemoteSiteAdapter
@@ -136,7 +136,7 @@ def create_composite_pool(
                     factory=drone_factory,
                     interval=interval,
                     bus=remote,
-                    site=site_token(site.name),
+                    site=site_adapter.bus_site,
                 )
             else:
                 pool = FactoryPool(*restored, factory=drone_factory, interval=interval)

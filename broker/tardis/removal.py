@@ -75,28 +75,15 @@ class RemovalPolicy:
         verdict = control.may_remove(site, drone, lbs)
         if not verdict:
             verdict = await self._make_removable(control, site, drone, verdict, lbs, action)
+        extra = {"drone": drone, "site": site, "reason": str(verdict.reason)}
         if not verdict:
             self.counts[f"{action}_deferred"] += 1
-            log.info(
-                "%s of %s/%s deferred: %s",
-                action,
-                site,
-                drone,
-                verdict.detail,
-                extra={"drone": drone, "site": site, "reason": str(verdict.reason)},
-            )
+            log.info("%s of %s/%s deferred: %s", action, site, drone, verdict.detail, extra=extra)
             raise TardisResourceStatusUpdateFailed(
                 f"{action} of {drone} deferred: {verdict.detail}"
             )
         self.counts[f"{action}_allowed"] += 1
-        log.info(
-            "%s of %s/%s: %s",
-            action,
-            site,
-            drone,
-            verdict.detail,
-            extra={"drone": drone, "site": site, "reason": str(verdict.reason)},
-        )
+        log.info("%s of %s/%s: %s", action, site, drone, verdict.detail, extra=extra)
         await getattr(self._inner, action)(resource_attributes)
 
     async def _make_removable(
