@@ -1,0 +1,157 @@
+"""
+:class:`RemoteBatchSystemAdapter`: the overlay batch system's answers from the agents' reports
+
+Nothing may escape these calls (no drone state catches them): each returns a safe value.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import math
+from typing import Any, Final
+
+from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStatus
+
+from broker.manager.registry import DroneView
+from broker.tardis.bus import RemoteBus
+from remote_agent.protocol.events import DroneState
+
+log = logging.getLogger("broker.tardis_adapter")
+
+#: the overlay batch system's view of a drone, from its agent's state
+_MACHINE_STATUS: Final = {
+    DroneState.STARTING: MachineStatus.Available,
+    DroneState.WORKER_UP: MachineStatus.Available,
+    DroneState.STARTD_READY: MachineStatus.Available,
+    DroneState.IDLE: MachineStatus.Available,
+    DroneState.BUSY: MachineStatus.Available,
+    DroneState.DRAINING: MachineStatus.Draining,
+    DroneState.DRAINED: MachineStatus.Drained,
+    DroneState.RELEASED: MachineStatus.Drained,
+    DroneState.EXITING: MachineStatus.Drained,
+}
+
+
+class RemoteBatchSystemAdapter(BatchSystemAdapter):
+    """
+    Wraps TARDIS's batch-system adapter instance (the overlay batch system)
+
+    ``BatchSystemAgent`` forwards raw and no drone state catches anything from
+    these calls, so nothing may escape: every call returns a safe value.
+    """
+
+    def __init__(self, inner: BatchSystemAdapter, bus: RemoteBus) -> None:
+        self._inner = inner
+        self._bus = bus
+        self._last_status: dict[str, MachineStatus] = {}
+        self.counts: collections.Counter[str] = collections.Counter()
+        bus.count_sources["batch_system"] = self.counts
+
+    @property
+    def inner(self) -> BatchSystemAdapter:
+        return self._inner
+
+    @property
+    def machine_meta_data_translation_mapping(self) -> Any:
+        return self._inner.machine_meta_data_translation_mapping
+
+    def __getattr__(self, name: str) -> Any:
+        if name.startswith("__") or name in ("_inner", "_bus"):
+            raise AttributeError(name)
+        return getattr(self._inner, name)
+
+    async def _fallback(self, call: str, drone_uuid: str, default: Any) -> Any:
+        self.counts[f"{call}_from_adapter"] += 1
+        try:
+            return await getattr(self._inner, call)(drone_uuid=drone_uuid)
+        except Exception as err:
+            self.counts[f"{call}_failed"] += 1
+            log.warning(
+                "batch system %s(%s) failed, answering %r: %r",
+                call,
+                drone_uuid,
+                default,
+                err,
+                extra={"drone": drone_uuid},
+            )
+            return default
+
+    def _view(self, drone_uuid: str) -> DroneView | None:
+        return self._bus.fresh(self._bus.site_of(drone_uuid), drone_uuid)
+
+    async def integrate_machine(self, drone_uuid: str) -> None:
+        await self._fallback("integrate_machine", drone_uuid, None)
+
+    async def disintegrate_machine(self, drone_uuid: str) -> None:
+        await self._fallback("disintegrate_machine", drone_uuid, None)
+
+    async def drain_machine(self, drone_uuid: str) -> None:
+        """The drone's self-drain; the wrapped adapter's drain when its agent is not heard"""
+        try:
+            handled = await self._self_drain(drone_uuid)
+        except Exception as err:
+            self.counts["drain_failed"] += 1
+            log.warning("self-drain of %s failed: %r", drone_uuid, err, extra={"drone": drone_uuid})
+            handled = False
+        if not handled:
+            await self._fallback("drain_machine", drone_uuid, None)
+
+    async def _self_drain(self, drone_uuid: str) -> bool:
+        control = self._bus.control
+        if control is None:
+            return False
+        site = self._bus.site_of(drone_uuid)
+        why = "TARDIS drain"
+        deadline = self._bus.drain_deadline()
+        if self._bus.announced(site, drone_uuid) is None:
+            # never announced: release it (or learn that its agent won, and drain);
+            # its startd, if it runs without an agent, is drained in the OBS as well
+            released = await control.release(site, drone_uuid, note=why, deadline=deadline)
+            self.counts[f"drain_release_{released.outcome}"] += 1
+            return False
+        drained = await control.drain(site, drone_uuid, deadline, why)
+        self.counts[f"drain_{drained.outcome}"] += 1
+        # a lost agent may not act on the recorded intent soon: drain in the OBS too
+        return self._bus.fresh(site, drone_uuid) is not None
+
+    async def get_machine_status(self, drone_uuid: str) -> MachineStatus:
+        view = self._view(drone_uuid)
+        if view is not None and view.state is not None:
+            self.counts["get_machine_status_from_agent"] += 1
+            status = _MACHINE_STATUS[view.state]
+        else:
+            default = self._last_status.get(drone_uuid, MachineStatus.NotAvailable)
+            status = await self._fallback("get_machine_status", drone_uuid, default)
+            if not isinstance(status, MachineStatus):
+                status = default
+        self._last_status[drone_uuid] = status
+        return status
+
+    def _busy_fraction(self, view: DroneView) -> float:
+        snapshot = view.snapshot
+        if snapshot is None or snapshot.slots <= 0:
+            return 0.0
+        return min(1.0, len(snapshot.payloads) / snapshot.slots)
+
+    async def _busy(self, call: str, drone_uuid: str) -> float:
+        """The agent's share of busy slots, else the wrapped adapter's answer to ``call``"""
+        view = self._view(drone_uuid)
+        if view is not None:
+            self.counts[f"{call}_from_agent"] += 1
+            return self._busy_fraction(view)
+        return _number(await self._fallback(call, drone_uuid, 0.0))
+
+    async def get_allocation(self, drone_uuid: str) -> float:
+        return await self._busy("get_allocation", drone_uuid)
+
+    async def get_utilisation(self, drone_uuid: str) -> float:
+        return await self._busy("get_utilisation", drone_uuid)
+
+
+def _number(value: object) -> float:
+    try:
+        number = float(value)  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0.0
+    return number if math.isfinite(number) else 0.0

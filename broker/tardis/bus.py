@@ -1,0 +1,239 @@
+"""
+:class:`RemoteBus`: the manager service inside COBalD, the facts the adapters read, TARDIS's notes
+
+Importing it connects nothing; the bus runs only as a COBalD service.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import datetime as dt
+import logging
+import math
+import time
+import uuid
+
+import nats.errors
+from cobald.daemon.runners.service import ServiceUnit
+
+from broker.manager.control import Control
+from broker.manager.metrics import MetricsServer, Sources
+from broker.manager.registry import DroneView, Registry
+from broker.manager.service import ManagerService
+from broker.tardis.config import BusConfig
+from remote_agent.protocol.environment import TARDIS_ENV_PREFIX, TARDIS_SETTINGS_ENV, site_of
+from remote_agent.protocol.events import TardisState, encode, utcnow
+from remote_agent.protocol.names import MSG_ID, Namespace
+
+log = logging.getLogger("broker.tardis_adapter")
+
+
+class RemoteBus:
+    """
+    The manager service inside COBalD: registry, control and TARDIS's notes
+
+    COBalD runs :meth:`run` in its asyncio loop (the one the drones run in)
+    because the instance registers itself as a COBalD service. COBalD keeps
+    services only by weak reference: the adapters and the pool built by
+    :func:`create_composite_pool` hold the strong ones.
+
+    Reads from COBalD's trio thread (the pool's release order) use
+    :attr:`registry` only, whose views are immutable and replaced atomically.
+
+    :param register: register with COBalD's runtime (tests run :meth:`run` themselves)
+    """
+
+    def __init__(self, config: BusConfig, *, register: bool = True) -> None:
+        self.config = config
+        self.namespace = Namespace(config.prefix)
+        self.manager = ManagerService(config.manager_settings())
+        self.registry: Registry = self.manager.registry
+        #: the site of every drone the site adapters saw, by drone uuid
+        self.sites: dict[str, str] = {}
+        #: TARDIS's latest state of every drone, by drone uuid (class name)
+        self.tardis_states: dict[str, str] = {}
+        self.counts: collections.Counter[str] = collections.Counter()
+        #: every counter of the integration, by part: the bus, each site, the batch system
+        self.count_sources: dict[str, collections.Counter[str]] = {"bus": self.counts}
+        self._notes: collections.deque[TardisState] = collections.deque()
+        self._wake: asyncio.Event | None = None
+        self._stopping = False
+        self._stopped: asyncio.Event | None = None
+        self.metrics: MetricsServer | None = None
+        address = config.metrics_address
+        if address is not None:
+            self.metrics = MetricsServer(
+                Sources(
+                    registry=self.registry,
+                    consumer=self.manager.consumer_stats,
+                    connected=self.manager.ready.is_set,
+                    failures=lambda: self.manager.failures,
+                    rebuild_seconds=lambda: (
+                        report.seconds if (report := self.manager.last_rebuild) else None
+                    ),
+                    tardis_calls=lambda: self.count_sources,
+                    notes_buffered=lambda: len(self._notes),
+                ),
+                *address,
+            )
+        if register:  # COBalD picks the runner by the flavour, the asyncio module
+            self.__service_unit__ = ServiceUnit(self, asyncio)
+
+    # ------------------------------------------------------------ running
+
+    async def run(self) -> None:
+        """The manager service and the note publisher; never returns until :meth:`stop`"""
+        self._wake = asyncio.Event()
+        if self._notes:
+            self._wake.set()
+        log.info(
+            "cobald-remote bus for TARDIS: %s, prefix %s",
+            ",".join(self.config.servers),
+            self.config.prefix,
+        )
+        self._stopped = asyncio.Event()
+        if self._stopping:
+            self._stopped.set()
+        async with asyncio.TaskGroup() as tg:
+            tg.create_task(self.manager.run())
+            tg.create_task(self._publish_notes())
+            if self.metrics is not None:
+                tg.create_task(self.metrics.run(self._stopped))
+
+    def stop(self) -> None:
+        self._stopping = True
+        self.manager.stop()
+        if self._wake is not None:
+            self._wake.set()
+        if self._stopped is not None:
+            self._stopped.set()
+
+    @property
+    def control(self) -> Control | None:
+        """The control API while connected, else ``None``"""
+        return self.manager.control if self.manager.ready.is_set() else None
+
+    async def wait_ready(self, timeout_s: float) -> bool:
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self.manager.ready.wait(), timeout_s)
+        return self.manager.ready.is_set()
+
+    # ------------------------------------------------------------ facts
+
+    def site_of(self, drone: str) -> str:
+        """The site of ``drone``: as a site adapter saw it, else as its uuid names it"""
+        known = self.sites.get(drone)
+        if known is not None:
+            return known
+        return site_of(drone) or drone
+
+    def announced(self, site: str, drone: str) -> DroneView | None:
+        """The drone's view if its agent announced itself (an event, not just a record)"""
+        view = self.registry.view(site, drone)
+        return view if view is not None and view.encoded is not None else None
+
+    def fresh(self, site: str, drone: str, now: float | None = None) -> DroneView | None:
+        """
+        The drone's view if its agent announced itself and is not lost, else ``None``
+
+        "Fresh" is the rule for answering from the registry instead of the
+        wrapped adapters: the agent was heard from within ``lost_after_s``.
+        """
+        view = self.announced(site, drone)
+        if view is None:
+            return None
+        if view.is_lost(time.time() if now is None else now, self.config.lost_after_s):
+            return None
+        return view
+
+    def lost_deadline(self, view: DroneView | None) -> float:
+        """
+        When a lost drone whose batch job still runs may be removed, epoch seconds
+
+        ``lost_removal_after_s`` after its last sign of life, and not before
+        the deadline of a drain it was asked for.
+        """
+        if view is None or view.last_seen is None:
+            return -math.inf
+        deadline = view.last_seen + self.config.lost_removal_after_s
+        record = view.record
+        if record is not None and record.drain is not None:
+            deadline = max(deadline, record.drain.deadline.timestamp())
+        return deadline
+
+    def drone_environment(self, site: str) -> dict[str, str]:
+        """What every drone job of ``site`` gets, keyed as TARDIS adds ``TardisDrone``"""
+        if not self.config.drone_environment:
+            return {}
+        values = {
+            "servers": ",".join(self.config.drone_servers),
+            "site": site,
+            "prefix": self.config.prefix,
+        }
+        if self.config.domain:  # the drones reach the central stream through a leaf node
+            values["domain"] = self.config.domain
+        return {
+            TARDIS_SETTINGS_ENV[name].removeprefix(TARDIS_ENV_PREFIX): value
+            for name, value in values.items()
+        }
+
+    def drain_deadline(self) -> dt.datetime:
+        return utcnow() + dt.timedelta(seconds=self.config.drain_deadline_s)
+
+    # ------------------------------------------------------------ notes
+
+    def note_state(self, site: str, drone: str, state: str, resource_status: str) -> None:
+        """Queue a TARDIS state note for publishing; never blocks, never raises"""
+        self.tardis_states[drone] = state
+        try:
+            note = TardisState(
+                site=site,
+                drone=drone,
+                state=state,
+                resource_status=resource_status,
+                at=utcnow(),
+                id=uuid.uuid4().hex,
+            )
+        except Exception as err:  # msgspec validates on decode only; keep it defensive
+            self.counts["notes_invalid"] += 1
+            log.warning("cannot note TARDIS state of %s: %s", drone, err)
+            return
+        if len(self._notes) >= self.config.note_buffer:
+            self._notes.popleft()
+            self.counts["notes_dropped"] += 1
+        self._notes.append(note)
+        if self._wake is not None:
+            self._wake.set()
+
+    async def _publish_notes(self) -> None:
+        retry_s = 1.0
+        while not self._stopping:
+            assert self._wake is not None
+            if not self._notes:
+                self._wake.clear()
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._wake.wait(), 5.0)
+                continue
+            control = self.control
+            if control is None:
+                await asyncio.sleep(retry_s)
+                continue
+            note = self._notes[0]
+            subject = self.namespace.manager_note(note.site, note.drone, "tardis_state")
+            try:
+                js = control.nc.jetstream(domain=self.config.domain)
+                await js.publish(subject, encode(note), timeout=5.0, headers={MSG_ID: note.id})
+            except (nats.errors.Error, TimeoutError, OSError) as err:
+                self.counts["notes_retried"] += 1
+                log.debug("cannot publish a TARDIS note yet: %r", err)
+                await asyncio.sleep(retry_s)
+                continue
+            except Exception:  # a bug must not stop the daemon
+                self.counts["notes_dropped"] += 1
+                log.exception("dropping TARDIS note for %s", note.drone)
+            else:
+                self.counts["notes_published"] += 1
+            if self._notes and self._notes[0] is note:
+                self._notes.popleft()

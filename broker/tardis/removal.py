@@ -1,0 +1,134 @@
+"""
+:class:`RemovalPolicy`: what ``stop_resource`` and ``terminate_resource`` do, given the verdict
+
+The wrapped adapter removes a drone only when
+:meth:`~broker.manager.control.Control.may_remove` says yes; otherwise the
+policy releases or drains the drone and raises
+``TardisResourceStatusUpdateFailed``, so that TARDIS tries again next heartbeat.
+"""
+
+from __future__ import annotations
+
+import collections
+import logging
+import time
+from collections.abc import Mapping
+
+from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
+from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
+from tardis.utilities.attributedict import AttributeDict
+
+from broker.manager.control import Control, Removal, Verdict
+from broker.tardis.bus import RemoteBus
+
+log = logging.getLogger("broker.tardis_adapter")
+
+
+class RemovalPolicy:
+    """
+    Removes a site's drones through the wrapped adapter only when the registry's verdict allows
+
+    :param inner: the wrapped site adapter, which removes the batch job
+    :param site: the site token of the drones
+    :param counts: the site adapter's counters, which the policy adds to
+    """
+
+    def __init__(
+        self,
+        inner: SiteAdapter,
+        bus: RemoteBus,
+        site: str,
+        counts: collections.Counter[str],
+    ) -> None:
+        self._inner = inner
+        self._bus = bus
+        self._site = site
+        self.counts = counts
+
+    async def lbs_running(self, resource_attributes: AttributeDict) -> bool | None:
+        """
+        Whether the local batch system runs the drone's job, by the wrapped adapter
+
+        Booting (queued) and Stopped (suspended) count as running: the job may
+        start at any moment, or still holds its payloads. ``None``: unknown.
+        """
+        try:
+            response = await self._inner.resource_status(resource_attributes)
+        except Exception as err:
+            log.info("cannot ask the site about %s: %r", resource_attributes.drone_uuid, err)
+            return None
+        status = response.get("resource_status") if isinstance(response, Mapping) else None
+        if not isinstance(status, ResourceStatus):
+            return None
+        return status not in (ResourceStatus.Deleted, ResourceStatus.Error)
+
+    async def remove(self, resource_attributes: AttributeDict, action: str) -> None:
+        """``action`` (``stop_resource`` or ``terminate_resource``) if the verdict allows"""
+        site, drone = self._site, resource_attributes.drone_uuid
+        control = self._bus.control
+        if control is None:
+            self.counts[f"{action}_deferred"] += 1
+            raise TardisResourceStatusUpdateFailed(
+                f"{action} of {drone} deferred: not connected to the bus"
+            )
+        lbs = await self.lbs_running(resource_attributes)
+        verdict = control.may_remove(site, drone, lbs)
+        if not verdict:
+            verdict = await self._make_removable(control, site, drone, verdict, lbs, action)
+        extra = {"drone": drone, "site": site, "reason": str(verdict.reason)}
+        if not verdict:
+            self.counts[f"{action}_deferred"] += 1
+            log.info("%s of %s/%s deferred: %s", action, site, drone, verdict.detail, extra=extra)
+            raise TardisResourceStatusUpdateFailed(
+                f"{action} of {drone} deferred: {verdict.detail}"
+            )
+        self.counts[f"{action}_allowed"] += 1
+        log.info("%s of %s/%s: %s", action, site, drone, verdict.detail, extra=extra)
+        await getattr(self._inner, action)(resource_attributes)
+
+    async def _make_removable(
+        self,
+        control: Control,
+        site: str,
+        drone: str,
+        verdict: Verdict,
+        lbs: bool | None,
+        action: str,
+    ) -> Verdict:
+        """Release or drain the drone so that it may be removed; the verdict after it"""
+        reason = verdict.reason
+        why = f"TARDIS {action.removesuffix('_resource')}"
+        if reason in (Removal.UNKNOWN_DRONE, Removal.NOT_ANNOUNCED):
+            # win the race with the agent, or learn that it came up first and drain
+            result = await control.release(
+                site, drone, note=why, deadline=self._bus.drain_deadline(), reason=why
+            )
+            self.counts[f"release_{result.outcome}"] += 1
+            return control.may_remove(site, drone, lbs)
+        if reason in (Removal.AGENT_UP, Removal.RECORD_TAMPERED, Removal.UNPROVEN_RELEASE):
+            # a tampered or unproven record cannot be drained through the record: the
+            # drain command alone tells the agent, which drains itself on seeing it anyway
+            drained = await control.drain(site, drone, self._bus.drain_deadline(), why)
+            self.counts[f"drain_{drained.outcome}"] += 1
+            return control.may_remove(site, drone, lbs)
+        if reason in (Removal.LOST_BUT_RUNNING, Removal.LOST_LBS_UNKNOWN):
+            view = self._bus.registry.view(site, drone)
+            deadline = self._bus.lost_deadline(view)
+            now = time.time()
+            if now >= deadline:
+                log.warning(
+                    "removing lost drone %s/%s: %s, and its removal deadline passed",
+                    site,
+                    drone,
+                    verdict.detail,
+                    extra={"drone": drone, "site": site},
+                )
+                return Verdict(True, reason, f"{verdict.detail}; removal deadline passed")
+            if view is not None and view.record is not None and view.record.drain is None:
+                # a returning agent then drains instead of starting new payloads
+                await control.drain(site, drone, self._bus.drain_deadline(), why)
+            remaining = deadline - now
+            return Verdict(
+                False, reason, f"{verdict.detail}; may be removed in {remaining:.0f}s (deadline)"
+            )
+        return verdict
