@@ -6,7 +6,8 @@ import datetime as dt
 
 from fake_drones import FakeDrone
 
-from broker.manager.timeline import build, describe, format_table
+from broker.commands.timeline import format_table
+from broker.manager.timeline import build, describe
 from remote_agent.protocol import events as ev
 
 T0 = dt.datetime(2026, 3, 18, 17, 27, 6, tzinfo=dt.UTC)
