@@ -10,7 +10,6 @@ commands the startd's job hooks run. ``broker/cli.py`` adds this group to the
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
@@ -66,6 +65,8 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 def run_agent(args: argparse.Namespace) -> int:
     """``agent run``: the exit code is the worker's (see docs/agent.md for the others)"""
+    import asyncio  # not for ``--help``
+
     _configure_logging(args)
     try:
         settings = from_args(args)

@@ -7,27 +7,14 @@ import os
 import re
 import sys
 from pathlib import Path
-from typing import Final
+from typing import TYPE_CHECKING, Final
 
-from broker.server.auth import (
-    DEFAULT_DRONE_VALIDITY_S,
-    AccountLimits,
-    AuthError,
-    DroneLimits,
-    create_authority,
-    drone_credentials,
-    expired_users,
-    issued_log,
-    issued_users,
-    leaf_credentials,
-    load_authority,
-    manager_credentials,
-    note_issued,
-    revoke,
-    save_authority,
-    update_authority,
-)
-from remote_agent.protocol.events import Namespace, SchemaError
+from broker.commands.lazy import Commands
+from broker.commands.options import add_prefix
+from remote_agent.protocol.events import Namespace
+
+if TYPE_CHECKING:
+    from broker.server.auth import AccountLimits
 
 
 def _site_of(drone: str) -> str:
@@ -36,6 +23,8 @@ def _site_of(drone: str) -> str:
 
 
 def _write_secret(text: str, out: str | None) -> None:
+    from broker.server.auth import AuthError
+
     if out is None or out == "-":
         sys.stdout.write(text)
         return
@@ -61,6 +50,8 @@ def _size(text: str) -> int:
 
 
 def _account_limits(args: argparse.Namespace) -> AccountLimits:
+    from broker.server.auth import AccountLimits
+
     return AccountLimits(
         disk_bytes=args.max_disk,
         memory_bytes=args.max_memory,
@@ -72,6 +63,8 @@ def _account_limits(args: argparse.Namespace) -> AccountLimits:
 
 
 def _auth_init(args: argparse.Namespace) -> int:
+    from broker.server.auth import create_authority, save_authority
+
     authority = create_authority(args.name, _account_limits(args))
     save_authority(authority, Path(args.authority))
     _write_secret(authority.server_config(), args.server_config)
@@ -85,43 +78,44 @@ def _auth_init(args: argparse.Namespace) -> int:
 
 
 def _auth_drone(args: argparse.Namespace) -> int:
+    from broker.server.auth import AuthError, DroneLimits, drone_credentials, load_authority
+
     site = args.site or _site_of(args.drone)
     if not site:
         raise AuthError(f"cannot tell the site of drone {args.drone!r}: give --site")
-    try:
-        text = drone_credentials(
-            load_authority(Path(args.authority)),
-            Namespace(args.prefix),
-            site,
-            args.drone,
-            domain=args.domain,
-            valid_for_s=args.valid_for if args.valid_for > 0 else None,
-            limits=DroneLimits(args.max_subscriptions, args.max_payload),
-        )
-    except SchemaError as err:
-        raise AuthError(str(err)) from None
+    text = drone_credentials(
+        load_authority(Path(args.authority)),
+        Namespace(args.prefix),
+        site,
+        args.drone,
+        domain=args.domain,
+        valid_for_s=args.valid_for if args.valid_for > 0 else None,
+        limits=DroneLimits(args.max_subscriptions, args.max_payload),
+    )
     _issue(args, text)
     return 0
 
 
 def _issue(args: argparse.Namespace, creds: str) -> None:
     """Write the credentials where asked, and note the user as issued"""
+    from broker.server.auth import note_issued
+
     note_issued(Path(args.authority), creds)
     _write_secret(creds, args.out)
 
 
 def _auth_manager(args: argparse.Namespace) -> int:
+    from broker.server.auth import load_authority, manager_credentials
+
     _issue(args, manager_credentials(load_authority(Path(args.authority)), args.name))
     return 0
 
 
 def _auth_leaf(args: argparse.Namespace) -> int:
+    from broker.server.auth import leaf_credentials, load_authority
+
     authority = load_authority(Path(args.authority))
-    try:
-        text = leaf_credentials(authority, args.site)
-    except SchemaError as err:
-        raise AuthError(str(err)) from None
-    _issue(args, text)
+    _issue(args, leaf_credentials(authority, args.site))
     where = args.out if args.out not in (None, "-") else "<this file>"
     print(
         f"in leaf.conf's remote: credentials: {where} and account: {authority.account_public}; "
@@ -132,6 +126,16 @@ def _auth_leaf(args: argparse.Namespace) -> int:
 
 
 def _auth_revoke(args: argparse.Namespace) -> int:
+    from broker.server.auth import (
+        AuthError,
+        expired_users,
+        issued_log,
+        issued_users,
+        load_authority,
+        revoke,
+        update_authority,
+    )
+
     path = Path(args.authority)
     users = list(args.user or [])
     for name in args.names:
@@ -154,9 +158,14 @@ def _auth_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``cobald-remote auth init|drone|manager|leaf|revoke``"""
-    auth = groups.add_parser("auth", help="per-drone NATS credentials (operator mode)")
+def add_commands(groups: Commands) -> None:
+    """Add the ``auth`` group (``init``, ``drone``, ``manager``, ``leaf``, ``revoke``)"""
+    groups.add_command("auth", _commands, help="per-drone NATS credentials (operator mode)")
+
+
+def _commands(auth: argparse.ArgumentParser) -> None:
+    from broker.server.auth import DEFAULT_DRONE_VALIDITY_S, AccountLimits, DroneLimits
+
     commands = auth.add_subparsers(dest="command", required=True, metavar="COMMAND")
     init = commands.add_parser(
         "init", help="make the operator and account keys, print the server configuration"
@@ -186,7 +195,7 @@ def add_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     drone.add_argument("drone", help="the drone's uuid")
     drone.add_argument("--site", help="default: the uuid before its last '-'")
     drone.add_argument("--authority", required=True, help="the file auth init wrote")
-    drone.add_argument("--prefix", default=Namespace().prefix, help="first subject token")
+    add_prefix(drone)
     drone.add_argument("--domain", help="JetStream domain the drone names (behind a leaf node)")
     drone.add_argument(
         "--valid-for",

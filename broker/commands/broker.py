@@ -3,21 +3,23 @@
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import os
-import signal
 import sys
 from pathlib import Path
+from typing import TYPE_CHECKING
 
-from nats.aio.client import Client
-
-from broker.server.connection import connect_once
-from broker.server.embedded import EmbeddedServer
-from broker.server.provision import Topology, provision
+from broker.commands.lazy import Commands
+from broker.commands.options import add_connection, add_prefix, connect
 from remote_agent.protocol.events import Namespace
 
+if TYPE_CHECKING:
+    from broker.server.provision import Topology
+
 log = logging.getLogger("broker.cli")
+
+#: the name of the commands' client connections
+_CLIENT = "cobald-remote-cli"
 
 
 def default_store_dir() -> Path:
@@ -26,17 +28,16 @@ def default_store_dir() -> Path:
     return Path(data_home) / "cobald-remote" / "nats"
 
 
-async def connect(url: str, creds: str | None = None) -> Client:
-    """Connect for one command of this module"""
-    return await connect_once(url, creds, name="cobald-remote-cli")
-
-
 def _topology(args: argparse.Namespace) -> Topology:
+    from broker.server.provision import Topology
+
     return Topology(namespace=Namespace(args.prefix), replicas=args.replicas)
 
 
 async def _init(args: argparse.Namespace) -> int:
-    nc = await connect(args.server, args.creds)
+    from broker.server.provision import provision
+
+    nc = await connect(args, _CLIENT)
     try:
         actions = await provision(nc.jetstream(domain=args.domain), _topology(args))
     finally:
@@ -47,6 +48,13 @@ async def _init(args: argparse.Namespace) -> int:
 
 
 async def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from broker.server.connection import connect_once
+    from broker.server.embedded import EmbeddedServer
+    from broker.server.provision import provision
+
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     for sig in (signal.SIGINT, signal.SIGTERM):
@@ -59,7 +67,7 @@ async def _serve(args: argparse.Namespace) -> int:
         binary=args.nats_server,
     )
     async with server:
-        nc = await connect(server.url)
+        nc = await connect_once(server.url, name=_CLIENT)
         try:
             actions = await provision(nc.jetstream(), _topology(args))
         finally:
@@ -76,14 +84,16 @@ async def _serve(args: argparse.Namespace) -> int:
     return 0
 
 
-def _add_bus_options(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--prefix", default=Namespace().prefix, help="first subject token")
+def _add_replicas(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=1, help="stream replicas (3 on a cluster)")
 
 
-def add_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_commands(groups: Commands) -> None:
     """Add the ``broker`` group (``serve``, ``init``)"""
-    broker = groups.add_parser("broker", help="the NATS broker: embedded server, provisioning")
+    groups.add_command("broker", _commands, help="the NATS broker: embedded server, provisioning")
+
+
+def _commands(broker: argparse.ArgumentParser) -> None:
     broker_cmds = broker.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = broker_cmds.add_parser(
         "serve", help="run the embedded nats-server with JetStream, provisioned, until interrupted"
@@ -95,13 +105,12 @@ def add_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) ->
     serve.add_argument("--port", type=int, default=-1, help="client port (default: a free one)")
     serve.add_argument("--sync-always", action="store_true", help="fsync every write")
     serve.add_argument("--nats-server", help="nats-server executable (default: from the wheel)")
-    _add_bus_options(serve)
+    add_prefix(serve)
+    _add_replicas(serve)
     serve.set_defaults(run=_serve)
     init = broker_cmds.add_parser(
         "init", help="create or update every stream and bucket; safe to repeat"
     )
-    init.add_argument("--server", required=True, help="NATS URL, e.g. nats://127.0.0.1:4222")
-    init.add_argument("--creds", help="NATS credentials file")
-    init.add_argument("--domain", help="JetStream domain (leaf-node deployments)")
-    _add_bus_options(init)
+    add_connection(init, server_help="NATS URL, e.g. nats://127.0.0.1:4222")
+    _add_replicas(init)
     init.set_defaults(run=_init)

@@ -5,23 +5,22 @@ from __future__ import annotations
 import argparse
 import sys
 
-from remote_agent.protocol.events import DEFAULT_MAX_SIZE, SchemaError, decode, to_json
+from broker.commands.lazy import Commands
+from remote_agent.protocol.events import DEFAULT_MAX_SIZE, decode, to_json
 
 
 def _decode(args: argparse.Namespace) -> int:
-    data = sys.stdin.buffer.read()
-    try:
-        message = decode(data, max_size=args.max_size)
-    except SchemaError as err:
-        print(f"cobald-remote: {err}", file=sys.stderr)
-        return 1
+    message = decode(sys.stdin.buffer.read(), max_size=args.max_size)
     sys.stdout.buffer.write(to_json(message) + b"\n")
     return 0
 
 
-def add_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+def add_commands(groups: Commands) -> None:
     """Add the ``protocol`` group (``decode``)"""
-    protocol = groups.add_parser("protocol", help="wire-format tools")
+    groups.add_command("protocol", _commands, help="wire-format tools")
+
+
+def _commands(protocol: argparse.ArgumentParser) -> None:
     protocol_cmds = protocol.add_subparsers(dest="command", required=True, metavar="COMMAND")
     dec = protocol_cmds.add_parser(
         "decode", help="decode one message from stdin and print it as JSON"

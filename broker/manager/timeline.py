@@ -208,5 +208,7 @@ async def read_timeline(
     return build(messages, heartbeats=heartbeats)
 
 
-# emulation/demo.py reads the table from here
-from broker.commands.timeline import format_table as format_table  # noqa: E402
+# emulation/demo.py prints the table from here
+from broker.commands.timeline import format_timeline  # noqa: E402
+
+format_table = format_timeline
