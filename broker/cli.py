@@ -1,10 +1,10 @@
 """
 The ``cobald-remote`` command line
 
-The command groups live in :mod:`broker.commands` (the drone's ``agent`` group
-in :mod:`remote_agent.cli`); this module only wires them together and
-configures logging. A command's arguments are added when it runs, and its
-handler imports the code it drives, so each command loads only its own part.
+Every command and its line of help are in :data:`COMMANDS`; the commands
+themselves live in :mod:`broker.commands` (the drone's ``agent`` group in
+:mod:`remote_agent.cli`). A command's arguments are added only when it runs,
+and its handler imports the code it drives, so each command loads its own part.
 """
 
 from __future__ import annotations
@@ -13,12 +13,41 @@ import argparse
 import logging
 import sys
 from collections.abc import Sequence
+from typing import Final
 
-from broker.commands import auth, demo, ops, protocol, timeline
-from broker.commands import broker as broker_commands
+from broker.commands import auth, broker, demo, ops, protocol, timeline
 from broker.commands.failures import run
-from broker.commands.lazy import Commands
-from remote_agent.cli import add_commands as add_agent_commands
+from broker.commands.lazy import Commands, Fill
+from remote_agent import cli as agent
+
+#: the commands in the order ``--help`` lists them: name, what adds its arguments, help
+COMMANDS: Final[tuple[tuple[str, Fill, str], ...]] = (
+    ("broker", broker.add_commands, "the NATS broker: embedded server, provisioning"),
+    ("protocol", protocol.add_commands, "wire-format tools"),
+    ("agent", agent.add_commands, "the drone agent: run it around the drone's worker"),
+    ("drain", ops.add_drain, "drain a drone: record the intent, tell its agent; payloads finish"),
+    (
+        "release",
+        ops.add_release,
+        "release a drone that has not come up; drain it if its agent already has",
+    ),
+    (
+        "status",
+        ops.add_status,
+        "table of drones: state, payloads, age of the last fact, lost, record phase",
+    ),
+    (
+        "timeline",
+        timeline.add_arguments,
+        "one drone's life: its agent's events beside TARDIS's state",
+    ),
+    ("auth", auth.add_commands, "per-drone NATS credentials (operator mode)"),
+    (
+        "demo",
+        demo.add_arguments,
+        "the demonstration: real COBalD and TARDIS, emulated site and drones, on this machine",
+    ),
+)
 
 
 def _parser() -> tuple[argparse.ArgumentParser, Commands]:
@@ -29,13 +58,8 @@ def _parser() -> tuple[argparse.ArgumentParser, Commands]:
     parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
     groups = parser.add_subparsers(action=Commands, dest="group", required=True, metavar="COMMAND")
     assert isinstance(groups, Commands)
-    broker_commands.add_commands(groups)
-    protocol.add_commands(groups)
-    add_agent_commands(groups)
-    ops.add_commands(groups)  # drain, release, status
-    timeline.add_commands(groups)
-    auth.add_commands(groups)  # auth init, drone, manager, leaf, revoke
-    demo.add_commands(groups)
+    for name, fill, help_text in COMMANDS:
+        groups.add_command(name, fill, help=help_text)
     return parser, groups
 
 

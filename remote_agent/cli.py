@@ -27,9 +27,8 @@ EXIT_USAGE = 2
 EXIT_AGENT_ERROR = 1
 
 
-def add_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``agent`` group (``run`` and, if installed, ``hook ...``)"""
-    agent = groups.add_parser("agent", help="the drone agent: run it around the drone's worker")
+def add_commands(agent: argparse.ArgumentParser) -> None:
+    """Add the ``agent`` group's commands (``run`` and ``hook ...``)"""
     commands = agent.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser(
         "run",

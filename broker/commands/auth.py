@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from broker.commands.lazy import Commands
 from broker.commands.options import add_prefix
 from remote_agent.protocol.events import Namespace
 
@@ -158,12 +157,8 @@ def _auth_revoke(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(groups: Commands) -> None:
-    """Add the ``auth`` group (``init``, ``drone``, ``manager``, ``leaf``, ``revoke``)"""
-    groups.add_command("auth", _commands, help="per-drone NATS credentials (operator mode)")
-
-
-def _commands(auth: argparse.ArgumentParser) -> None:
+def add_commands(auth: argparse.ArgumentParser) -> None:
+    """Add the ``auth`` group's commands"""
     from broker.server.auth import DEFAULT_DRONE_VALIDITY_S, AccountLimits, DroneLimits
 
     commands = auth.add_subparsers(dest="command", required=True, metavar="COMMAND")

@@ -9,7 +9,6 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from broker.commands.lazy import Commands
 from broker.commands.options import add_connection, add_prefix, connect
 from remote_agent.protocol.events import Namespace
 
@@ -88,12 +87,8 @@ def _add_replicas(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--replicas", type=int, default=1, help="stream replicas (3 on a cluster)")
 
 
-def add_commands(groups: Commands) -> None:
-    """Add the ``broker`` group (``serve``, ``init``)"""
-    groups.add_command("broker", _commands, help="the NATS broker: embedded server, provisioning")
-
-
-def _commands(broker: argparse.ArgumentParser) -> None:
+def add_commands(broker: argparse.ArgumentParser) -> None:
+    """Add the ``broker`` group's commands"""
     broker_cmds = broker.add_subparsers(dest="command", required=True, metavar="COMMAND")
     serve = broker_cmds.add_parser(
         "serve", help="run the embedded nats-server with JetStream, provisioned, until interrupted"

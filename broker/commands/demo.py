@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 
 from broker.commands.failures import CliError
-from broker.commands.lazy import Commands
 
 
 def _demo(args: argparse.Namespace) -> int:
@@ -18,21 +17,15 @@ def _demo(args: argparse.Namespace) -> int:
         raise CliError(str(err)) from None
 
 
-def add_commands(groups: Commands) -> None:
-    """Add ``demo``"""
-    groups.add_command(
-        "demo",
-        _options,
-        help="the demonstration: real COBalD and TARDIS, emulated site and drones, on this machine",
-        description="Run a seeded scenario of strongly swinging demand with the real COBalD "
+def add_arguments(demo: argparse.ArgumentParser) -> None:
+    """Add ``demo``'s arguments"""
+    demo.description = (
+        "Run a seeded scenario of strongly swinging demand with the real COBalD "
         "daemon and TARDIS on the embedded broker: drones are local processes running the "
         "real agent around an emulated startd. Prints progress, then a table of drones, "
         "payloads (started, finished, killed), release outcomes and the status latency "
-        "TARDIS saw (docs/tardis.md).",
+        "TARDIS saw (docs/tardis.md)."
     )
-
-
-def _options(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--seed", type=int, default=1, help="seed of the scenario (default 1)")
     demo.add_argument(
         "--compare",

@@ -14,7 +14,7 @@ import sys
 import time
 from typing import TYPE_CHECKING, Any
 
-from broker.commands.lazy import Commands
+from broker.commands.failures import EXIT_FAILURE
 from broker.commands.options import add_connection, add_json, connect
 from broker.commands.table import format_table, write_json
 from broker.errors import BrokerError
@@ -92,7 +92,7 @@ def _drain_status(result: DrainResult) -> int:
     from broker.manager.control import DrainOutcome
 
     if result.outcome is DrainOutcome.NOT_ANNOUNCED:
-        return 1
+        return EXIT_FAILURE
     if result.outcome in (DrainOutcome.UNANSWERED, DrainOutcome.REFUSED):
         return EXIT_UNCONFIRMED
     return 0
@@ -258,31 +258,21 @@ async def status(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- wiring
 
 
-def add_commands(groups: Commands) -> None:
-    """Add ``drain``, ``release`` and ``status`` to the ``cobald-remote`` command line"""
-    groups.add_command(
-        "drain",
-        _drain_options,
-        help="drain a drone: record the intent, tell its agent; payloads finish",
-        description="Record a drain intent in the drone's handshake record and ask its agent "
-        f"to drain. Exit 0 when the drain is in effect, 1 on errors, {EXIT_UNCONFIRMED} when "
-        "the intent is recorded but the agent did not confirm it (it acts on it when it "
-        "reconnects).",
-    )
-    groups.add_command(
-        "release",
-        _release_options,
-        help="release a drone that has not come up; drain it if its agent already has",
-        description="Release the drone through its handshake record. If the manager wins, "
-        "no payload can ever start and the batch job may be removed; if the agent came up "
-        "first, the drone is drained instead (exit codes as for drain).",
-    )
-    groups.add_command(
-        "status",
-        _status_options,
-        help="table of drones: state, payloads, age of the last fact, lost, record phase",
-        description="Rebuild the registry from the event stream and the handshake bucket "
-        "(read-only, no durable consumer) and print every drone, or one.",
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    """The drone to act on (:func:`_target`)"""
+    parser.add_argument("drone", help="drone uuid, e.g. site1-0123456789")
+    parser.add_argument("--site", help="site (default: the uuid before its last '-')")
+
+
+def _add_timeout(parser: argparse.ArgumentParser, help_text: str) -> None:
+    from broker.manager.control import DEFAULT_REQUEST_TIMEOUT_S
+
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help=help_text,
     )
 
 
@@ -291,11 +281,17 @@ def _common(parser: argparse.ArgumentParser) -> None:
     add_json(parser)
 
 
-def _drain_options(drain_cmd: argparse.ArgumentParser) -> None:
-    from broker.manager.control import DEFAULT_DRAIN_S, DEFAULT_REQUEST_TIMEOUT_S
+def add_drain(drain_cmd: argparse.ArgumentParser) -> None:
+    """Add ``drain``'s arguments"""
+    from broker.manager.control import DEFAULT_DRAIN_S
 
-    drain_cmd.add_argument("drone", help="drone uuid, e.g. site1-0123456789")
-    drain_cmd.add_argument("--site", help="site (default: the uuid before its last '-')")
+    drain_cmd.description = (
+        "Record a drain intent in the drone's handshake record and ask its agent "
+        f"to drain. Exit 0 when the drain is in effect, 1 on errors, {EXIT_UNCONFIRMED} when "
+        "the intent is recorded but the agent did not confirm it (it acts on it when it "
+        "reconnects)."
+    )
+    _add_target(drain_cmd)
     drain_cmd.add_argument(
         "--deadline",
         type=float,
@@ -304,37 +300,33 @@ def _drain_options(drain_cmd: argparse.ArgumentParser) -> None:
         help=f"seconds from now until the drain deadline (default {DEFAULT_DRAIN_S:.0f})",
     )
     drain_cmd.add_argument("--reason", default="operator drain", help="why (kept in the record)")
-    drain_cmd.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_REQUEST_TIMEOUT_S,
-        metavar="SECONDS",
-        help="wait this long for the agent's answer",
-    )
+    _add_timeout(drain_cmd, "wait this long for the agent's answer")
     _common(drain_cmd)
     drain_cmd.set_defaults(run=drain)
 
 
-def _release_options(release_cmd: argparse.ArgumentParser) -> None:
-    from broker.manager.control import DEFAULT_REQUEST_TIMEOUT_S
-
-    release_cmd.add_argument("drone", help="drone uuid, e.g. site1-0123456789")
-    release_cmd.add_argument("--site", help="site (default: the uuid before its last '-')")
-    release_cmd.add_argument("--reason", default="", help="why (kept in the record)")
-    release_cmd.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_REQUEST_TIMEOUT_S,
-        metavar="SECONDS",
-        help="wait this long for the agent's answer if it has to be drained",
+def add_release(release_cmd: argparse.ArgumentParser) -> None:
+    """Add ``release``'s arguments"""
+    release_cmd.description = (
+        "Release the drone through its handshake record. If the manager wins, "
+        "no payload can ever start and the batch job may be removed; if the agent came up "
+        "first, the drone is drained instead (exit codes as for drain)."
     )
+    _add_target(release_cmd)
+    release_cmd.add_argument("--reason", default="", help="why (kept in the record)")
+    _add_timeout(release_cmd, "wait this long for the agent's answer if it has to be drained")
     _common(release_cmd)
     release_cmd.set_defaults(run=release)
 
 
-def _status_options(status_cmd: argparse.ArgumentParser) -> None:
+def add_status(status_cmd: argparse.ArgumentParser) -> None:
+    """Add ``status``'s arguments"""
     from broker.manager.registry import DEFAULT_LOST_AFTER_S
 
+    status_cmd.description = (
+        "Rebuild the registry from the event stream and the handshake bucket "
+        "(read-only, no durable consumer) and print every drone, or one."
+    )
     status_cmd.add_argument("drone", nargs="?", help="only this drone")
     status_cmd.add_argument("--site", help="only this site")
     status_cmd.add_argument(

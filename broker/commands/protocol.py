@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import sys
 
-from broker.commands.lazy import Commands
 from remote_agent.protocol.events import DEFAULT_MAX_SIZE, decode, to_json
 
 
@@ -15,12 +14,8 @@ def _decode(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(groups: Commands) -> None:
-    """Add the ``protocol`` group (``decode``)"""
-    groups.add_command("protocol", _commands, help="wire-format tools")
-
-
-def _commands(protocol: argparse.ArgumentParser) -> None:
+def add_commands(protocol: argparse.ArgumentParser) -> None:
+    """Add the ``protocol`` group's commands"""
     protocol_cmds = protocol.add_subparsers(dest="command", required=True, metavar="COMMAND")
     dec = protocol_cmds.add_parser(
         "decode", help="decode one message from stdin and print it as JSON"

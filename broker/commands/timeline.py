@@ -8,7 +8,6 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from broker.commands.lazy import Commands
 from broker.commands.options import add_connection, add_json, connect
 from broker.commands.table import format_table, write_json
 from remote_agent.protocol.events import Namespace, check_token
@@ -52,18 +51,12 @@ async def timeline(args: argparse.Namespace) -> int:
     return 0
 
 
-def add_commands(groups: Commands) -> None:
-    """Add ``timeline`` to the ``cobald-remote`` command line"""
-    groups.add_command(
-        "timeline",
-        _options,
-        help="one drone's life: its agent's events beside TARDIS's state",
-        description="Read one drone's events and TARDIS's state notes from the event stream "
-        "(read-only) and print them in time order.",
+def add_arguments(parser: argparse.ArgumentParser) -> None:
+    """Add ``timeline``'s arguments"""
+    parser.description = (
+        "Read one drone's events and TARDIS's state notes from the event stream "
+        "(read-only) and print them in time order."
     )
-
-
-def _options(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("drone", help="drone uuid, e.g. site1-0123456789")
     parser.add_argument("--site", help="the drone's site (default: any)")
     add_connection(parser)
