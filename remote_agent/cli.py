@@ -10,7 +10,6 @@ commands the startd's job hooks run. ``broker/cli.py`` adds this group to the
 from __future__ import annotations
 
 import argparse
-import asyncio
 import logging
 import sys
 
@@ -28,9 +27,8 @@ EXIT_USAGE = 2
 EXIT_AGENT_ERROR = 1
 
 
-def add_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add the ``agent`` group (``run`` and, if installed, ``hook ...``)"""
-    agent = groups.add_parser("agent", help="the drone agent: run it around the drone's worker")
+def add_commands(agent: argparse.ArgumentParser) -> None:
+    """Add the ``agent`` group's commands (``run`` and ``hook ...``)"""
     commands = agent.add_subparsers(dest="command", required=True, metavar="COMMAND")
     run = commands.add_parser(
         "run",
@@ -66,6 +64,8 @@ def _configure_logging(args: argparse.Namespace) -> None:
 
 def run_agent(args: argparse.Namespace) -> int:
     """``agent run``: the exit code is the worker's (see docs/agent.md for the others)"""
+    import asyncio  # not for ``--help``
+
     _configure_logging(args)
     try:
         settings = from_args(args)

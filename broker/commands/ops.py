@@ -4,43 +4,28 @@ Operator commands: ``cobald-remote drain``, ``release`` and ``status``
 They use the same control API as the TARDIS integration (:mod:`broker.manager.control`)
 and the same registry rebuild as the manager service (:func:`broker.manager.service.rebuild`),
 so what an operator sees and does is what the manager sees and does.
-``broker/cli.py`` only wires :func:`add_commands` into the command line.
 """
 
 from __future__ import annotations
 
 import argparse
-import contextlib
 import datetime as dt
-import json
 import sys
 import time
-from collections.abc import Sequence
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-import msgspec
-import nats
-import nats.errors
-import nats.js.errors
-from nats.aio.client import Client
-
+from broker.commands.failures import EXIT_FAILURE
+from broker.commands.options import add_connection, add_json, connect
+from broker.commands.table import format_table, write_json
 from broker.errors import BrokerError
-from broker.manager.control import (
-    DEFAULT_DRAIN_S,
-    DEFAULT_REQUEST_TIMEOUT_S,
-    Control,
-    DrainOutcome,
-    DrainResult,
-    ReleaseOutcome,
-    ReleaseResult,
-)
-from broker.manager.registry import DEFAULT_LOST_AFTER_S, DroneView, Registry
-from broker.manager.service import rebuild
-from broker.server.connection import connect_once
 from remote_agent.protocol.environment import site_of
-from remote_agent.protocol.errors import HandshakeError, SchemaError
-from remote_agent.protocol.handshake import load_proof_key
-from remote_agent.protocol.names import Namespace, api_prefix, check_token
+from remote_agent.protocol.names import Namespace, check_token
+
+if TYPE_CHECKING:
+    from nats.aio.client import Client
+
+    from broker.manager.control import Control, DrainResult
+    from broker.manager.registry import DroneView
 
 #: exit status when the intent is recorded but the agent did not confirm it
 EXIT_UNCONFIRMED = 3
@@ -62,29 +47,30 @@ def _site(drone: str) -> str:
 
 
 def _target(args: argparse.Namespace) -> tuple[str, str]:
-    try:
-        drone = check_token(args.drone, "drone uuid")
-        site = check_token(args.site or _site(drone), "site")
-    except SchemaError as err:
-        raise OperatorError(str(err)) from None
-    return site, drone
+    drone = check_token(args.drone, "drone uuid")
+    return check_token(args.site or _site(drone), "site"), drone
 
 
 async def _connect(args: argparse.Namespace) -> Client:
-    return await connect_once(args.server, args.creds, name="cobald-remote-ops")
+    return await connect(args, "cobald-remote-ops")
 
 
 async def _control(nc: Client, args: argparse.Namespace) -> Control:
+    import nats.errors
+
+    from broker.manager.control import Control
+    from broker.manager.registry import Registry
+
     registry = Registry(Namespace(args.prefix))
     try:
         return await Control.open(nc, registry, domain=args.domain, request_timeout_s=args.timeout)
-    except HandshakeError as err:
-        raise OperatorError(str(err)) from None
     except nats.errors.Error as err:
         raise OperatorError(f"cannot open the handshake buckets: {err}") from None
 
 
 def _print_json(value: object) -> None:
+    import msgspec
+
     sys.stdout.write(msgspec.json.encode(value).decode() + "\n")
 
 
@@ -98,8 +84,10 @@ def _drain_line(site: str, drone: str, result: DrainResult) -> str:
 
 
 def _drain_status(result: DrainResult) -> int:
+    from broker.manager.control import DrainOutcome
+
     if result.outcome is DrainOutcome.NOT_ANNOUNCED:
-        return 1
+        return EXIT_FAILURE
     if result.outcome in (DrainOutcome.UNANSWERED, DrainOutcome.REFUSED):
         return EXIT_UNCONFIRMED
     return 0
@@ -114,10 +102,7 @@ async def drain(args: argparse.Namespace) -> int:
     try:
         control = await _control(nc, args)
         deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=args.deadline)
-        try:
-            result = await control.drain(site, drone, deadline, args.reason)
-        except HandshakeError as err:
-            raise OperatorError(str(err)) from None
+        result = await control.drain(site, drone, deadline, args.reason)
     finally:
         await nc.close()
     if args.json:
@@ -129,16 +114,15 @@ async def drain(args: argparse.Namespace) -> int:
 
 async def release(args: argparse.Namespace) -> int:
     """``cobald-remote release DRONE``: win the race with the agent, or drain it"""
+    from broker.manager.control import ReleaseOutcome
+
     site, drone = _target(args)
     nc = await _connect(args)
     try:
         control = await _control(nc, args)
-        try:
-            result: ReleaseResult = await control.release(
-                site, drone, note=args.reason or "operator release", reason=args.reason
-            )
-        except HandshakeError as err:
-            raise OperatorError(str(err)) from None
+        result = await control.release(
+            site, drone, note=args.reason or "operator release", reason=args.reason
+        )
     finally:
         await nc.close()
     if args.json:
@@ -167,6 +151,8 @@ def _age(seconds: float | None) -> str:
 
 
 def _row(view: DroneView, now: float, lost_after_s: float) -> dict[str, Any]:
+    import msgspec
+
     record = view.record
     snapshot = view.snapshot  # decoded on every access: once
     return {
@@ -198,30 +184,38 @@ def _iso(epoch: float | None) -> str | None:
     return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds")
 
 
-def _table(rows: Sequence[dict[str, Any]]) -> str:
+def _table(rows: list[dict[str, Any]]) -> str:
     header = ("DRONE", "SITE", "STATE", "PAYLOADS", "LAST FACT", "LOST", "RECORD")
-    cells = [
+    return format_table(
+        header,
         (
-            row["drone"],
-            row["site"],
-            row["state"] or "-",
-            str(len(row["payloads"])),
-            _age(row["last_fact_age_s"]),
-            "lost" if row["lost"] else "-",
-            row["record_phase"] or "-",
-        )
-        for row in rows
-    ]
-    table = [header, *cells]
-    widths = [max(len(line[i]) for line in table) for i in range(len(header))]
-    return "\n".join(
-        "  ".join(cell.ljust(width) for cell, width in zip(line, widths, strict=True)).rstrip()
-        for line in table
+            (
+                row["drone"],
+                row["site"],
+                row["state"] or "-",
+                str(len(row["payloads"])),
+                _age(row["last_fact_age_s"]),
+                "lost" if row["lost"] else "-",
+                row["record_phase"] or "-",
+            )
+            for row in rows
+        ),
     )
 
 
 async def status(args: argparse.Namespace) -> int:
     """``cobald-remote status [DRONE]``: every drone's state, as the manager rebuilds it"""
+    import contextlib
+
+    import nats.errors
+    import nats.js.errors
+
+    from broker.manager.registry import Registry
+    from broker.manager.service import rebuild
+    from remote_agent.protocol.errors import HandshakeError
+    from remote_agent.protocol.handshake import load_proof_key
+    from remote_agent.protocol.names import api_prefix
+
     namespace = Namespace(args.prefix)
     registry = Registry(namespace, lost_after_s=args.lost_after)
     nc = await _connect(args)
@@ -249,7 +243,7 @@ async def status(args: argparse.Namespace) -> int:
             raise OperatorError(f"no drone {args.drone!r} known on {args.server}")
     rows = [_row(view, now, args.lost_after) for view in views]
     if args.json:
-        sys.stdout.write(json.dumps(rows, indent=2) + "\n")
+        write_json(rows)
     elif rows:
         print(_table(rows))
     else:
@@ -260,26 +254,40 @@ async def status(args: argparse.Namespace) -> int:
 # ---------------------------------------------------------------------- wiring
 
 
+def _add_target(parser: argparse.ArgumentParser) -> None:
+    """The drone to act on (:func:`_target`)"""
+    parser.add_argument("drone", help="drone uuid, e.g. site1-0123456789")
+    parser.add_argument("--site", help="site (default: the uuid before its last '-')")
+
+
+def _add_timeout(parser: argparse.ArgumentParser, help_text: str) -> None:
+    from broker.manager.control import DEFAULT_REQUEST_TIMEOUT_S
+
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=DEFAULT_REQUEST_TIMEOUT_S,
+        metavar="SECONDS",
+        help=help_text,
+    )
+
+
 def _common(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument("--server", required=True, help="NATS URL(s), comma-separated")
-    parser.add_argument("--creds", help="NATS credentials file of the manager")
-    parser.add_argument("--domain", help="JetStream domain (leaf-node deployments)")
-    parser.add_argument("--prefix", default=Namespace().prefix, help="first subject token")
-    parser.add_argument("--json", action="store_true", help="print JSON for scripts")
+    add_connection(parser, creds_help="NATS credentials file of the manager")
+    add_json(parser)
 
 
-def add_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """Add ``drain``, ``release`` and ``status`` to the ``cobald-remote`` command line"""
-    drain_cmd = groups.add_parser(
-        "drain",
-        help="drain a drone: record the intent, tell its agent; payloads finish",
-        description="Record a drain intent in the drone's handshake record and ask its agent "
+def add_drain(drain_cmd: argparse.ArgumentParser) -> None:
+    """Add ``drain``'s arguments"""
+    from broker.manager.control import DEFAULT_DRAIN_S
+
+    drain_cmd.description = (
+        "Record a drain intent in the drone's handshake record and ask its agent "
         f"to drain. Exit 0 when the drain is in effect, 1 on errors, {EXIT_UNCONFIRMED} when "
         "the intent is recorded but the agent did not confirm it (it acts on it when it "
-        "reconnects).",
+        "reconnects)."
     )
-    drain_cmd.add_argument("drone", help="drone uuid, e.g. site1-0123456789")
-    drain_cmd.add_argument("--site", help="site (default: the uuid before its last '-')")
+    _add_target(drain_cmd)
     drain_cmd.add_argument(
         "--deadline",
         type=float,
@@ -288,41 +296,32 @@ def add_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) ->
         help=f"seconds from now until the drain deadline (default {DEFAULT_DRAIN_S:.0f})",
     )
     drain_cmd.add_argument("--reason", default="operator drain", help="why (kept in the record)")
-    drain_cmd.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_REQUEST_TIMEOUT_S,
-        metavar="SECONDS",
-        help="wait this long for the agent's answer",
-    )
+    _add_timeout(drain_cmd, "wait this long for the agent's answer")
     _common(drain_cmd)
     drain_cmd.set_defaults(run=drain)
 
-    release_cmd = groups.add_parser(
-        "release",
-        help="release a drone that has not come up; drain it if its agent already has",
-        description="Release the drone through its handshake record. If the manager wins, "
+
+def add_release(release_cmd: argparse.ArgumentParser) -> None:
+    """Add ``release``'s arguments"""
+    release_cmd.description = (
+        "Release the drone through its handshake record. If the manager wins, "
         "no payload can ever start and the batch job may be removed; if the agent came up "
-        "first, the drone is drained instead (exit codes as for drain).",
+        "first, the drone is drained instead (exit codes as for drain)."
     )
-    release_cmd.add_argument("drone", help="drone uuid, e.g. site1-0123456789")
-    release_cmd.add_argument("--site", help="site (default: the uuid before its last '-')")
+    _add_target(release_cmd)
     release_cmd.add_argument("--reason", default="", help="why (kept in the record)")
-    release_cmd.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_REQUEST_TIMEOUT_S,
-        metavar="SECONDS",
-        help="wait this long for the agent's answer if it has to be drained",
-    )
+    _add_timeout(release_cmd, "wait this long for the agent's answer if it has to be drained")
     _common(release_cmd)
     release_cmd.set_defaults(run=release)
 
-    status_cmd = groups.add_parser(
-        "status",
-        help="table of drones: state, payloads, age of the last fact, lost, record phase",
-        description="Rebuild the registry from the event stream and the handshake bucket "
-        "(read-only, no durable consumer) and print every drone, or one.",
+
+def add_status(status_cmd: argparse.ArgumentParser) -> None:
+    """Add ``status``'s arguments"""
+    from broker.manager.registry import DEFAULT_LOST_AFTER_S
+
+    status_cmd.description = (
+        "Rebuild the registry from the event stream and the handshake bucket "
+        "(read-only, no durable consumer) and print every drone, or one."
     )
     status_cmd.add_argument("drone", nargs="?", help="only this drone")
     status_cmd.add_argument("--site", help="only this site")

@@ -28,13 +28,11 @@ the SHA-512/256 of the claims.
 
 from __future__ import annotations
 
-import argparse
 import base64
 import hashlib
 import json
 import os
 import re
-import sys
 import time
 from collections.abc import Collection, Mapping
 from dataclasses import asdict, dataclass, field, replace
@@ -44,8 +42,6 @@ from typing import Any, Final
 import nkeys
 
 from broker.errors import BrokerError
-from remote_agent.protocol.environment import site_of
-from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import DEFAULT_MAX_SIZE, EVENT_TYPES, kind_of
 from remote_agent.protocol.names import (
     Namespace,
@@ -541,205 +537,3 @@ def revoke(
     when = int(time.time()) if at is None else at
     kept = {user: t for user, t in authority.revocations.items() if user not in expired}
     return replace(authority, revocations={**kept, **dict.fromkeys(users, when)})
-
-
-# ---------------------------------------------------------------------- command line
-
-
-def _write_secret(text: str, out: str | None) -> None:
-    if out is None or out == "-":
-        sys.stdout.write(text)
-        return
-    try:
-        fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    except OSError as err:
-        raise AuthError(f"cannot write {out}: {err.strerror}") from err
-    with os.fdopen(fd, "w") as stream:
-        stream.write(text)
-
-
-_UNITS: Final = {"": 1, "K": 1024, "M": 1024**2, "G": 1024**3, "T": 1024**4}
-
-
-def _size(text: str) -> int:
-    """A byte count such as ``16G``, ``512MiB`` or ``-1`` (no limit)"""
-    if text.strip() == "-1":
-        return -1
-    match = re.fullmatch(r"\s*(\d+)\s*([KMGT]?)(?:i?B)?\s*", text, flags=re.I)
-    if match is None:
-        raise argparse.ArgumentTypeError(f"not a size: {text!r} (e.g. 16G, 512M, -1)")
-    return int(match[1]) * _UNITS[match[2].upper()]
-
-
-def _account_limits(args: argparse.Namespace) -> AccountLimits:
-    return AccountLimits(
-        disk_bytes=args.max_disk,
-        memory_bytes=args.max_memory,
-        streams=args.max_streams,
-        consumers=args.max_consumers,
-        connections=args.max_connections,
-        leaf_nodes=args.max_leaf_nodes,
-    )
-
-
-def _auth_init(args: argparse.Namespace) -> int:
-    authority = create_authority(args.name, _account_limits(args))
-    save_authority(authority, Path(args.authority))
-    _write_secret(authority.server_config(), args.server_config)
-    where = "printed above" if args.server_config in (None, "-") else f"in {args.server_config}"
-    print(
-        f"authority written to {args.authority} (keep it secret); include the server "
-        f"configuration {where} from the nats-server configuration (docs/deployment.md)",
-        file=sys.stderr,
-    )
-    return 0
-
-
-def _auth_drone(args: argparse.Namespace) -> int:
-    site = args.site or site_of(args.drone)
-    if not site:
-        raise AuthError(f"cannot tell the site of drone {args.drone!r}: give --site")
-    try:
-        text = drone_credentials(
-            load_authority(Path(args.authority)),
-            Namespace(args.prefix),
-            site,
-            args.drone,
-            domain=args.domain,
-            valid_for_s=args.valid_for if args.valid_for > 0 else None,
-            limits=DroneLimits(args.max_subscriptions, args.max_payload),
-        )
-    except SchemaError as err:
-        raise AuthError(str(err)) from None
-    _issue(args, text)
-    return 0
-
-
-def _issue(args: argparse.Namespace, creds: str) -> None:
-    """Write the credentials where asked, and note the user as issued"""
-    note_issued(Path(args.authority), creds)
-    _write_secret(creds, args.out)
-
-
-def _auth_manager(args: argparse.Namespace) -> int:
-    _issue(args, manager_credentials(load_authority(Path(args.authority)), args.name))
-    return 0
-
-
-def _auth_leaf(args: argparse.Namespace) -> int:
-    authority = load_authority(Path(args.authority))
-    try:
-        text = leaf_credentials(authority, args.site)
-    except SchemaError as err:
-        raise AuthError(str(err)) from None
-    _issue(args, text)
-    where = args.out if args.out not in (None, "-") else "<this file>"
-    print(
-        f"in leaf.conf's remote: credentials: {where} and account: {authority.account_public}; "
-        'and include "auth.conf" (docs/deployment.md)',
-        file=sys.stderr,
-    )
-    return 0
-
-
-def _auth_revoke(args: argparse.Namespace) -> int:
-    path = Path(args.authority)
-    users = list(args.user or [])
-    for name in args.names:
-        found = issued_users(path, name)
-        if not found:
-            raise AuthError(
-                f"no credentials issued as {name!r} in {issued_log(path)}; give --user KEY"
-            )
-        users += found
-    if not users:
-        raise AuthError("name a drone (or user) to revoke, or give --user KEY")
-    authority = revoke(load_authority(path), users, expired=expired_users(path))
-    update_authority(authority, path)
-    _write_secret(authority.server_config(), args.server_config)
-    print(
-        f"revoked {len(users)} credentials; reload every server and leaf node that includes "
-        "this configuration (systemctl reload cobald-remote-nats...; docs/deployment.md)",
-        file=sys.stderr,
-    )
-    return 0
-
-
-def add_auth_commands(groups: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
-    """``cobald-remote auth init|drone|manager|leaf|revoke``"""
-    auth = groups.add_parser("auth", help="per-drone NATS credentials (operator mode)")
-    commands = auth.add_subparsers(dest="command", required=True, metavar="COMMAND")
-    init = commands.add_parser(
-        "init", help="make the operator and account keys, print the server configuration"
-    )
-    init.add_argument("--authority", required=True, help="file for the seeds (made 0600, once)")
-    init.add_argument("--server-config", help="write the server configuration here (0600)")
-    init.add_argument("--name", default="cobald-remote", help="operator and account name")
-    account = AccountLimits()
-    for flag, dest, kind, default, what in (
-        ("--max-disk", "max_disk", _size, account.disk_bytes, "JetStream file storage"),
-        ("--max-memory", "max_memory", _size, account.memory_bytes, "JetStream memory"),
-        ("--max-streams", "max_streams", int, account.streams, "streams"),
-        ("--max-consumers", "max_consumers", int, account.consumers, "consumers per stream"),
-        ("--max-connections", "max_connections", int, account.connections, "connections"),
-        ("--max-leaf-nodes", "max_leaf_nodes", int, account.leaf_nodes, "leaf node connections"),
-    ):
-        init.add_argument(
-            flag,
-            dest=dest,
-            type=kind,
-            default=default,
-            metavar="N",
-            help=f"the account's {what} (default {default}; -1: no limit)",
-        )
-    init.set_defaults(run=_auth_init)
-    drone = commands.add_parser("drone", help="a .creds file for one drone, on stdout")
-    drone.add_argument("drone", help="the drone's uuid")
-    drone.add_argument("--site", help="default: the uuid before its last '-'")
-    drone.add_argument("--authority", required=True, help="the file auth init wrote")
-    drone.add_argument("--prefix", default=Namespace().prefix, help="first subject token")
-    drone.add_argument("--domain", help="JetStream domain the drone names (behind a leaf node)")
-    drone.add_argument(
-        "--valid-for",
-        type=float,
-        default=DEFAULT_DRONE_VALIDITY_S,
-        metavar="S",
-        help=f"seconds until it expires (default {DEFAULT_DRONE_VALIDITY_S}; 0: never)",
-    )
-    limits = DroneLimits()
-    drone.add_argument(
-        "--max-subscriptions",
-        type=int,
-        default=limits.subscriptions,
-        metavar="N",
-        help=f"subscriptions at once (default {limits.subscriptions}; -1: no limit)",
-    )
-    drone.add_argument(
-        "--max-payload",
-        type=_size,
-        default=limits.payload_bytes,
-        metavar="BYTES",
-        help=f"largest message with its headers (default {limits.payload_bytes})",
-    )
-    drone.add_argument("--out", help="write here (0600) instead of stdout")
-    drone.set_defaults(run=_auth_drone)
-    manager = commands.add_parser("manager", help="a .creds file for the manager, on stdout")
-    manager.add_argument("--authority", required=True, help="the file auth init wrote")
-    manager.add_argument("--name", default="manager", help="user name")
-    manager.add_argument("--out", help="write here (0600) instead of stdout")
-    manager.set_defaults(run=_auth_manager)
-    leaf = commands.add_parser("leaf", help="a .creds file for a site's leaf node, on stdout")
-    leaf.add_argument("site", help="the site's name (as in drone uuids)")
-    leaf.add_argument("--authority", required=True, help="the file auth init wrote")
-    leaf.add_argument("--out", help="write here (0600) instead of stdout")
-    leaf.set_defaults(run=_auth_leaf)
-    revoke_ = commands.add_parser(
-        "revoke", help="refuse credentials before they expire; prints the new server configuration"
-    )
-    revoke_.add_argument(
-        "names", nargs="*", metavar="NAME", help="drone uuid (or user name) as issued"
-    )
-    revoke_.add_argument("--user", action="append", help="a user public key (U...), repeatable")
-    revoke_.add_argument("--authority", required=True, help="the file auth init wrote")
-    revoke_.add_argument("--server-config", help="write the server configuration here (0600)")
-    revoke_.set_defaults(run=_auth_revoke)

@@ -6,7 +6,8 @@ import datetime as dt
 
 from fake_drones import FakeDrone
 
-from broker.manager.timeline import build, describe, format_table
+from broker.commands.timeline import format_timeline
+from broker.manager.timeline import build, describe
 from remote_agent.protocol import events as ev
 
 T0 = dt.datetime(2026, 3, 18, 17, 27, 6, tzinfo=dt.UTC)
@@ -47,7 +48,7 @@ def test_the_report_as_a_timeline() -> None:
     assert rows[3].tardis_state == "BootingState (Booting)"
     assert rows[3].drone_state == "busy"
     assert len(build(messages, heartbeats=True)) == 6
-    table = format_table(rows).splitlines()
+    table = format_timeline(rows).splitlines()
     assert table[0].split() == [
         "TIME",
         "(UTC)",

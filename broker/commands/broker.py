@@ -1,0 +1,111 @@
+"""``cobald-remote broker serve|init``: the embedded server and provisioning"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import os
+import sys
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from broker.commands.options import add_connection, add_prefix, connect
+from remote_agent.protocol.names import Namespace
+
+if TYPE_CHECKING:
+    from broker.server.provision import Topology
+
+log = logging.getLogger("broker.cli")
+
+#: the name of the commands' client connections
+_CLIENT = "cobald-remote-cli"
+
+
+def default_store_dir() -> Path:
+    """Where ``broker serve`` keeps JetStream data unless told otherwise"""
+    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
+    return Path(data_home) / "cobald-remote" / "nats"
+
+
+def _topology(args: argparse.Namespace) -> Topology:
+    from broker.server.provision import Topology
+
+    return Topology(namespace=Namespace(args.prefix), replicas=args.replicas)
+
+
+async def _init(args: argparse.Namespace) -> int:
+    from broker.server.provision import provision
+
+    nc = await connect(args, _CLIENT)
+    try:
+        actions = await provision(nc.jetstream(domain=args.domain), _topology(args))
+    finally:
+        await nc.close()
+    for name, action in actions.items():
+        print(f"{name}: {action}")
+    return 0
+
+
+async def _serve(args: argparse.Namespace) -> int:
+    import asyncio
+    import signal
+
+    from broker.server.connection import connect_once
+    from broker.server.embedded import EmbeddedServer
+    from broker.server.provision import provision
+
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    for sig in (signal.SIGINT, signal.SIGTERM):
+        loop.add_signal_handler(sig, stop.set)
+    server = EmbeddedServer(
+        args.store or default_store_dir(),
+        host=args.host,
+        port=args.port,
+        sync_always=args.sync_always,
+        binary=args.nats_server,
+    )
+    async with server:
+        nc = await connect_once(server.url, name=_CLIENT)
+        try:
+            actions = await provision(nc.jetstream(), _topology(args))
+        finally:
+            await nc.close()
+        log.info("provisioned %s", ", ".join(f"{k} {v}" for k, v in actions.items()))
+        print(server.url, flush=True)
+        print(
+            f"nats-server pid {server.pid} serving {server.url}, store {server.store_dir}; "
+            "Ctrl-C stops it",
+            file=sys.stderr,
+            flush=True,
+        )
+        await stop.wait()
+    return 0
+
+
+def _add_replicas(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--replicas", type=int, default=1, help="stream replicas (3 on a cluster)")
+
+
+def add_commands(broker: argparse.ArgumentParser) -> None:
+    """Add the ``broker`` group's commands"""
+    broker_cmds = broker.add_subparsers(dest="command", required=True, metavar="COMMAND")
+    serve = broker_cmds.add_parser(
+        "serve", help="run the embedded nats-server with JetStream, provisioned, until interrupted"
+    )
+    serve.add_argument(
+        "--store", type=Path, help=f"JetStream store (default {default_store_dir()})"
+    )
+    serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
+    serve.add_argument("--port", type=int, default=-1, help="client port (default: a free one)")
+    serve.add_argument("--sync-always", action="store_true", help="fsync every write")
+    serve.add_argument("--nats-server", help="nats-server executable (default: from the wheel)")
+    add_prefix(serve)
+    _add_replicas(serve)
+    serve.set_defaults(run=_serve)
+    init = broker_cmds.add_parser(
+        "init", help="create or update every stream and bucket; safe to repeat"
+    )
+    add_connection(init, server_help="NATS URL, e.g. nats://127.0.0.1:4222")
+    _add_replicas(init)
+    init.set_defaults(run=_init)

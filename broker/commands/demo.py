@@ -1,0 +1,56 @@
+"""``cobald-remote demo``: the demonstration (the emulation is imported only when it runs)"""
+
+from __future__ import annotations
+
+import argparse
+
+from broker.commands.failures import CliError
+
+
+def _demo(args: argparse.Namespace) -> int:
+    # the emulation is not product code: imported only when the demo runs
+    from emulation.demo import main as demo_main
+
+    try:
+        return demo_main(args)
+    except RuntimeError as err:
+        raise CliError(str(err)) from None
+
+
+def add_arguments(demo: argparse.ArgumentParser) -> None:
+    """Add ``demo``'s arguments"""
+    demo.description = (
+        "Run a seeded scenario of strongly swinging demand with the real COBalD "
+        "daemon and TARDIS on the embedded broker: drones are local processes running the "
+        "real agent around an emulated startd. Prints progress, then a table of drones, "
+        "payloads (started, finished, killed), release outcomes and the status latency "
+        "TARDIS saw (docs/tardis.md)."
+    )
+    demo.add_argument("--seed", type=int, default=1, help="seed of the scenario (default 1)")
+    demo.add_argument(
+        "--compare",
+        action="store_true",
+        help="first run the same scenario with stock TARDIS, then print both columns",
+    )
+    demo.add_argument("--json", metavar="FILE", help="also write the table(s) as JSON")
+    demo.add_argument(
+        "--duration",
+        type=float,
+        default=80.0,
+        metavar="S",
+        help="seconds of swinging demand per run (default 80; 30 s of zero demand follow)",
+    )
+    demo.add_argument(
+        "--drones", type=int, default=5, metavar="N", help="most drones at once (default 5)"
+    )
+    demo.add_argument(
+        "--workdir", metavar="DIR", help="keep every file of the runs here (default: a temp dir)"
+    )
+    demo.add_argument(
+        "--tardis-adapters",
+        choices=("emulated", "htcondor"),
+        default="emulated",
+        help="TARDIS's site and batch-system adapters: the demo's polled ones (default), or "
+        "TARDIS's own HTCondor adapters against fake condor_* tools (docs/tardis.md)",
+    )
+    demo.set_defaults(run=_demo)
