@@ -41,23 +41,23 @@ import nats
 import nats.errors
 import nats.js.errors
 
+from broker.emulation.demo.analysis import analyze
+from broker.emulation.demo.scenario import Scenario
+from broker.emulation.execution_point.install import DEPLOY_CONFIG, install_fake_condor
+from broker.emulation.execution_point.paths import GROUND_TRUTH_FILE
+from broker.emulation.groundtruth import GroundTruth, read_ground_truth
+from broker.emulation.site.collector import install_fake_collector
+from broker.emulation.site.lbs import Job, LocalBatchSystem
+from broker.emulation.site.overlay import OverlayPool
+from broker.emulation.site.schedd import install_fake_schedd
 from broker.manager.timeline import format_table, read_timeline
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import Topology, provision
-from emulation.analysis import analyze
-from emulation.collector import install_fake_collector
-from emulation.groundtruth import GroundTruth, read_ground_truth
-from emulation.install import DEPLOY_CONFIG, install_fake_condor
-from emulation.lbs import Job, LocalBatchSystem
-from emulation.overlay import OverlayPool
-from emulation.paths import GROUND_TRUTH_FILE
-from emulation.scenario import Scenario
-from emulation.schedd import install_fake_schedd
 from remote_agent.protocol.connect import connect
 from remote_agent.protocol.events import Namespace, SchemaError, decode_record
 
 #: the COBalD/TARDIS configuration the demo fills in for each run
-CONFIG_TEMPLATE = Path(__file__).resolve().parent.parent / "deploy" / "cobald" / "demo.yaml"
+CONFIG_TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "cobald" / "demo.yaml"
 #: the drone job TARDIS's HTCondor site adapter submits (``--tardis-adapters htcondor``)
 DEPLOY_JDL = CONFIG_TEMPLATE.with_name("drone.jdl")
 MODES = {"stock": "stock TARDIS", "remote": "with cobald-remote"}
@@ -118,11 +118,11 @@ def _adapters(scenario: Scenario, root: Path) -> dict[str, Any]:
         )
     return {
         "batch_system": {
-            "adapter": "emulation.tardis_adapters:OverlayBatchSystemAdapter",
+            "adapter": "broker.emulation.site.tardis_adapters:OverlayBatchSystemAdapter",
             "socket": str(root / "obs.sock"),
             "max_age": scenario.batch_max_age_s,  # seconds
         },
-        "site_adapter": "emulation.tardis_adapters:LocalBatchSiteAdapter",
+        "site_adapter": "broker.emulation.site.tardis_adapters:LocalBatchSiteAdapter",
         "site_section": {
             "socket": str(root / "lbs.sock"),
             "max_age": scenario.site_max_age_s,  # seconds

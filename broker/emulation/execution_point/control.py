@@ -1,9 +1,10 @@
 """
 Driving an emulated execution point: the control socket protocol and a client
 
-The emulated master listens on :func:`~emulation.paths.control_socket_path` of
-its state directory. A client connects, writes one JSON object and a newline,
-and reads one JSON object and a newline back. Operations (``op``):
+The emulated master listens on
+:func:`~broker.emulation.execution_point.paths.control_socket_path` of its state
+directory. A client connects, writes one JSON object and a newline, and reads one
+JSON object and a newline back. Operations (``op``):
 
 ==================  ===============================================  ==============================
 op                  fields                                           reply (besides ``ok``)
@@ -27,7 +28,7 @@ An ``offer`` is answered once the PREPARE_JOB hook has decided; the payload
 then runs on in the emulator. What happened is in the ground truth file
 (``groundtruth.py``). From a shell::
 
-    python -m emulation offer STATE_DIR 12.0 30
+    python -m broker.emulation offer STATE_DIR 12.0 30
 """
 
 from __future__ import annotations
@@ -40,8 +41,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emulation.groundtruth import read_ground_truth
-from emulation.paths import GROUND_TRUTH_FILE, control_socket_path
+from broker.emulation.execution_point.paths import GROUND_TRUTH_FILE, control_socket_path
+from broker.emulation.groundtruth import read_ground_truth
 
 
 class EmulatorUnavailable(Exception):

@@ -19,7 +19,7 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
-from emulation.control import EmulatorControl, EmulatorUnavailable
+from broker.emulation.execution_point.control import EmulatorControl, EmulatorUnavailable
 
 
 @dataclasses.dataclass

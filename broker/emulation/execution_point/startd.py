@@ -44,12 +44,24 @@ import time
 from pathlib import Path
 from typing import Any
 
-from emulation.classad import ERROR, UNDEFINED, Ad, ClassAdSyntaxError, Node, evaluate, literal
-from emulation.config import Config
-from emulation.groundtruth import GroundTruth
-from emulation.paths import GROUND_TRUTH_FILE, MASTER_EXIT_FILE, control_socket_path
+from broker.emulation.execution_point.classad import (
+    ERROR,
+    UNDEFINED,
+    Ad,
+    ClassAdSyntaxError,
+    Node,
+    evaluate,
+    literal,
+)
+from broker.emulation.execution_point.config import Config
+from broker.emulation.execution_point.paths import (
+    GROUND_TRUTH_FILE,
+    MASTER_EXIT_FILE,
+    control_socket_path,
+)
+from broker.emulation.groundtruth import GroundTruth
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("emulation.startd")
 
 #: condor_drain's how-fast values and completion actions (``DrainType``, ``CompletionType``)
 DRAIN_HOW = ("graceful", "quick", "fast")

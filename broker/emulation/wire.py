@@ -19,9 +19,9 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
-from emulation.control import EmulatorUnavailable
+from broker.emulation.execution_point.control import EmulatorUnavailable
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("emulation.wire")
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 

@@ -26,10 +26,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from emulation.classad import Ad, ClassAdSyntaxError, evaluate
-from emulation.config import Config, ConfigError
-from emulation.control import EmulatorUnavailable, request_sync
-from emulation.paths import MASTER_EXIT_FILE, control_socket_path
+from broker.emulation.execution_point.classad import Ad, ClassAdSyntaxError, evaluate
+from broker.emulation.execution_point.config import Config, ConfigError
+from broker.emulation.execution_point.control import EmulatorUnavailable, request_sync
+from broker.emulation.execution_point.paths import MASTER_EXIT_FILE, control_socket_path
 
 
 def _err(text: str) -> None:
@@ -99,7 +99,9 @@ def master_main(argv: Sequence[str] | None = None) -> int:
     if config is None:
         return 1
     logging.basicConfig(level=logging.WARNING, stream=sys.stderr)
-    from emulation.startd import run_master  # asyncio only here, not in the quick tools
+    from broker.emulation.execution_point.startd import (
+        run_master,  # asyncio only here, not in the quick tools
+    )
 
     return run_master(config)
 
