@@ -26,7 +26,7 @@ It behaves like an HTCondor EP in the ways the drone agent depends on:
 
 Everything that happens is written to the ground truth (``groundtruth.py``).
 The fake tools and the tests talk to it through the control socket
-(``control.py``): one JSON object per line, one reply line.
+(``control.py``, ``..rpc``).
 """
 
 from __future__ import annotations
@@ -60,6 +60,7 @@ from broker.emulation.execution_point.paths import (
     control_socket_path,
 )
 from broker.emulation.groundtruth import GroundTruth
+from broker.emulation.rpc import serve
 
 log = logging.getLogger("emulation.startd")
 
@@ -227,11 +228,7 @@ class EmulatedStartd:
         ):
             loop.add_signal_handler(sig, self._on_signal, sig, how)
         loop.add_signal_handler(signal.SIGHUP, lambda: None)  # condor_reconfig: nothing to do
-        with contextlib.suppress(FileNotFoundError):
-            self.control_path.unlink()
-        server = await asyncio.start_unix_server(
-            self._serve, path=os.fspath(self.control_path), limit=MAX_CONTROL_REQUEST
-        )
+        server = await serve(self.control_path, self.handle, limit=MAX_CONTROL_REQUEST)
         self._spawn(self._start_startd())
         self._spawn(self._master_updates())
         try:
@@ -947,24 +944,6 @@ class EmulatedStartd:
             )
             return {"ok": True}
         return {"ok": False, "error": f"unknown op {op!r}"}
-
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        try:
-            try:
-                request = json.loads(await reader.readline())
-                if not isinstance(request, dict):
-                    raise ValueError("request is not an object")
-                reply = await self.handle(request)
-            except (ValueError, KeyError, TypeError) as err:
-                reply = {"ok": False, "error": f"bad request: {err}"}
-            writer.write(json.dumps(reply).encode() + b"\n")
-            await writer.drain()
-        except (ConnectionError, asyncio.IncompleteReadError):
-            pass
-        finally:
-            writer.close()
-            with contextlib.suppress(ConnectionError):
-                await writer.wait_closed()
 
 
 def run_master(config: Config) -> int:

@@ -28,8 +28,8 @@ from typing import Any
 
 from broker.emulation.execution_point.classad import Ad, ClassAdSyntaxError, evaluate
 from broker.emulation.execution_point.config import Config, ConfigError
-from broker.emulation.execution_point.control import EmulatorUnavailable, request_sync
 from broker.emulation.execution_point.paths import MASTER_EXIT_FILE, control_socket_path
+from broker.emulation.rpc import EmulatorUnavailable, request_sync
 
 
 def _err(text: str) -> None:

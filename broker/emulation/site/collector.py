@@ -35,7 +35,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.emulation.execution_point.control import EmulatorUnavailable, request_sync
+from broker.emulation.rpc import EmulatorUnavailable, request_sync
 from broker.emulation.site.schedd import install_socket_tools
 
 COLLECTOR = "collector.overlay"

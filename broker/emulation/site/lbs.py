@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.emulation.groundtruth import GroundTruth
-from broker.emulation.wire import serve
+from broker.emulation.rpc import serve
 
 log = logging.getLogger("emulation.lbs")
 

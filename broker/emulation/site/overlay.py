@@ -27,9 +27,9 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from broker.emulation.execution_point.control import EmulatorControl, EmulatorUnavailable
+from broker.emulation.execution_point.control import EmulatorControl
 from broker.emulation.groundtruth import GroundTruth
-from broker.emulation.wire import serve
+from broker.emulation.rpc import EmulatorUnavailable, serve
 
 log = logging.getLogger("emulation.overlay")
 

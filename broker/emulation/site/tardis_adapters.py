@@ -50,8 +50,7 @@ from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStat
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.utilities.attributedict import AttributeDict
 
-from broker.emulation.execution_point.control import EmulatorUnavailable
-from broker.emulation.wire import request
+from broker.emulation.rpc import EmulatorUnavailable, request
 
 log = logging.getLogger("cobald.runtime.emulation.tardis_adapters")
 

@@ -1,10 +1,10 @@
 """
-One JSON object per line over a Unix socket: the emulators' little RPC
+The emulators' RPC: one JSON object per line over a Unix socket, one reply line
 
-The emulated local batch system (``lbs.py``) and overlay pool (``overlay.py``)
-serve it; the emulated TARDIS adapters (``tardis_adapters.py``) inside the
-COBalD daemon are its clients, the way TARDIS's real adapters run
-``condor_q``/``condor_status``. A client connects, writes one object and a
+Every emulator serves it (the execution point's control socket, the local batch
+system, the overlay pool) and every client speaks it through this module: the
+tests, the demo, the fake ``condor_*`` tools (blocking, :func:`request_sync`) and
+the emulated TARDIS adapters. A client connects, writes one object and a
 newline, reads one object and a newline back.
 """
 
@@ -15,11 +15,10 @@ import contextlib
 import json
 import logging
 import os
+import socket
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
-
-from broker.emulation.execution_point.control import EmulatorUnavailable
 
 log = logging.getLogger("emulation.wire")
 
@@ -29,8 +28,12 @@ Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 MAX_LINE = 16 << 20
 
 
-async def serve(path: Path, handler: Handler) -> asyncio.Server:
-    """Serve ``handler`` on ``path`` (replacing a stale socket file)"""
+class EmulatorUnavailable(Exception):
+    """Nobody answers on the emulator's socket"""
+
+
+async def serve(path: Path, handler: Handler, *, limit: int = MAX_LINE) -> asyncio.Server:
+    """Serve ``handler`` on ``path`` (replacing a stale socket file); ``limit``: longest request"""
 
     async def one(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -54,7 +57,19 @@ async def serve(path: Path, handler: Handler) -> asyncio.Server:
 
     with contextlib.suppress(FileNotFoundError):
         os.unlink(path)
-    return await asyncio.start_unix_server(one, path=os.fspath(path), limit=MAX_LINE)
+    return await asyncio.start_unix_server(one, path=os.fspath(path), limit=limit)
+
+
+def _reply(path: Path | str, line: bytes, op: object) -> dict[str, Any]:
+    if not line:
+        raise EmulatorUnavailable(f"{path}: no reply to {op!r}")
+    try:
+        reply = json.loads(line)
+    except json.JSONDecodeError as err:
+        raise EmulatorUnavailable(f"{path}: bad reply {line[:200]!r}") from err
+    if not isinstance(reply, dict):
+        raise EmulatorUnavailable(f"{path}: bad reply {reply!r}")
+    return reply
 
 
 async def request(
@@ -76,9 +91,28 @@ async def request(
                 writer.close()
     except (OSError, TimeoutError) as err:
         raise EmulatorUnavailable(f"{path}: {err!r}") from err
-    if not line:
-        raise EmulatorUnavailable(f"{path}: no reply to {payload.get('op')!r}")
-    reply = json.loads(line)
-    if not isinstance(reply, dict):
-        raise EmulatorUnavailable(f"{path}: bad reply {reply!r}")
-    return reply
+    return _reply(path, line, payload.get("op"))
+
+
+def request_sync(
+    path: Path | str, payload: dict[str, Any], timeout_s: float = 20.0
+) -> dict[str, Any]:
+    """
+    One request, blocking (for the fake tools)
+
+    :raises EmulatorUnavailable: no socket, nobody listening, or no answer in time
+    """
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
+            sock.settimeout(timeout_s)
+            sock.connect(os.fspath(path))
+            sock.sendall(json.dumps(payload).encode() + b"\n")
+            data = b""
+            while not data.endswith(b"\n"):
+                chunk = sock.recv(65536)
+                if not chunk:
+                    break
+                data += chunk
+    except OSError as err:
+        raise EmulatorUnavailable(f"{path}: {err!r}") from err
+    return _reply(path, data, payload.get("op"))
