@@ -2,25 +2,22 @@
 
 from __future__ import annotations
 
-import hashlib
 from pathlib import Path
+
+from remote_agent.settings import default_gate_socket
 
 #: file names inside the state directory
 CONFIG_FILE = "condor_config"
 GROUND_TRUTH_FILE = "ground_truth.jsonl"
 MASTER_EXIT_FILE = "master_exit"
-#: longest path AF_UNIX accepts on Linux
-_MAX_SOCKET_PATH = 107
 
 
 def control_socket_path(state_dir: Path) -> Path:
     """
-    The emulator's control socket: ``STATE_DIR/control.sock``, or a short path in
-    ``/tmp`` derived from ``state_dir`` if that would be too long for ``AF_UNIX``
+    The emulator's control socket: ``STATE_DIR/control/gate.sock``, or a short
+    path if that is too long for ``AF_UNIX``, by the agent's own rule for its
+    gate socket (:func:`remote_agent.settings.default_gate_socket`, without
+    ``$XDG_RUNTIME_DIR`` so that every process finds the same path); whoever
+    binds it creates its directory
     """
-    state_dir = state_dir.resolve()
-    path = state_dir / "control.sock"
-    if len(bytes(path)) <= _MAX_SOCKET_PATH:
-        return path
-    digest = hashlib.sha256(bytes(state_dir)).hexdigest()[:16]
-    return Path("/tmp") / f"cobald-emu-{digest}.sock"
+    return default_gate_socket(state_dir.resolve() / "control", env={})

@@ -61,6 +61,7 @@ from broker.emulation.execution_point.paths import (
 )
 from broker.emulation.groundtruth import GroundTruth
 from broker.emulation.rpc import serve
+from remote_agent.spool import private_directory
 
 log = logging.getLogger("emulation.startd")
 
@@ -228,6 +229,7 @@ class EmulatedStartd:
         ):
             loop.add_signal_handler(sig, self._on_signal, sig, how)
         loop.add_signal_handler(signal.SIGHUP, lambda: None)  # condor_reconfig: nothing to do
+        private_directory(self.control_path.parent)
         server = await serve(self.control_path, self.handle, limit=MAX_CONTROL_REQUEST)
         self._spawn(self._start_startd())
         self._spawn(self._master_updates())
