@@ -26,8 +26,8 @@ from tardis.interfaces.siteadapter import SiteAdapter
 from tardis.plugins.sqliteregistry import SqliteRegistry
 from tardis.utilities.attributedict import AttributeDict
 
-from broker.emulation.demo.command import render_config
 from broker.emulation.demo.scenario import Scenario
+from broker.emulation.demo.template import render_config
 from broker.emulation.execution_point import install_fake_condor
 from broker.emulation.groundtruth import read_ground_truth
 from broker.server.embedded import EmbeddedServer

@@ -16,7 +16,7 @@ import pytest
 from fake_drones import eventually
 from nats.js import JetStreamContext
 
-from broker.emulation.demo.command import run_mode
+from broker.emulation.demo.run import run_mode
 from broker.emulation.demo.scenario import Scenario
 from broker.emulation.groundtruth import read_ground_truth
 from broker.server.embedded import EmbeddedServer
