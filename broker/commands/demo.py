@@ -9,7 +9,7 @@ from broker.commands.failures import CliError
 
 def _demo(args: argparse.Namespace) -> int:
     # the emulation is not product code: imported only when the demo runs
-    from emulation.demo import main as demo_main
+    from broker.emulation.demo.command import main as demo_main
 
     try:
         return demo_main(args)

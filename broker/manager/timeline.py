@@ -206,9 +206,3 @@ async def read_timeline(
     except (nats.errors.Error, TimeoutError) as err:
         raise TimelineError(f"cannot read the event stream: {err}") from None
     return build(messages, heartbeats=heartbeats)
-
-
-# emulation/demo.py prints the table from here
-from broker.commands.timeline import format_timeline  # noqa: E402
-
-format_table = format_timeline

@@ -26,6 +26,10 @@ from tardis.interfaces.siteadapter import SiteAdapter
 from tardis.plugins.sqliteregistry import SqliteRegistry
 from tardis.utilities.attributedict import AttributeDict
 
+from broker.emulation.demo.scenario import Scenario
+from broker.emulation.demo.template import render_config
+from broker.emulation.execution_point import install_fake_condor
+from broker.emulation.groundtruth import read_ground_truth
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from broker.tardis_adapter import (
@@ -34,10 +38,6 @@ from broker.tardis_adapter import (
     RemoteSiteAdapter,
     TardisStateNotes,
 )
-from emulation import install_fake_condor
-from emulation.demo import render_config
-from emulation.groundtruth import read_ground_truth
-from emulation.scenario import Scenario
 from remote_agent.protocol import events as ev
 
 pytestmark = pytest.mark.timeout(120)

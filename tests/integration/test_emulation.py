@@ -16,7 +16,8 @@ from typing import Any
 import pytest
 from test_gate import FakeAgent
 
-from emulation import EmulatedMaster, EmulatorControl, OverlayPool, install_fake_condor
+from broker.emulation.execution_point import EmulatedMaster, EmulatorControl, install_fake_condor
+from broker.emulation.site.pool import OverlayPool
 from remote_agent.gate import GateServer
 from remote_agent.htcondor import CondorStartd
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS, GATE_CLOSED_STATUS, JobStart

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 from test_gate import FakeAgent
 
-from emulation import DEPLOY_DIR
+from broker.emulation.execution_point import DEPLOY_DIR
 from remote_agent.classad import parse_ad
 from remote_agent.gate import GATE_ENV, PYTHON_ENV, GateServer
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS, GATE_CLOSED_STATUS, JobStart

@@ -34,6 +34,12 @@ from tardis.resources.drone import Drone
 from tardis.utilities.attributedict import AttributeDict
 from tardis_support import SITE, FakeOverlay, FakeSite, attributes
 
+from broker.emulation.execution_point import install_fake_condor
+from broker.emulation.groundtruth import GroundTruth, read_ground_truth
+from broker.emulation.site.collector import install_fake_collector
+from broker.emulation.site.lbs import Job, LocalBatchSystem
+from broker.emulation.site.overlay import OverlayPool
+from broker.emulation.site.schedd import install_fake_schedd
 from broker.manager.timeline import read_timeline
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
@@ -44,12 +50,6 @@ from broker.tardis_adapter import (
     RemoteSiteAdapter,
     TardisStateNotes,
 )
-from emulation import install_fake_condor
-from emulation.collector import install_fake_collector
-from emulation.groundtruth import GroundTruth, read_ground_truth
-from emulation.lbs import Job, LocalBatchSystem
-from emulation.overlay import OverlayPool
-from emulation.schedd import install_fake_schedd
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 
@@ -362,10 +362,10 @@ async def htcondor_site(
 ) -> AsyncIterator[SiteFactory]:
     """
     The site and the overlay pool as TARDIS's own HTCondor adapters see them, configured
-    like ``deploy/cobald/htcondor.yaml``: fake schedd tools (``emulation/schedd.py``) in
+    like ``deploy/cobald/htcondor.yaml``: fake schedd tools (``broker/emulation/site/schedd.py``) in
     front of an emulated local batch system whose jobs run ``deploy/cobald/drone-job``
     (the real agent around an emulated startd with the real hooks), and fake collector
-    tools (``emulation/collector.py``) in front of an emulated overlay pool that offers
+    tools (``broker/emulation/site/collector.py``) in front of an emulated overlay pool that offers
     3-second payloads to every startd; all on the ``PATH`` of TARDIS's ``ShellExecutor``
     """
     script = Path(sys.executable).parent / "cobald-remote"

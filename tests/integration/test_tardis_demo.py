@@ -16,11 +16,11 @@ import pytest
 from fake_drones import eventually
 from nats.js import JetStreamContext
 
+from broker.emulation.demo.run import run_mode
+from broker.emulation.demo.scenario import Scenario
+from broker.emulation.groundtruth import read_ground_truth
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
-from emulation.demo import run_mode
-from emulation.groundtruth import read_ground_truth
-from emulation.scenario import Scenario
 
 pytestmark = pytest.mark.timeout(420)
 

@@ -1,6 +1,6 @@
 """
-emulation/schedd.py and emulation/collector.py: the fake schedd and collector tools
-read what TARDIS's HTCondor adapters send, and fail clearly otherwise
+broker/emulation/site/schedd.py and broker/emulation/site/collector.py: the fake schedd and
+collector tools read what TARDIS's HTCondor adapters send, and fail clearly otherwise
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 from tardis.adapters.sites.htcondor import _submit_description
 
-from emulation.collector import COLLECTOR, install_fake_collector
-from emulation.schedd import install_fake_schedd, parse_environment, parse_submit
+from broker.emulation.site.collector import COLLECTOR, install_fake_collector
+from broker.emulation.site.schedd import install_fake_schedd, parse_environment, parse_submit
 
 
 def test_jobs_of_a_bulk_submission_as_tardis_writes_it() -> None:

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from emulation import classad as emu
+from broker.emulation.execution_point import classad as emu
 from remote_agent.classad import Expr, parse_ad, parse_ads, parse_value, quote
 
 JOB_AD = """\

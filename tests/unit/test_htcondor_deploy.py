@@ -13,9 +13,9 @@ from pathlib import Path
 import pytest
 
 from broker.cli import build_parser
-from emulation import DEPLOY_CONFIG, DEPLOY_DIR
-from emulation import classad as emu
-from emulation.config import Config
+from broker.emulation.execution_point import DEPLOY_CONFIG, DEPLOY_DIR
+from broker.emulation.execution_point import classad as emu
+from broker.emulation.execution_point.config import Config
 from remote_agent.gate import GATE_ENV, PYTHON_ENV
 from remote_agent.hooks import HOOK_KEYWORD
 from remote_agent.htcondor import GATE_ATTRIBUTE

@@ -31,9 +31,9 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from emulation import DEPLOY_CONFIG, DEPLOY_DIR
-from emulation import classad as emu
-from emulation.config import Config
+from broker.emulation.execution_point import DEPLOY_CONFIG, DEPLOY_DIR
+from broker.emulation.execution_point import classad as emu
+from broker.emulation.execution_point.config import Config
 from remote_agent import classad as ours
 from remote_agent.hooks import HOOK_KEYWORD
 from remote_agent.htcondor import GATE_ATTRIBUTE

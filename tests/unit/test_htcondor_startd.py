@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 from helpers import pid_exists
 
-from emulation import EmulatedMaster, EmulatorControl, install_fake_condor
+from broker.emulation.execution_point import EmulatedMaster, EmulatorControl, install_fake_condor
 from remote_agent.errors import StartdError
 from remote_agent.htcondor import GATE_ATTRIBUTE, CondorStartd
 from remote_agent.interfaces import SlotInfo

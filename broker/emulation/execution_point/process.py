@@ -10,17 +10,18 @@ from collections.abc import Mapping
 from pathlib import Path
 from types import TracebackType
 
-from emulation.config import Config
-from emulation.control import EmulatorControl
+from broker.emulation.execution_point.config import Config
+from broker.emulation.execution_point.control import EmulatorControl
 
 
 class EmulatedMaster:
     """
     ``async with EmulatedMaster(env) as ep:`` starts ``condor_master -f`` from the
-    ``PATH`` in ``env`` (see :func:`~emulation.install_fake_condor`), waits until
-    its startd is ready, and on exit stops it by its PID (SIGQUIT, then SIGKILL)
+    ``PATH`` in ``env`` (see :func:`~broker.emulation.execution_point.install_fake_condor`),
+    waits until its startd is ready, and on exit stops it by its PID (SIGQUIT, then SIGKILL)
 
-    ``ep`` is an :class:`~emulation.EmulatorControl`; :attr:`process` is the master.
+    ``ep`` is an :class:`~broker.emulation.execution_point.EmulatorControl`;
+    :attr:`process` is the master.
     """
 
     def __init__(self, env: Mapping[str, str], *, ready_timeout_s: float = 60.0) -> None:

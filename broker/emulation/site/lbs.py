@@ -34,10 +34,10 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from emulation.groundtruth import GroundTruth
-from emulation.wire import serve
+from broker.emulation.groundtruth import GroundTruth
+from broker.emulation.rpc import serve
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("emulation.lbs")
 
 #: HTCondor JobStatus codes used here
 IDLE, RUNNING, REMOVED, COMPLETED, SUSPENDED = 1, 2, 3, 4, 7

@@ -7,11 +7,11 @@ import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 
-from emulation.paths import CONFIG_FILE
-from emulation.tools import TOOLS
+from broker.emulation.execution_point.paths import CONFIG_FILE
+from broker.emulation.execution_point.tools import TOOLS
 
 #: the drone startd configuration shipped in this repository
-DEPLOY_DIR = Path(__file__).resolve().parent.parent / "deploy" / "htcondor"
+DEPLOY_DIR = Path(__file__).resolve().parents[3] / "deploy" / "htcondor"
 DEPLOY_CONFIG = DEPLOY_DIR / "cobald-remote-drone.conf"
 
 
@@ -52,14 +52,15 @@ def install_fake_condor(
         script = bin_dir / tool
         script.write_text(
             f"#!{python}\n"
-            f"# fake {tool} for tests: see emulation/tools.py\n"
+            f"# fake {tool} for tests: see broker/emulation/execution_point/tools.py\n"
             "import sys\n"
-            f"from emulation.tools import {function}\n"
+            f"from broker.emulation.execution_point.tools import {function}\n"
             f"sys.exit({function}(sys.argv))\n"
         )
         script.chmod(0o755)
     lines = [
-        "## an emulated HTCondor execution point (emulation.install_fake_condor)",
+        "## an emulated HTCondor execution point (install_fake_condor, "
+        "broker/emulation/execution_point/install.py)",
         f"EMULATOR_STATE_DIR = {state_dir}",
         "LOCAL_DIR = $(EMULATOR_STATE_DIR)",
         "LOG = $(LOCAL_DIR)/log",

@@ -27,11 +27,11 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emulation.control import EmulatorControl, EmulatorUnavailable
-from emulation.groundtruth import GroundTruth
-from emulation.wire import serve
+from broker.emulation.execution_point.control import EmulatorControl
+from broker.emulation.groundtruth import GroundTruth
+from broker.emulation.rpc import EmulatorUnavailable, serve
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("emulation.overlay")
 
 
 @dataclasses.dataclass(eq=False)

@@ -1,11 +1,11 @@
 """
-``python -m emulation``: drive an emulated execution point from a shell
+``python -m broker.emulation``: drive an emulated execution point from a shell
 
 ::
 
-    python -m emulation offer STATE_DIR JOB_ID DURATION_S [--exit-code N]
-    python -m emulation status STATE_DIR
-    python -m emulation truth STATE_DIR        # the ground truth, one JSON object per line
+    python -m broker.emulation offer STATE_DIR JOB_ID DURATION_S [--exit-code N]
+    python -m broker.emulation status STATE_DIR
+    python -m broker.emulation truth STATE_DIR        # the ground truth, one JSON object per line
 """
 
 from __future__ import annotations
@@ -16,13 +16,13 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from emulation.control import EmulatorUnavailable, request_sync
-from emulation.groundtruth import read_ground_truth
-from emulation.paths import GROUND_TRUTH_FILE, control_socket_path
+from broker.emulation.execution_point.paths import GROUND_TRUTH_FILE, control_socket_path
+from broker.emulation.groundtruth import read_ground_truth
+from broker.emulation.rpc import EmulatorUnavailable, request_sync
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m emulation", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m broker.emulation", description=__doc__)
     commands = parser.add_subparsers(dest="command", required=True)
     offer = commands.add_parser("offer", help="offer a job; prints the outcome")
     offer.add_argument("state_dir", type=Path)

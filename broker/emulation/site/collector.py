@@ -35,8 +35,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from emulation.control import EmulatorUnavailable, request_sync
-from emulation.schedd import install_socket_tools
+from broker.emulation.rpc import EmulatorUnavailable, request_sync
+from broker.emulation.site.schedd import install_socket_tools
 
 COLLECTOR = "collector.overlay"
 _SUFFIX = ".overlay"

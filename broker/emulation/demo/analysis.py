@@ -8,7 +8,7 @@ Sources, all written independently of TARDIS's decisions and of the bus:
 * each drone's emulated startd (``jobs/<id>/ep/ground_truth.jsonl``): every
   payload start, end and kill;
 * TARDIS's own state transitions, recorded inside the daemon by
-  ``emulation.recorder`` (``tardis.jsonl``): only for what TARDIS *saw*.
+  ``broker.emulation.demo.recorder`` (``tardis.jsonl``): only for what TARDIS *saw*.
 
 A payload that started and has no end while its drone's processes are gone
 was killed with the drone (the site's ``condor_rm`` leaves the startd no time
@@ -23,8 +23,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from emulation.groundtruth import read_ground_truth
-from emulation.paths import GROUND_TRUTH_FILE
+from broker.emulation.execution_point.paths import GROUND_TRUTH_FILE
+from broker.emulation.groundtruth import read_ground_truth
 
 
 def _percentile(values: list[float], share: float) -> float:

@@ -4,7 +4,7 @@ A COBalD controller that follows a fixed demand schedule (the demonstration's de
 A pipeline element like COBalD's own controllers::
 
     pipeline:
-      - __type__: emulation.demand.ScheduledDemand
+      - __type__: broker.emulation.demo.demand.ScheduledDemand
         schedule: [[0, 8], [12, 0], [20, 6]]   # [seconds after start, demand]
         start: 1767225600.0                     # epoch seconds; default: when it first runs
         interval: 1

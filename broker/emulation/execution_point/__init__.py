@@ -1,7 +1,7 @@
 """
 An emulated HTCondor execution point, for the tests and the demo
 
-Not product code: nothing in ``remote_agent/`` or ``broker/`` imports it.
+Not product code: nothing in ``remote_agent/`` or the product side of ``broker/`` imports it.
 
 * :func:`install_fake_condor` writes fake ``condor_master``, ``condor_who``,
   ``condor_drain`` and ``condor_update_machine_ad`` executables and an HTCondor
@@ -9,9 +9,7 @@ Not product code: nothing in ``remote_agent/`` or ``broker/`` imports it.
 * the fake ``condor_master -f`` runs an emulated master and startd that runs
   the configured job hooks like a starter (``startd.py``);
 * :class:`EmulatorControl` offers payloads to it and reads its ground truth
-  (``control.py``, ``groundtruth.py``);
-* :class:`OverlayPool` matches a queue of jobs to many emulated drones, as the
-  overlay pool's negotiator would (``pool.py``).
+  (``control.py``, ``..groundtruth``).
 
 Typical test::
 
@@ -25,11 +23,11 @@ worker, with the environment from ``install_fake_condor``); then drive it with
 ``EmulatorControl(state_dir)``.
 """
 
-from emulation.control import EmulatorControl, EmulatorUnavailable
-from emulation.groundtruth import read_ground_truth
-from emulation.install import DEPLOY_CONFIG, DEPLOY_DIR, install_fake_condor
-from emulation.pool import OverlayPool, PoolJob
-from emulation.process import EmulatedMaster
+from broker.emulation.execution_point.control import EmulatorControl
+from broker.emulation.execution_point.install import DEPLOY_CONFIG, DEPLOY_DIR, install_fake_condor
+from broker.emulation.execution_point.process import EmulatedMaster
+from broker.emulation.groundtruth import read_ground_truth
+from broker.emulation.rpc import EmulatorUnavailable
 
 __all__ = [
     "DEPLOY_CONFIG",
@@ -37,8 +35,6 @@ __all__ = [
     "EmulatedMaster",
     "EmulatorControl",
     "EmulatorUnavailable",
-    "OverlayPool",
-    "PoolJob",
     "install_fake_condor",
     "read_ground_truth",
 ]

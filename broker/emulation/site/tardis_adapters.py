@@ -18,9 +18,10 @@ demonstration: they decide from **polled, cached** views.
 
 Configuration (in the ``tardis:`` section)::
 
-    BatchSystem: {adapter: "emulation.tardis_adapters:OverlayBatchSystemAdapter",
+    BatchSystem: {adapter: "broker.emulation.site.tardis_adapters:OverlayBatchSystemAdapter",
                   socket: /run/dir/obs.sock, max_age: 10}     # seconds, not minutes
-    Sites: [{name: Demo, adapter: "emulation.tardis_adapters:LocalBatchSiteAdapter", ...}]
+    Sites: [{name: Demo,
+             adapter: "broker.emulation.site.tardis_adapters:LocalBatchSiteAdapter", ...}]
     Demo: {socket: /run/dir/lbs.sock, max_age: 10, MachineTypes: [...], ...}
 
 Not product code: the demonstration and the tests load it by dotted name
@@ -49,8 +50,7 @@ from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStat
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.utilities.attributedict import AttributeDict
 
-from emulation.control import EmulatorUnavailable
-from emulation.wire import request
+from broker.emulation.rpc import EmulatorUnavailable, request
 
 log = logging.getLogger("cobald.runtime.emulation.tardis_adapters")
 

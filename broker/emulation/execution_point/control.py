@@ -1,9 +1,10 @@
 """
 Driving an emulated execution point: the control socket protocol and a client
 
-The emulated master listens on :func:`~emulation.paths.control_socket_path` of
-its state directory. A client connects, writes one JSON object and a newline,
-and reads one JSON object and a newline back. Operations (``op``):
+The emulated master listens on
+:func:`~broker.emulation.execution_point.paths.control_socket_path` of its state
+directory and speaks the emulators' RPC (``broker/emulation/rpc.py``): one JSON
+object per line, one reply line. Operations (``op``):
 
 ==================  ===============================================  ==============================
 op                  fields                                           reply (besides ``ok``)
@@ -27,53 +28,21 @@ An ``offer`` is answered once the PREPARE_JOB hook has decided; the payload
 then runs on in the emulator. What happened is in the ground truth file
 (``groundtruth.py``). From a shell::
 
-    python -m emulation offer STATE_DIR 12.0 30
+    python -m broker.emulation offer STATE_DIR 12.0 30
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
-import socket
 import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from emulation.groundtruth import read_ground_truth
-from emulation.paths import GROUND_TRUTH_FILE, control_socket_path
-
-
-class EmulatorUnavailable(Exception):
-    """Nobody answers on the control socket"""
-
-
-def request_sync(path: Path, request: dict[str, Any], timeout_s: float = 20.0) -> dict[str, Any]:
-    """
-    One request, blocking (for the fake tools)
-
-    :raises EmulatorUnavailable: no socket, nobody listening, or no answer in time
-    """
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(timeout_s)
-            sock.connect(str(path))
-            sock.sendall(json.dumps(request).encode() + b"\n")
-            data = b""
-            while not data.endswith(b"\n"):
-                chunk = sock.recv(65536)
-                if not chunk:
-                    break
-                data += chunk
-    except OSError as err:
-        raise EmulatorUnavailable(f"{path}: {err}") from err
-    try:
-        reply = json.loads(data)
-    except json.JSONDecodeError as err:
-        raise EmulatorUnavailable(f"{path}: bad reply {data[:200]!r}") from err
-    if not isinstance(reply, dict):
-        raise EmulatorUnavailable(f"{path}: bad reply {reply!r}")
-    return reply
+from broker.emulation import rpc
+from broker.emulation.execution_point.paths import GROUND_TRUTH_FILE, control_socket_path
+from broker.emulation.groundtruth import read_ground_truth
+from broker.emulation.rpc import EmulatorUnavailable
 
 
 class EmulatorControl:
@@ -87,21 +56,7 @@ class EmulatorControl:
         """
         :raises EmulatorUnavailable: no emulated master answers
         """
-        try:
-            async with asyncio.timeout(timeout_s):
-                reader, writer = await asyncio.open_unix_connection(str(self.socket))
-                try:
-                    writer.write(json.dumps({"op": op, **fields}).encode() + b"\n")
-                    await writer.drain()
-                    line = await reader.readline()
-                finally:
-                    writer.close()
-        except (OSError, TimeoutError) as err:
-            raise EmulatorUnavailable(f"{self.socket}: {err}") from err
-        if not line:
-            raise EmulatorUnavailable(f"{self.socket}: no reply to {op}")
-        reply: dict[str, Any] = json.loads(line)
-        return reply
+        return await rpc.request(self.socket, {"op": op, **fields}, timeout_s=timeout_s)
 
     async def offer(
         self,

@@ -5,7 +5,7 @@ The demonstration's record of *TARDIS's* view, taken inside the daemon and
 independent of the bus, so both the stock and the decorated run are measured
 the same way. Loaded through ``create_composite_pool(observers=...)``::
 
-    observers: {"emulation.recorder:StateRecorder": {path: /run/dir/tardis.jsonl}}
+    observers: {"broker.emulation.demo.recorder:StateRecorder": {path: /run/dir/tardis.jsonl}}
 
 One object per line: ``t`` (epoch seconds), ``drone``, ``state`` (class name),
 ``resource_status`` (name).

@@ -1,0 +1,1 @@
+"""``cobald-remote demo``: the real COBalD daemon with TARDIS against the emulated site"""

@@ -1,0 +1,111 @@
+"""
+``cobald-remote demo``: the report's conditions, stock TARDIS against TARDIS with cobald-remote
+
+One run (see ``docs/tardis.md``, "The demonstration"):
+
+1. the embedded broker (``broker.server.embedded.EmbeddedServer``), provisioned;
+2. an emulated local batch system (``lbs.py``) that starts each drone job as a
+   local process tree after the scenario's queue delay, and an emulated
+   overlay pool (``overlay.py``) that offers short payloads to every startd;
+3. the **real COBalD daemon** (``python -m cobald.daemon``) with **real TARDIS**,
+   configured from ``deploy/cobald/demo.yaml``: a schedule of strongly swinging
+   demand, TARDIS's pool built by ``!RemoteTardisPoolFactory``, adapters whose
+   views lag like a cached ``condor_q`` and ``condor_status``;
+4. each drone job runs the real agent (``cobald-remote agent run -- condor_master -f``)
+   around an emulated startd that runs payloads through the real gate hooks
+   (with cobald-remote), or the emulated startd alone (stock);
+5. at the end, the numbers from the emulators' own records (``analysis.py``).
+
+``--compare`` runs the same seeded scenario with stock TARDIS first. Every
+process started here is stopped by its PID.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from broker.emulation.demo.bus import interesting_drone, record_outcomes, sample_timeline
+from broker.emulation.demo.report import table
+from broker.emulation.demo.run import MODES, Progress, run_mode, to_stderr
+from broker.emulation.demo.scenario import Scenario
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import Topology, provision
+from remote_agent.protocol.connect import connect
+from remote_agent.protocol.names import Namespace
+
+
+async def demo(
+    scenario: Scenario,
+    modes: Sequence[str],
+    root: Path,
+    *,
+    progress: Progress = to_stderr,
+) -> dict[str, Any]:
+    """Run ``modes`` in turn on one embedded broker; the results by mode"""
+    results: dict[str, Any] = {}
+    server = EmbeddedServer(root / "nats")
+    namespace = Namespace()
+    await server.start()
+    try:
+        nc = await connect(server.url, connect_timeout=2)
+        try:
+            await provision(nc.jetstream(), Topology(namespace=namespace))
+        finally:
+            await nc.close()
+        progress(f"embedded broker {server.url} (pid {server.pid})")
+        for mode in modes:
+            progress(f"--- {MODES[mode]}: seed {scenario.seed}, {scenario.total_s:.0f}s")
+            result = await run_mode(scenario, mode, root / mode, nats_url=server.url)
+            if mode == "remote":
+                result["handshake_records"] = await record_outcomes(server.url, namespace)
+                drone = interesting_drone(root / mode)
+                if drone is not None:
+                    result["sample_drone"] = drone
+                    result["sample_timeline"] = await sample_timeline(server.url, namespace, drone)
+            results[mode] = result
+    finally:
+        await server.stop()
+    return results
+
+
+def main(args: argparse.Namespace) -> int:
+    """``cobald-remote demo`` (``broker/cli.py`` parses the options)"""
+    scenario = Scenario(
+        seed=args.seed,
+        duration_s=args.duration,
+        max_drones=args.drones,
+        tardis_adapters=args.tardis_adapters,
+    )
+    modes = ["stock", "remote"] if args.compare else ["remote"]
+    keep = args.workdir is not None
+    root = Path(args.workdir) if keep else Path(tempfile.mkdtemp(prefix="cobald-remote-demo-"))
+    root.mkdir(parents=True, exist_ok=True)
+    to_stderr(
+        f"cobald-remote demo: seed {scenario.seed}, up to {scenario.max_drones} drones of "
+        f"{scenario.slots} slots, demand swings for {scenario.duration_s:.0f}s "
+        f"then {scenario.cooldown_s:.0f}s at zero; schedule {scenario.schedule()}"
+    )
+    try:
+        results = asyncio.run(demo(scenario, modes, root))
+    finally:
+        if not keep:
+            shutil.rmtree(root, ignore_errors=True)
+    print(table(results))
+    for mode, result in results.items():
+        reasons = ", ".join(f"{k}: {v}" for k, v in result["kill_reasons"].items()) or "none"
+        print(f"\n{MODES[mode]}: payloads killed by {reasons}")
+    remote = results.get("remote", {})
+    if "sample_timeline" in remote:
+        print(f"\ntimeline of {remote['sample_drone']} (cobald-remote timeline DRONE):")
+        print(remote["sample_timeline"])
+    if args.json:
+        document = {"scenario": scenario.describe(), "runs": results}
+        Path(args.json).write_text(json.dumps(document, indent=2, default=str) + "\n")
+    return 0

@@ -1,0 +1,87 @@
+"""The COBalD/TARDIS configuration of one demo run: ``deploy/cobald/demo.yaml`` filled in"""
+
+from __future__ import annotations
+
+import json
+import string
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from broker.emulation.demo.scenario import Scenario
+
+#: the COBalD/TARDIS configuration the demo fills in for each run
+CONFIG_TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "cobald" / "demo.yaml"
+#: the drone job TARDIS's HTCondor site adapter submits (``--tardis-adapters htcondor``)
+DEPLOY_JDL = CONFIG_TEMPLATE.with_name("drone.jdl")
+
+
+def render_config(
+    scenario: Scenario,
+    root: Path,
+    *,
+    start: float,
+    bus: Mapping[str, Any] | None,
+    template: Path = CONFIG_TEMPLATE,
+) -> str:
+    """``deploy/cobald/demo.yaml`` filled in for one run under ``root``"""
+    values = {
+        "schedule": json.dumps(scenario.schedule()),
+        "start": repr(start),
+        "pool_interval": repr(scenario.pool_interval_s),
+        "bus": json.dumps(dict(bus)) if bus is not None else "null",
+        "recorder": str(root / "tardis.jsonl"),
+        "quota": str(scenario.max_drones * scenario.slots * 3),
+        "heartbeat": str(int(scenario.heartbeat_s)),
+        **{key: json.dumps(value) for key, value in _adapters(scenario, root).items()},
+    }
+    return string.Template(template.read_text()).substitute(values)
+
+
+def _adapters(scenario: Scenario, root: Path) -> dict[str, Any]:
+    """The adapter parts of the ``tardis:`` section for ``scenario.tardis_adapters``"""
+    meta = {"drone": {"Cores": scenario.slots, "Memory": 2, "Disk": 4}}
+    if scenario.tardis_adapters == "htcondor":
+        return {
+            "batch_system": {
+                "adapter": "HTCondor",
+                "max_age": scenario.batch_max_age_s / 60,  # minutes
+                "ratios": {"cpu_ratio": "Real(TotalSlotCpus-Cpus)/TotalSlotCpus"},
+            },
+            "site_adapter": "HTCondor",
+            "site_section": {
+                "MachineTypes": ["drone"],
+                "MachineTypeConfiguration": {"drone": {"jdl": str(DEPLOY_JDL)}},
+                "MachineMetaData": meta,
+                "bulk_delay": 0.1,
+            },
+        }
+    if scenario.tardis_adapters != "emulated":
+        raise ValueError(
+            f"tardis_adapters must be emulated or htcondor, not {scenario.tardis_adapters!r}"
+        )
+    return {
+        "batch_system": {
+            "adapter": "broker.emulation.site.tardis_adapters:OverlayBatchSystemAdapter",
+            "socket": str(root / "obs.sock"),
+            "max_age": scenario.batch_max_age_s,  # seconds
+        },
+        "site_adapter": "broker.emulation.site.tardis_adapters:LocalBatchSiteAdapter",
+        "site_section": {
+            "socket": str(root / "lbs.sock"),
+            "max_age": scenario.site_max_age_s,  # seconds
+            "MachineTypes": ["drone"],
+            "MachineTypeConfiguration": {"drone": {}},
+            "MachineMetaData": meta,
+        },
+    }
+
+
+def bus_section(scenario: Scenario, url: str) -> dict[str, Any]:
+    return {
+        "servers": url,
+        "lost_after_s": scenario.lost_after_s,
+        "drain_deadline_s": 600.0,
+        "lost_removal_after_s": 600.0,
+        "request_timeout_s": 2.0,
+    }
