@@ -1,4 +1,18 @@
-"""Errors that ``broker/`` raises on purpose"""
+"""
+Errors that ``broker/`` raises on purpose
+
+The tree (classes defined elsewhere name their module)::
+
+    BrokerError
+    ├── ServerStartError        the embedded nats-server did not start
+    ├── ProvisioningError       a stream or bucket could not be provisioned
+    ├── ConsumerError           a consumer could not be created, or differs
+    ├── ConsumerGone            a consumer was deleted on the server
+    ├── ConnectError            broker.server.connection
+    ├── AuthError               broker.server.auth
+    ├── TimelineError           broker.manager.timeline
+    └── OperatorError           broker.commands.ops
+"""
 
 from __future__ import annotations
 
@@ -18,3 +32,11 @@ class ProvisioningError(BrokerError):
         super().__init__(f"cannot provision {name!r}: {problem}")
         self.name = name
         self.problem = problem
+
+
+class ConsumerError(BrokerError):
+    """A consumer could not be created, or exists with another configuration"""
+
+
+class ConsumerGone(BrokerError):
+    """The consumer was deleted on the server (or lost with a restart)"""

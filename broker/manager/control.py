@@ -55,7 +55,7 @@ from remote_agent.protocol.handshake import RecordStore, Versioned, load_proof_k
 from remote_agent.protocol.names import Namespace
 from remote_agent.protocol.ratelog import RateLimitedLog
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("broker.control")
 #: a drone with a tampered record is asked again on every removal attempt
 _tampered = RateLimitedLog(log)
 

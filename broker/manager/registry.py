@@ -73,7 +73,7 @@ from remote_agent.protocol.handshake import proven
 from remote_agent.protocol.names import MSG_ID, RELAY_HEADERS, Namespace, is_token
 from remote_agent.protocol.ratelog import RateLimitedLog
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("broker.registry")
 _rejections = RateLimitedLog(log)
 
 #: default time without any event after which a drone counts as lost: three

@@ -42,22 +42,13 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from broker.errors import BrokerError
-from broker.jetstream.consumer import (
-    DEFAULT_DURABLE,
-    ConsumerGone,
-    ConsumerStats,
-    Disposition,
-    Handler,
-    PullConsumer,
-    PullSettings,
-    durable_config,
-    ensure_consumer,
-    metadata,
-    read_all,
-)
+from broker.errors import BrokerError, ConsumerGone
+from broker.jetstream.messages import ConsumerStats, Disposition, Handler, PullSettings, metadata
+from broker.jetstream.pull import PullConsumer
+from broker.jetstream.reads import read_all
 from broker.manager.control import DEFAULT_REQUEST_TIMEOUT_S, Control
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, Applied, Registry, relayed
+from broker.server.durable import DEFAULT_DURABLE, durable_config, ensure_consumer
 from remote_agent.protocol.connect import connect
 from remote_agent.protocol.events import EVENT_TYPES, kind_of
 from remote_agent.protocol.names import (
@@ -70,7 +61,7 @@ from remote_agent.protocol.names import (
     kv_subjects,
 )
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("broker.service")
 
 #: subjects read by one consumer when resolving messages hidden behind invalid ones
 _RESOLVE_SUBJECTS = 100

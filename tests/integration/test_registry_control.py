@@ -15,7 +15,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from broker.jetstream.consumer import PullSettings
+from broker.jetstream.messages import PullSettings
 from broker.manager.control import (
     CommandOutcome,
     Control,

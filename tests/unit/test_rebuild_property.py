@@ -16,7 +16,7 @@ from fake_drones import FakeDrone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.jetstream.consumer import metadata
+from broker.jetstream.messages import metadata
 from broker.manager.registry import Registry
 from broker.manager.service import event_handler, event_reader
 from broker.manager.timeline import build, check_message
