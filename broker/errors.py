@@ -12,9 +12,15 @@ The tree (classes defined elsewhere name their module)::
     ├── AuthError               broker.server.auth
     ├── TimelineError           broker.manager.timeline
     └── OperatorError           broker.commands.ops
+    Rejected                    a message that is not valid (counted, never applied)
 """
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker.manager.validity import Rejection
 
 
 class BrokerError(Exception):
@@ -40,3 +46,12 @@ class ConsumerError(BrokerError):
 
 class ConsumerGone(BrokerError):
     """The consumer was deleted on the server (or lost with a restart)"""
+
+
+class Rejected(Exception):
+    """A message that is not valid; nothing of it may change any state"""
+
+    def __init__(self, reason: Rejection, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail

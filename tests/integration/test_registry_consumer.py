@@ -18,8 +18,12 @@ from broker.errors import ConsumerError
 from broker.jetstream.fastpath import FastParser
 from broker.jetstream.messages import PullSettings
 from broker.jetstream.pull import PullConsumer
-from broker.manager.registry import DroneView, Registry, Rejection
-from broker.manager.service import ManagerService, ManagerSettings, event_handler, rebuild
+from broker.manager.handler import event_handler
+from broker.manager.rebuild import rebuild
+from broker.manager.registry import Registry
+from broker.manager.service import ManagerService, ManagerSettings
+from broker.manager.validity import Rejection
+from broker.manager.views import DroneView
 from broker.server.durable import durable_config, ensure_consumer
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision

@@ -11,8 +11,10 @@ from fake_drones import FakeDrone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.manager.control import SAFE_REMOVALS, Removal, removal_verdict
-from broker.manager.registry import Applied, DroneView, Registry, Rejection
+from broker.manager.registry import Applied, Registry
+from broker.manager.validity import Rejection
+from broker.manager.verdict import SAFE_REMOVALS, Removal, removal_verdict
+from broker.manager.views import DroneView
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.handshake import record_proof
