@@ -37,13 +37,12 @@ from broker.manager.views import DroneView, Metrics, RecordView
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
     DEFAULT_MAX_SIZE,
-    EVENT_TYPES,
+    EVENT_KINDS,
     AnyEvent,
     DroneRecord,
     Heartbeat,
     decode_record,
     encode,
-    kind_of,
 )
 from remote_agent.protocol.handshake import proven
 from remote_agent.protocol.names import Namespace, is_token
@@ -73,8 +72,6 @@ __all__ = [
     "published_by_writer",
     "relayed",
 ]
-
-_KINDS: Final = {event_type: kind_of(event_type) for event_type in EVENT_TYPES}
 
 
 class Applied(enum.StrEnum):
@@ -247,7 +244,7 @@ class Registry:
             drone=drone,
             encoded=data,
             seq=event.seq,
-            kind=_KINDS[type(event)],
+            kind=EVENT_KINDS[type(event)],
             state=event.snapshot.state,
             stream_seq=stream_seq,
             received_time=received_time,

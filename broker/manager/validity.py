@@ -13,22 +13,15 @@ import enum
 from collections.abc import Mapping
 from typing import Final
 
-import msgspec
-
 from broker.errors import Rejected
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
     DEFAULT_MAX_SIZE,
-    EVENT_TYPES,
-    SCHEMA_VERSION,
     AnyEvent,
     decode_event,
-    kind_of,
+    sender_mismatch,
 )
 from remote_agent.protocol.names import MSG_ID, RELAY_HEADERS
-
-_KINDS: Final = {event_type: kind_of(event_type) for event_type in EVENT_TYPES}
-_decode = msgspec.msgpack.Decoder(AnyEvent).decode
 
 
 class Rejection(enum.StrEnum):
@@ -97,29 +90,15 @@ def check_event(
             Rejection.OVERSIZED, f"{len(data)} bytes exceed the limit of {max_size} bytes"
         )
     try:
-        # the same strict decoder as events.decode_event, without its wrapper;
-        # anything it does not accept goes through decode_event for the reason
-        event = _decode(data)
-        if event.v != SCHEMA_VERSION:
-            raise msgspec.ValidationError
-    except Exception:
-        try:
-            event = decode_event(data, max_size)
-        except SchemaError as err:
-            raise Rejected(Rejection.MALFORMED, str(err)) from None
-    # the sender check of events.check_sender, inlined: this runs per message.
-    # Site and drone are tokens (no dots), so one comparison of the whole
-    # subject says the same as comparing its parts; only a mismatch is split
-    kind = _KINDS[type(event)]
-    if subject != f"{prefix}.{event.site}.{event.drone}.evt.{kind}":
-        parts = subject.split(".")
-        if len(parts) != 5 or parts[0] != prefix or parts[3] != "evt":
-            raise Rejected(Rejection.SUBJECT, "not an event subject")
-        raise Rejected(
-            Rejection.SENDER,
-            f"event {kind!r} for {event.site}/{event.drone} arrived on the subject of "
-            f"{parts[1]}/{parts[2]} ({parts[4]!r})",
-        )
+        event = decode_event(data, max_size)
+    except SchemaError as err:
+        raise Rejected(Rejection.MALFORMED, str(err)) from None
+    try:
+        mismatch = sender_mismatch(event, subject, prefix)
+    except SchemaError:
+        raise Rejected(Rejection.SUBJECT, "not an event subject") from None
+    if mismatch is not None:
+        raise Rejected(Rejection.SENDER, mismatch)
     if headers is not UNSTORED and not published_by_writer(headers, event.id):
         raise Rejected(Rejection.RELAYED, f"stored without its writer's {MSG_ID}")
     return event

@@ -20,9 +20,8 @@ from remote_agent.protocol.events import (
     Payload,
     RecordPhase,
     Snapshot,
+    decode_event,
 )
-
-_decode = msgspec.msgpack.Decoder(AnyEvent).decode
 
 
 class RecordView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -97,7 +96,9 @@ class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         The newest event, decoded anew on every access (keep the result if
         you need several of its fields)
         """
-        return _decode(self.encoded) if self.encoded is not None else None
+        encoded = self.encoded
+        # checked in full on arrival, against the registry's size limit
+        return decode_event(encoded, len(encoded)) if encoded is not None else None
 
     @property
     def incarnation(self) -> str:

@@ -228,7 +228,7 @@ def test_bad_events_are_rejected_counted_and_change_nothing(
 
 
 def test_sender_check_agrees_with_events_check_sender() -> None:
-    """The registry inlines events.check_sender for speed; both must judge alike"""
+    """The registry and events.check_sender apply the one sender rule alike"""
     drone = FakeDrone(SITE, "site1-0000000001")
     event = drone.heartbeat()
     subjects = [
