@@ -8,11 +8,11 @@ The tree (classes defined elsewhere name their module)::
     ├── ProvisioningError       a stream or bucket could not be provisioned
     ├── ConsumerError           a consumer could not be created, or differs
     ├── ConsumerGone            a consumer was deleted on the server
+    ├── Rejected                a message that is not valid (counted, never applied)
     ├── ConnectError            broker.server.connection
     ├── AuthError               broker.server.auth
     ├── TimelineError           broker.manager.timeline
     └── OperatorError           broker.commands.ops
-    Rejected                    a message that is not valid (counted, never applied)
 """
 
 from __future__ import annotations
@@ -48,7 +48,7 @@ class ConsumerGone(BrokerError):
     """The consumer was deleted on the server (or lost with a restart)"""
 
 
-class Rejected(Exception):
+class Rejected(BrokerError):
     """A message that is not valid; nothing of it may change any state"""
 
     def __init__(self, reason: Rejection, detail: str) -> None:
