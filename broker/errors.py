@@ -1,6 +1,26 @@
-"""Errors that ``broker/`` raises on purpose"""
+"""
+Errors that ``broker/`` raises on purpose
+
+The tree (classes defined elsewhere name their module)::
+
+    BrokerError
+    ├── ServerStartError        the embedded nats-server did not start
+    ├── ProvisioningError       a stream or bucket could not be provisioned
+    ├── ConsumerError           a consumer could not be created, or differs
+    ├── ConsumerGone            a consumer was deleted on the server
+    ├── Rejected                a message that is not valid (counted, never applied)
+    ├── ConnectError            broker.server.connection
+    ├── AuthError               broker.server.auth
+    ├── TimelineError           broker.manager.timeline
+    └── OperatorError           broker.commands.ops
+"""
 
 from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from broker.manager.validity import Rejection
 
 
 class BrokerError(Exception):
@@ -18,3 +38,20 @@ class ProvisioningError(BrokerError):
         super().__init__(f"cannot provision {name!r}: {problem}")
         self.name = name
         self.problem = problem
+
+
+class ConsumerError(BrokerError):
+    """A consumer could not be created, or exists with another configuration"""
+
+
+class ConsumerGone(BrokerError):
+    """The consumer was deleted on the server (or lost with a restart)"""
+
+
+class Rejected(BrokerError):
+    """A message that is not valid; nothing of it may change any state"""
+
+    def __init__(self, reason: Rejection, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}")
+        self.reason = reason
+        self.detail = detail

@@ -1,40 +1,36 @@
 """
 The manager's control API: release, drain, release-if-idle, status, and may-remove
 
-Every operation that can end a drone goes through the handshake record first
-(:class:`remote_agent.protocol.handshake.RecordStore`), so that its effect does not
-depend on a message arriving: the request-reply command to the agent only
-makes it fast. The answers are enums and frozen dataclasses that say what
-actually happened, for TARDIS and for operators.
-
-:func:`removal_verdict` is the only place that says a drone's batch job may be
-removed (``condor_rm``, ``scancel``, ...). It answers yes in exactly the four
-safe cases of the design (``docs/architecture.md``, "Control API"):
-
-a. the manager released the drone before its agent came up (record ``released``
-   with the manager's proof, :func:`remote_agent.protocol.handshake.record_proof`: no
-   payload can ever start);
-b. the agent confirmed that it is idle and has closed its gate (record
-   ``drained`` written by the agent, and its newest event lists no payload);
-c. the agent's own drain deadline expired (record ``deadline_expired``);
-d. the agent is lost (no sign of life for ``lost_after_s``) **and** the local
-   batch system says the job is not running.
+Its rule: every operation that can end a drone goes through the handshake record
+first (:class:`remote_agent.protocol.handshake.RecordStore`), so that its effect does
+not depend on a message arriving; the request-reply command to the agent only makes
+it fast. Whether a batch job may be removed is :func:`~broker.manager.verdict.removal_verdict`'s
+alone.
 """
 
 from __future__ import annotations
 
 import datetime as dt
-import enum
 import logging
 import time
 import uuid
-from dataclasses import dataclass
 from typing import Final
 
 import nats.errors
 from nats.aio.client import Client
 
-from broker.manager.registry import DroneView, Registry
+from broker.manager.outcomes import (
+    CommandOutcome,
+    CommandResult,
+    DrainOutcome,
+    DrainResult,
+    IdleOutcome,
+    IdleResult,
+    ReleaseOutcome,
+    ReleaseResult,
+)
+from broker.manager.registry import Registry
+from broker.manager.verdict import SAFE_REMOVALS, Removal, Verdict, removal_verdict
 from remote_agent.protocol.errors import HandshakeError, RecordTampered, SchemaError
 from remote_agent.protocol.events import (
     AnyCommand,
@@ -44,8 +40,6 @@ from remote_agent.protocol.events import (
     Outcome,
     RecordPhase,
     ReleaseIfIdleCommand,
-    Reply,
-    Snapshot,
     StatusCommand,
     decode_reply,
     encode,
@@ -55,7 +49,7 @@ from remote_agent.protocol.handshake import RecordStore, Versioned, load_proof_k
 from remote_agent.protocol.names import Namespace
 from remote_agent.protocol.ratelog import RateLimitedLog
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("broker.control")
 #: a drone with a tampered record is asked again on every removal attempt
 _tampered = RateLimitedLog(log)
 
@@ -65,236 +59,24 @@ DEFAULT_DRAIN_S: Final = 24 * 3600.0
 #: default time to wait for an agent's answer to a command
 DEFAULT_REQUEST_TIMEOUT_S: Final = 2.0
 
-
-# ---------------------------------------------------------------------- answers
-
-
-class CommandOutcome(enum.StrEnum):
-    """How a request-reply command to an agent went"""
-
-    ANSWERED = "answered"  #: the agent replied (see the reply's outcome)
-    NO_RESPONDERS = "no_responders"  #: no agent listens on the drone's command subject
-    TIMEOUT = "timeout"  #: nobody answered in time (the command may have arrived)
-    ERROR_REPLY = "error_reply"  #: the agent could not understand the command
-    BAD_REPLY = "bad_reply"  #: the answer was not a valid reply for this drone and request
-
-
-@dataclass(frozen=True, slots=True)
-class CommandResult:
-    """The answer to one command, or why there was none"""
-
-    outcome: CommandOutcome
-    reply: Reply | None = None
-    detail: str = ""
-
-    @property
-    def agent_outcome(self) -> Outcome | None:
-        return self.reply.outcome if self.reply is not None else None
-
-    @property
-    def snapshot(self) -> Snapshot | None:
-        return self.reply.snapshot if self.reply is not None else None
-
-
-class DrainOutcome(enum.StrEnum):
-    """What :meth:`Control.drain` achieved"""
-
-    ACCEPTED = "accepted"  #: intent recorded, the agent closed its gate for it
-    DRAINED = "drained"  #: intent recorded, nothing ran: the agent is ending its job
-    UNANSWERED = "unanswered"  #: intent recorded; the agent did not answer, it acts on reconnect
-    REFUSED = "refused"  #: intent recorded, but the agent refused (see detail)
-    ALREADY_DRAINING = "already_draining"  #: an earlier drain intent is in effect
-    ALREADY_DRAINED = "already_drained"  #: the agent is drained already
-    DEADLINE_EXPIRED = "deadline_expired"  #: an earlier drain's deadline expired
-    RELEASED = "released"  #: the drone was released before it came up: nothing to drain
-    NOT_ANNOUNCED = "not_announced"  #: no record: the agent never came up; release it
-    TAMPERED = "tampered"  #: the record was removed or is invalid; the agent was told
-
-
-@dataclass(frozen=True, slots=True)
-class DrainResult:
-    """The outcome of a drain, the record it left, and the agent's answer if any"""
-
-    outcome: DrainOutcome
-    phase: RecordPhase | None
-    intent: DrainIntent | None = None
-    command: CommandResult | None = None
-    detail: str = ""
-
-    @property
-    def intent_recorded(self) -> bool:
-        """Whether a drain intent is in the record (ours or an earlier one)"""
-        return self.phase in (
-            RecordPhase.DRAINING,
-            RecordPhase.DRAINED,
-            RecordPhase.DEADLINE_EXPIRED,
-        )
-
-
-class ReleaseOutcome(enum.StrEnum):
-    """What :meth:`Control.release` achieved"""
-
-    RELEASED = "released"  #: the manager won: no payload can ever start; remove the job
-    DRAINING = "draining"  #: the agent had come up first: it was drained instead (see drain)
-    TAMPERED = "tampered"  #: the record was removed or is invalid: not released, agent told
-
-
-@dataclass(frozen=True, slots=True)
-class ReleaseResult:
-    outcome: ReleaseOutcome
-    phase: RecordPhase | None  #: ``None``: the record was removed or is invalid
-    drain: DrainResult | None = None
-    detail: str = ""
-
-    @property
-    def may_remove(self) -> bool:
-        """Whether the batch job may be removed right away (the manager won)"""
-        return self.outcome is ReleaseOutcome.RELEASED
-
-
-class IdleOutcome(enum.StrEnum):
-    """What :meth:`Control.release_if_idle` achieved"""
-
-    RELEASED = "released"  #: idle: the drone is ending (or was released before it came up)
-    BUSY = "busy"  #: payloads run: nothing changed
-    REFUSED = "refused"  #: the agent refused (see detail)
-    UNANSWERED = "unanswered"  #: no answer: nothing is known to have changed
-
-
-@dataclass(frozen=True, slots=True)
-class IdleResult:
-    outcome: IdleOutcome
-    phase: RecordPhase | None  #: ``None``: no valid record
-    command: CommandResult | None = None
-    detail: str = ""
-
-
-class Removal(enum.StrEnum):
-    """Why a drone's batch job may or may not be removed"""
-
-    # the four safe cases
-    RELEASED_BY_MANAGER = "released_by_manager"
-    DRAINED_BY_AGENT = "drained_by_agent"
-    DEADLINE_EXPIRED = "deadline_expired"
-    LOST_AND_NOT_RUNNING = "lost_and_not_running"
-    # everything else
-    UNKNOWN_DRONE = "unknown_drone"
-    NOT_ANNOUNCED = "not_announced"
-    AGENT_UP = "agent_up"
-    DRAINING = "draining"
-    LOST_BUT_RUNNING = "lost_but_running"
-    LOST_LBS_UNKNOWN = "lost_lbs_unknown"
-    UNEXPECTED_WRITER = "unexpected_writer"
-    UNPROVEN_RELEASE = "unproven_release"
-    RECORD_TAMPERED = "record_tampered"
-    DRAINED_BUT_BUSY = "drained_but_busy"
-
-
-SAFE_REMOVALS: Final = frozenset(
-    {
-        Removal.RELEASED_BY_MANAGER,
-        Removal.DRAINED_BY_AGENT,
-        Removal.DEADLINE_EXPIRED,
-        Removal.LOST_AND_NOT_RUNNING,
-    }
-)
-
-
-@dataclass(frozen=True, slots=True)
-class Verdict:
-    """The answer of :func:`removal_verdict`: yes only in the four safe cases"""
-
-    allowed: bool
-    reason: Removal
-    detail: str
-
-    def __bool__(self) -> bool:
-        return self.allowed
-
-
-def removal_verdict(
-    view: DroneView | None,
-    lbs_running: bool | None,
-    now: float,
-    lost_after_s: float,
-) -> Verdict:
-    """
-    Whether the batch job of the drone described by ``view`` may be removed
-
-    :param view: the registry's view of the drone (``None``: nothing known)
-    :param lbs_running: whether the local batch system reports the drone's job
-        as running; ``None`` if unknown
-    :param now: the current time, epoch seconds
-    :param lost_after_s: seconds without a sign of life after which the agent
-        counts as lost
-    """
-
-    def no(reason: Removal, detail: str) -> Verdict:
-        return Verdict(False, reason, detail)
-
-    def yes(reason: Removal, detail: str) -> Verdict:
-        assert reason in SAFE_REMOVALS
-        return Verdict(True, reason, detail)
-
-    if view is None:
-        return no(Removal.UNKNOWN_DRONE, "nothing is known about this drone: release it first")
-    record = view.record
-    odd: tuple[Removal, str] | None = None  # a final phase not to be trusted
-    if record is not None:
-        phase, writer = record.phase, record.writer
-        if phase is RecordPhase.RELEASED:
-            if record.proven:
-                return yes(
-                    Removal.RELEASED_BY_MANAGER,
-                    "released before its agent came up: no payload can ever start",
-                )
-            odd = (Removal.UNPROVEN_RELEASE, "record released without the manager's proof")
-        elif phase is RecordPhase.DRAINED and writer == "agent":
-            if not view.payloads:
-                return yes(Removal.DRAINED_BY_AGENT, "the agent is idle and has closed its gate")
-            odd = (
-                Removal.DRAINED_BUT_BUSY,
-                f"record drained, but the agent's newest event lists "
-                f"{len(view.payloads)} payload(s)",
-            )
-        elif phase is RecordPhase.DEADLINE_EXPIRED and writer == "agent":
-            return yes(Removal.DEADLINE_EXPIRED, "the agent's drain deadline expired")
-        elif phase in (RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED):
-            odd = (Removal.UNEXPECTED_WRITER, f"record {phase!s} written by the {writer}")
-        elif phase is None:
-            odd = (Removal.RECORD_TAMPERED, f"the record is tampered: {record.tampered}")
-    lost = view.is_lost(now, lost_after_s)
-    if lost:
-        seen = view.last_seen
-        silent = f"no sign of life for {now - seen:.0f}s" if seen is not None else "never seen"
-        if lbs_running is False:
-            return yes(
-                Removal.LOST_AND_NOT_RUNNING,
-                f"agent lost ({silent}) and the batch system says the job is not running",
-            )
-        if lbs_running is None:
-            return no(
-                Removal.LOST_LBS_UNKNOWN,
-                f"agent lost ({silent}), but the batch system's view is unknown",
-            )
-        return no(
-            Removal.LOST_BUT_RUNNING,
-            f"agent lost ({silent}), but the batch system says the job runs",
-        )
-    if odd is not None:
-        return no(*odd)
-    if record is None:
-        return no(
-            Removal.NOT_ANNOUNCED,
-            "no handshake record: the agent may be about to claim; release it first",
-        )
-    if record.phase is RecordPhase.DRAINING:
-        deadline = record.drain.deadline.isoformat() if record.drain else "?"
-        return no(Removal.DRAINING, f"draining until {deadline}; wait for drained")
-    return no(Removal.AGENT_UP, "the agent is up and may run payloads: drain it")
-
-
-# ---------------------------------------------------------------------- the API
+#: names importers of this module use, beside its own
+__all__ = [
+    "DEFAULT_DRAIN_S",
+    "DEFAULT_REQUEST_TIMEOUT_S",
+    "SAFE_REMOVALS",
+    "CommandOutcome",
+    "CommandResult",
+    "Control",
+    "DrainOutcome",
+    "DrainResult",
+    "IdleOutcome",
+    "IdleResult",
+    "ReleaseOutcome",
+    "ReleaseResult",
+    "Removal",
+    "Verdict",
+    "removal_verdict",
+]
 
 
 class Control:

@@ -24,11 +24,11 @@ from dataclasses import dataclass
 from typing import Final
 
 from broker.errors import BrokerError
-from broker.jetstream.consumer import ConsumerStats
+from broker.jetstream.messages import ConsumerStats
 from broker.manager.registry import Registry
 from remote_agent.protocol.events import DroneState, RecordPhase
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("broker.metrics")
 
 #: the Content-Type of the text exposition format
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"

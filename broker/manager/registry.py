@@ -1,41 +1,14 @@
 """
 The drone registry: the manager's latest knowledge of every drone (pure state, no I/O)
 
-Every event carries the whole snapshot it led to, so the registry keeps, per
-drone, only the newest valid event and the times that say how old each fact
-is. "Newest" is the order in which the event stream *stored* the events, its
-stream sequence: the server assigns it, no drone can forge it, and it is the
-same whether an event is consumed live, delivered again, or read by a rebuild.
-An event stored earlier than the one known is stale (a redelivery or a replay)
-and is counted and dropped, so lost, repeated and reordered deliveries converge
-to the same state. The agent's own ``seq`` orders its events for people (the
-timeline) and makes its dedupe ids; a wrong or forged one cannot hide events
-stored later, and a restarted agent's events supersede an earlier incarnation's.
-
-An event is valid if it passes the strict decoder and speaks for the drone and
-kind of its subject (:func:`check_event`); whether a message is valid depends
-on its subject and bytes alone. So the state of a drone is a function of its
-stored messages: the valid one stored last, and the valid heartbeat stored last.
-
-The newest event is kept as the bytes that came off the stream, validated in
-full on arrival, beside the few facts readers need at once (``seq``, kind,
-the drone's state); the rest is decoded when someone reads it. A drone
-running eight payloads then costs about a kilobyte instead of the 2.7 KB of
-the decoded event, and replacing a drone's state frees one object instead of
-a tree of them (``bench/scale.py``, ``bench/ingest.py``). Handshake records
-from the KV bucket are merged by revision in the same way; a removed or
-invalid record is kept as *tampered* (:attr:`RecordView.tampered`), never
-forgotten, since its drone may be up.
-
-Times are seconds since the epoch (UTC) and come from the caller: the
-consumer passes the time at which JetStream *stored* each message, which is
-the same whether the event is consumed live or replayed after a restart, so a
-rebuilt registry equals the one that was lost.
-
-Readers on other threads (the TARDIS integration) call :meth:`Registry.view`
-and :meth:`Registry.views`: every :class:`DroneView` is immutable and is
-replaced, never changed, with one dictionary store, which CPython performs
-atomically; :meth:`Registry.views` returns a copy taken in one step.
+Its rule: a drone's state is its valid event (:mod:`broker.manager.validity`) that the
+event stream stored last, and its valid heartbeat stored last, ordered by stream
+sequence, which no drone can forge; so lost, repeated, reordered and replayed
+deliveries converge to the same state, and a rebuilt registry equals the lost one.
+Handshake records merge by KV revision; a removed or invalid one is kept as
+*tampered*, never forgotten, since its drone may be up. Times are epoch seconds from
+the caller (when the stream stored each message). Readers on other threads use
+:meth:`Registry.view` and :meth:`Registry.views` (``docs/architecture.md``).
 """
 
 from __future__ import annotations
@@ -45,43 +18,60 @@ import logging
 import math
 import sys
 from collections.abc import Mapping
-from dataclasses import dataclass
 from types import MappingProxyType
 from typing import Final
 
 import msgspec
 
+from broker.errors import Rejected
+from broker.manager.validity import (
+    UNSTORED,
+    Headers,
+    Rejection,
+    Unstored,
+    check_event,
+    published_by_writer,
+    relayed,
+)
+from broker.manager.views import DroneView, Metrics, RecordView
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
     DEFAULT_MAX_SIZE,
-    EVENT_TYPES,
-    SCHEMA_VERSION,
+    EVENT_KINDS,
     AnyEvent,
-    DrainIntent,
     DroneRecord,
-    DroneState,
     Heartbeat,
-    Payload,
-    RecordPhase,
-    Snapshot,
-    decode_event,
     decode_record,
     encode,
-    kind_of,
 )
 from remote_agent.protocol.handshake import proven
-from remote_agent.protocol.names import MSG_ID, RELAY_HEADERS, Namespace, is_token
+from remote_agent.protocol.names import Namespace, is_token
 from remote_agent.protocol.ratelog import RateLimitedLog
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("broker.registry")
 _rejections = RateLimitedLog(log)
 
 #: default time without any event after which a drone counts as lost: three
 #: heartbeats of the agent's default 30 s interval
 DEFAULT_LOST_AFTER_S: Final = 90.0
 
-_KINDS: Final = {event_type: kind_of(event_type) for event_type in EVENT_TYPES}
-_decode = msgspec.msgpack.Decoder(AnyEvent).decode
+#: names importers of this module use, beside its own
+__all__ = [
+    "DEFAULT_LOST_AFTER_S",
+    "UNSTORED",
+    "Applied",
+    "DroneView",
+    "Headers",
+    "Metrics",
+    "RecordView",
+    "Registry",
+    "Rejected",
+    "Rejection",
+    "Unstored",
+    "check_event",
+    "published_by_writer",
+    "relayed",
+]
 
 
 class Applied(enum.StrEnum):
@@ -91,258 +81,6 @@ class Applied(enum.StrEnum):
     DUPLICATE = "duplicate"  #: same ``seq`` as the newest known event
     STALE = "stale"  #: older ``seq`` than the newest known event
     REJECTED = "rejected"  #: invalid; see the counted reason
-
-
-class Rejection(enum.StrEnum):
-    """Why an event or record was rejected (the label of its counter)"""
-
-    OVERSIZED = "oversized"  #: larger than the configured limit
-    MALFORMED = "malformed"  #: not a valid message of the schema (type, field, version)
-    SUBJECT = "subject"  #: arrived on a subject that is not an event subject of ours
-    SENDER = "sender"  #: the body speaks for another drone or kind than its subject
-    RECORD = "record"  #: a KV value that is not a valid record for its key
-    RELAYED = "relayed"  #: a server's answer that a reply subject sent onto this subject
-
-
-class Unstored(enum.Enum):
-    """A message that did not come off a stream (tests, tools): no headers to check"""
-
-    UNSTORED = "unstored"
-
-
-UNSTORED: Final = Unstored.UNSTORED
-Headers = Mapping[str, str] | None | Unstored
-
-
-def relayed(headers: Mapping[str, str] | None) -> bool:
-    """Whether a stored message with ``headers`` is a server's answer relayed onto its subject"""
-    return headers is not None and not RELAY_HEADERS.isdisjoint(headers)
-
-
-def published_by_writer(headers: Mapping[str, str] | None, message_id: str) -> bool:
-    """
-    Whether a stored message is its writer's own publish: no server answer headers, and
-    the ``Nats-Msg-Id`` its writer sends (``message_id``, the message's ``id``)
-    """
-    return (
-        headers is not None
-        and headers.get(MSG_ID) == message_id
-        and RELAY_HEADERS.isdisjoint(headers)
-    )
-
-
-class Rejected(Exception):
-    """A message that is not valid; nothing of it may change any state"""
-
-    def __init__(self, reason: Rejection, detail: str) -> None:
-        super().__init__(f"{reason}: {detail}")
-        self.reason = reason
-        self.detail = detail
-
-
-def check_event(
-    data: bytes,
-    subject: str,
-    prefix: str,
-    max_size: int = DEFAULT_MAX_SIZE,
-    headers: Headers = UNSTORED,
-) -> AnyEvent:
-    """
-    The event in ``data`` if it is valid as it arrived on ``subject`` with ``headers``
-
-    Valid means: at most ``max_size`` bytes, a message of the schema (strict
-    decoding, see :func:`remote_agent.protocol.events.decode_event`), speaking for the
-    site, drone and kind that its subject names, and, when it came off the
-    stream, stored as its writer published it (:func:`published_by_writer`).
-    Depends on nothing else, so the live registry, a rebuild and the timeline
-    all accept the same events.
-
-    :param headers: the headers it was stored with (``None``: none), or
-        :data:`UNSTORED` for an event that did not come off a stream
-    :raises Rejected: with the reason otherwise
-    """
-    if headers is not UNSTORED and relayed(headers):
-        raise Rejected(Rejection.RELAYED, "a server's answer, relayed by a reply subject")
-    if len(data) > max_size:
-        raise Rejected(
-            Rejection.OVERSIZED, f"{len(data)} bytes exceed the limit of {max_size} bytes"
-        )
-    try:
-        # the same strict decoder as events.decode_event, without its wrapper;
-        # anything it does not accept goes through decode_event for the reason
-        event = _decode(data)
-        if event.v != SCHEMA_VERSION:
-            raise msgspec.ValidationError
-    except Exception:
-        try:
-            event = decode_event(data, max_size)
-        except SchemaError as err:
-            raise Rejected(Rejection.MALFORMED, str(err)) from None
-    # the sender check of events.check_sender, inlined: this runs per message.
-    # Site and drone are tokens (no dots), so one comparison of the whole
-    # subject says the same as comparing its parts; only a mismatch is split
-    kind = _KINDS[type(event)]
-    if subject != f"{prefix}.{event.site}.{event.drone}.evt.{kind}":
-        parts = subject.split(".")
-        if len(parts) != 5 or parts[0] != prefix or parts[3] != "evt":
-            raise Rejected(Rejection.SUBJECT, "not an event subject")
-        raise Rejected(
-            Rejection.SENDER,
-            f"event {kind!r} for {event.site}/{event.drone} arrived on the subject of "
-            f"{parts[1]}/{parts[2]} ({parts[4]!r})",
-        )
-    if headers is not UNSTORED and not published_by_writer(headers, event.id):
-        raise Rejected(Rejection.RELAYED, f"stored without its writer's {MSG_ID}")
-    return event
-
-
-class RecordView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """
-    The drone's handshake record as last seen in the KV bucket
-
-    A record that was deleted or purged, or whose value is no valid record of
-    its drone, is *tampered*: ``phase`` is ``None`` and :attr:`tampered` says
-    what was found. Neither side writes that, and the drone may be up.
-    """
-
-    phase: RecordPhase | None
-    writer: str
-    revision: int
-    incarnation: str = ""
-    drain: DrainIntent | None = None
-    at: float  #: when the writer wrote it (its clock), epoch seconds
-    #: when the bucket stored it, epoch seconds; ``None`` until the KV watch
-    #: confirms a record that the manager merged from its own read or write
-    stored: float | None = None
-    note: str = ""
-    #: the record carries the manager's valid proof (its phases count only then)
-    proven: bool = False
-    #: why the record is not a valid record of its drone (``""``: it is one)
-    tampered: str = ""
-
-    @property
-    def label(self) -> str:
-        """The phase for people and metrics: ``tampered`` for a record that is none"""
-        return "tampered" if self.phase is None else str(self.phase)
-
-
-class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """
-    Everything the manager knows about one drone, with the age of each fact
-
-    Immutable: the registry replaces a drone's view, it never changes one.
-    All ``*_time`` fields are epoch seconds (UTC); ``None`` means "never".
-    """
-
-    site: str
-    drone: str
-    #: the newest valid event (stored last in the stream) as it came off the
-    #: stream, MessagePack that passed the strict decoder; ``None`` if only the
-    #: record is known
-    encoded: bytes | None = None
-    #: the agent's ``seq``, ``kind`` and the snapshot's drone state of that event
-    seq: int | None = None
-    kind: str = ""
-    state: DroneState | None = None
-    #: its stream sequence, and when it reached the bus
-    stream_seq: int | None = None
-    received_time: float | None = None
-    #: the newest valid heartbeat: the agent's ``seq``, its stream sequence, when
-    #: it reached the bus, and its interval; kept even if it was delivered after
-    #: a newer event
-    heartbeat_seq: int | None = None
-    heartbeat_stream_seq: int | None = None
-    heartbeat_time: float | None = None
-    heartbeat_interval_s: float | None = None
-    record: RecordView | None = None
-    #: set by :meth:`Registry.mark_lost`, cleared by the next event
-    lost: bool = False
-
-    @property
-    def key(self) -> tuple[str, str]:
-        return (self.site, self.drone)
-
-    @property
-    def event(self) -> AnyEvent | None:
-        """
-        The newest event, decoded anew on every access (keep the result if
-        you need several of its fields)
-        """
-        return _decode(self.encoded) if self.encoded is not None else None
-
-    @property
-    def incarnation(self) -> str:
-        """The agent run that sent the newest event"""
-        event = self.event
-        return event.incarnation if event is not None else ""
-
-    @property
-    def snapshot(self) -> Snapshot | None:
-        """The drone's state right after its newest event (decoded on every access)"""
-        event = self.event
-        return event.snapshot if event is not None else None
-
-    @property
-    def event_time(self) -> float | None:
-        """The agent's clock when it recorded the newest event, epoch seconds"""
-        event = self.event
-        return event.at.timestamp() if event is not None else None
-
-    @property
-    def payloads(self) -> list[Payload]:
-        snapshot = self.snapshot
-        return list(snapshot.payloads) if snapshot is not None else []
-
-    @property
-    def phase(self) -> RecordPhase | None:
-        return self.record.phase if self.record is not None else None
-
-    @property
-    def last_seen(self) -> float | None:
-        """
-        The newest sign of life of the agent: its newest event, or a record it wrote
-
-        A record written by the manager says nothing about the agent.
-        """
-        times = [self.received_time, self.heartbeat_time]
-        if self.record is not None and self.record.writer == "agent":
-            times.append(self.record.stored)
-        known = [t for t in times if t is not None]
-        return max(known) if known else None
-
-    def last_fact_age_s(self, now: float) -> float | None:
-        """Seconds since the newest fact of any kind (event or record)"""
-        times = [self.received_time, self.record.stored if self.record else None]
-        known = [t for t in times if t is not None]
-        return now - max(known) if known else None
-
-    def is_lost(self, now: float, lost_after_s: float) -> bool:
-        """
-        Whether no sign of life came for ``lost_after_s`` seconds before ``now``
-
-        A drone never heard from (no event, no record of its agent) is not
-        lost: it is unknown, and has to be released, not given up on.
-        """
-        seen = self.last_seen
-        return seen is not None and now - seen >= lost_after_s
-
-
-@dataclass(frozen=True, slots=True)
-class Metrics:
-    """Counters since the registry was created (Prometheus counters, by label)"""
-
-    applied: int
-    duplicate: int
-    stale: int
-    rejected: Mapping[str, int]
-    records_applied: int
-    records_ignored: int
-    drones: int
-    lost: int
-
-    @property
-    def rejected_total(self) -> int:
-        return sum(self.rejected.values())
 
 
 class Registry:
@@ -506,7 +244,7 @@ class Registry:
             drone=drone,
             encoded=data,
             seq=event.seq,
-            kind=_KINDS[type(event)],
+            kind=EVENT_KINDS[type(event)],
             state=event.snapshot.state,
             stream_seq=stream_seq,
             received_time=received_time,

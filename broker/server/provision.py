@@ -26,7 +26,7 @@ from remote_agent.protocol.events import DEFAULT_MAX_SIZE
 from remote_agent.protocol.handshake import load_proof_key
 from remote_agent.protocol.names import Namespace, kv_stream, kv_subjects
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("broker.provision")
 
 Action = Literal["created", "updated", "unchanged"]
 

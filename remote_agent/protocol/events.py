@@ -425,6 +425,10 @@ def kind_of(message_type: type[Message]) -> str:
     return tag
 
 
+#: the ``kind`` tag of every event type, looked up once
+EVENT_KINDS: Final[dict[type[Event], str]] = {t: kind_of(t) for t in EVENT_TYPES}
+
+
 # --------------------------------------------------------------------------- codec
 
 _encoder = msgspec.msgpack.Encoder()
@@ -553,19 +557,35 @@ def to_json(message: Message) -> bytes:
 # --------------------------------------------------------------------------- senders
 
 
-def check_sender(event: Event, subject: str, namespace: Namespace) -> None:
+def sender_mismatch(event: Event, subject: str, prefix: str) -> str | None:
     """
-    Ensure that ``event`` speaks for the drone whose subject it came on
+    Why ``event`` does not speak for the site, drone and kind that ``subject`` names,
+    or ``None`` if it does: the one sender rule
 
     Per-drone NATS permissions bind a drone's credentials to its subjects; this
-    check binds the message body to the subject, so a drone cannot speak for
-    another even through a mislabelled body.
+    rule binds the message body to the subject, so a drone cannot speak for
+    another even through a mislabelled body. Site and drone are tokens (no dots),
+    so one comparison of the whole subject says the same as comparing its parts;
+    only a mismatch is split.
+
+    :raises SchemaError: if ``subject`` is not an event subject of ``prefix``
+    """
+    kind = EVENT_KINDS[type(event)]
+    if subject == f"{prefix}.{event.site}.{event.drone}.evt.{kind}":
+        return None
+    site, drone, subject_kind = Namespace(prefix).parse_event_subject(subject)
+    return (
+        f"event {kind!r} for {event.site}/{event.drone} "
+        f"arrived on the subject of {site}/{drone} ({subject_kind!r})"
+    )
+
+
+def check_sender(event: Event, subject: str, namespace: Namespace) -> None:
+    """
+    Ensure that ``event`` speaks for the drone whose subject it came on (:func:`sender_mismatch`)
 
     :raises SchemaError: if site, drone or kind disagree with ``subject``
     """
-    site, drone, kind = namespace.parse_event_subject(subject)
-    if (site, drone, kind) != (event.site, event.drone, kind_of(type(event))):
-        raise SchemaError(
-            f"event {kind_of(type(event))!r} for {event.site}/{event.drone} "
-            f"arrived on the subject of {site}/{drone} ({kind!r})"
-        )
+    mismatch = sender_mismatch(event, subject, namespace.prefix)
+    if mismatch is not None:
+        raise SchemaError(mismatch)

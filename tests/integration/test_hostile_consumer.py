@@ -27,17 +27,12 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 
-from broker.jetstream.consumer import (
-    ConsumerStats,
-    Disposition,
-    PullConsumer,
-    PullSettings,
-    durable_config,
-    ensure_consumer,
-    read_all,
-)
+from broker.jetstream.messages import ConsumerStats, Disposition, PullSettings
+from broker.jetstream.pull import PullConsumer
+from broker.jetstream.reads import read_all
 from broker.manager.registry import Registry
 from broker.manager.service import ManagerService, ManagerSettings
+from broker.server.durable import durable_config, ensure_consumer
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from remote_agent.protocol import events as ev
@@ -176,7 +171,7 @@ async def test_a_handler_that_raises_terms_and_counts(
         applied[event["drone"]] = event["seq"]
         return Disposition.ACK
 
-    caplog.set_level(logging.WARNING, logger="broker.jetstream.consumer")
+    caplog.set_level(logging.WARNING, logger="broker.consumer")
     pull = PullConsumer(nc, NS.event_stream, name, handler, settings=FAST, direct=direct)
     stop = asyncio.Event()
     task = asyncio.create_task(pull.run(stop))
@@ -194,7 +189,7 @@ async def test_a_handler_that_raises_terms_and_counts(
     assert stats.handler_error_types == {"ValueError": 3, "RuntimeError": 3, "RecursionError": 3}
     assert stats.acked == total - 9
     # rate-limited: one line per kind, naming the subject and the type, never the payload
-    lines = [r.getMessage() for r in caplog.records if r.name == "broker.jetstream.consumer"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "broker.consumer"]
     assert len(lines) == 3
     assert any(
         "RecursionError" in line and NS.event(SITE, drones[0].drone, "heartbeat") in line

@@ -26,10 +26,12 @@ from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
 from tardis.interfaces.siteadapter import ResourceStatus
 from tardis_support import FakeSite, attributes
 
-from broker.manager.control import ReleaseOutcome, Removal
+from broker.manager.outcomes import ReleaseOutcome
+from broker.manager.rebuild import rebuild
 from broker.manager.registry import Registry
-from broker.manager.service import ManagerService, ManagerSettings, rebuild
+from broker.manager.service import ManagerService, ManagerSettings
 from broker.manager.timeline import read_timeline
+from broker.manager.verdict import Removal
 from broker.server.embedded import EmbeddedServer
 from broker.tardis_adapter import BusConfig, RemoteBus, RemoteSiteAdapter
 from remote_agent.protocol import events as ev

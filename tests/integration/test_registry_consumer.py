@@ -14,16 +14,17 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 from nats.protocol.parser import Parser
 
-from broker.jetstream.consumer import (
-    ConsumerError,
-    PullConsumer,
-    PullSettings,
-    _FastParser,
-    durable_config,
-    ensure_consumer,
-)
-from broker.manager.registry import DroneView, Registry, Rejection
-from broker.manager.service import ManagerService, ManagerSettings, event_handler, rebuild
+from broker.errors import ConsumerError
+from broker.jetstream.fastpath import FastParser
+from broker.jetstream.messages import PullSettings
+from broker.jetstream.pull import PullConsumer
+from broker.manager.handler import event_handler
+from broker.manager.rebuild import rebuild
+from broker.manager.registry import Registry
+from broker.manager.service import ManagerService, ManagerSettings
+from broker.manager.validity import Rejection
+from broker.manager.views import DroneView
+from broker.server.durable import durable_config, ensure_consumer
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from remote_agent.protocol import events as ev
@@ -111,7 +112,7 @@ async def test_consumer_applies_then_acks(nc: Client, stream: JetStreamContext) 
             await asyncio.sleep(0.05)
             info = await stream.consumer_info(NS.event_stream, "t")
     assert pull.is_direct
-    assert isinstance(nc._ps, _FastParser)  # the connection's parser took the short way
+    assert isinstance(nc._ps, FastParser)  # the connection's parser took the short way
     assert info.num_ack_pending == 0
     assert info.ack_floor is not None and info.ack_floor.stream_seq == last
     assert pull.stats.acked == pull.stats.delivered == last
@@ -363,7 +364,7 @@ async def test_deleted_durable_is_recreated_and_rebuilt(
 
 
 async def test_ephemeral_reader_reads_what_was_there(nc: Client, stream: JetStreamContext) -> None:
-    from broker.jetstream.consumer import read_all
+    from broker.jetstream.reads import read_all
 
     drones = _fleet(3)
     for drone in drones:

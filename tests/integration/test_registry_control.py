@@ -15,17 +15,12 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from broker.jetstream.consumer import PullSettings
-from broker.manager.control import (
-    CommandOutcome,
-    Control,
-    DrainOutcome,
-    IdleOutcome,
-    ReleaseOutcome,
-    Removal,
-)
+from broker.jetstream.messages import PullSettings
+from broker.manager.control import Control
+from broker.manager.outcomes import CommandOutcome, DrainOutcome, IdleOutcome, ReleaseOutcome
 from broker.manager.registry import Registry
 from broker.manager.service import ManagerService, ManagerSettings
+from broker.manager.verdict import Removal
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from remote_agent.protocol import events as ev

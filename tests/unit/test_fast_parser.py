@@ -1,7 +1,7 @@
 """
 The consumer's protocol parser against nats-py's own, on the same bytes cut anywhere
 
-``broker.jetstream.consumer._FastParser`` replaces nats-py's parser on the manager's
+``broker.jetstream.fastpath.FastParser`` replaces nats-py's parser on the manager's
 connection (see ``docs/architecture.md``). Both are fed the same server
 output, split into arbitrary chunks, and must hand the client exactly the
 same calls; the parser's client here is a recorder standing where nats-py's
@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
-from broker.jetstream.consumer import _FastParser
+from broker.jetstream.fastpath import FastParser
 
 Call = tuple[object, ...]
 
@@ -103,7 +103,7 @@ async def _feed(parser: Parser, chunks: list[bytes]) -> None:
 def _run(parser_type: type[Parser], chunks: list[bytes]) -> list[Call]:
     recorder = Recorder()
     parser = parser_type(recorder)
-    if parser_type is _FastParser:
+    if parser_type is FastParser:
         parser.routes = {}  # type: ignore[attr-defined]
     asyncio.run(_feed(parser, chunks))
     assert not parser.buf, "everything complete was consumed"
@@ -118,11 +118,11 @@ def _run(parser_type: type[Parser], chunks: list[bytes]) -> list[Call]:
 def test_same_calls_as_nats_py_for_any_split(frames: list[bytes], cuts: list[int]) -> None:
     data = b"".join(frames)
     chunks = _chunks(data, cuts)
-    assert _run(_FastParser, chunks) == _run(Parser, chunks)
+    assert _run(FastParser, chunks) == _run(Parser, chunks)
 
 
 class Routing(Recorder):
-    """A recorder whose ``_process_msg`` routes like the wrapper ``_Direct`` installs"""
+    """A recorder whose ``_process_msg`` routes like the wrapper ``Direct`` installs"""
 
     def __init__(self, routes: dict[int, Callable[..., Awaitable[None] | None]]) -> None:
         super().__init__()
@@ -169,7 +169,7 @@ def test_routed_messages_reach_their_route_in_order(frames: list[bytes], cuts: l
 
     routes: dict[int, Callable[..., Awaitable[None] | None]] = {3: route}
     recorder = Routing(routes)
-    parser = _FastParser(recorder)
+    parser = FastParser(recorder)
     parser.routes = routes
     asyncio.run(_feed(parser, chunks))
     assert routed == [c for c in expected if c[0] == "msg" and c[1] == 3]
@@ -185,7 +185,7 @@ def test_finishes_a_message_nats_py_began() -> None:
     data = b"PING\r\n" + message + _msg(b"t", 2, b"", b"next")
     cut = len(b"PING\r\n") + len(message) - 5  # inside the first message's payload
     chunks = [data[:cut], data[cut:]]
-    assert _run(_FastParser, chunks) == _run(Parser, chunks)
+    assert _run(FastParser, chunks) == _run(Parser, chunks)
 
 
 @pytest.mark.parametrize(
@@ -193,6 +193,6 @@ def test_finishes_a_message_nats_py_began() -> None:
     [b"HMSG s 1 r x 9\r\n", b"HMSG s 1\r\n", b"MSG s one 4\r\n", b"MSG s 1 r 4 5 6\r\n"],
 )
 def test_malformed_message_lines_are_protocol_errors(line: bytes) -> None:
-    for parser_type in (_FastParser, Parser):
+    for parser_type in (FastParser, Parser):
         with pytest.raises(ProtocolError):
             _run(parser_type, [line + b"data\r\n"])

@@ -10,7 +10,7 @@ import pytest
 from fake_drones import FakeDrone
 from prometheus_client.parser import text_string_to_metric_families
 
-from broker.jetstream.consumer import ConsumerStats
+from broker.jetstream.messages import ConsumerStats
 from broker.manager import metrics as metrics_module
 from broker.manager.metrics import MetricsServer, Sources, parse_address, render
 from broker.manager.registry import Registry

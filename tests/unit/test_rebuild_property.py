@@ -4,8 +4,8 @@ For any stream content, the live registry, the rebuilt one and the timeline agre
 The stream is modelled as the server keeps it: messages in stream order, a
 ``LAST_PER_SUBJECT`` read that yields the last message of every subject, and
 deliveries of the durable consumer in any order and any number of times. The
-handlers are the product's own: the consumer's (:func:`broker.manager.service.event_handler`)
-and the rebuild's (:func:`broker.manager.service.event_reader`).
+handlers are the product's own: the consumer's (:func:`broker.manager.handler.event_handler`)
+and the rebuild's (:func:`broker.manager.handler.event_reader`).
 ``tests/integration/test_hostile_manager.py`` checks the same on a real server.
 """
 
@@ -16,9 +16,9 @@ from fake_drones import FakeDrone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from broker.jetstream.consumer import metadata
+from broker.jetstream.messages import metadata
+from broker.manager.handler import event_handler, event_reader
 from broker.manager.registry import Registry
-from broker.manager.service import event_handler, event_reader
 from broker.manager.timeline import build, check_message
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError

@@ -11,8 +11,10 @@ from fake_drones import FakeDrone
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from broker.manager.control import SAFE_REMOVALS, Removal, removal_verdict
-from broker.manager.registry import Applied, DroneView, Registry, Rejection
+from broker.manager.registry import Applied, Registry
+from broker.manager.validity import Rejection
+from broker.manager.verdict import SAFE_REMOVALS, Removal, removal_verdict
+from broker.manager.views import DroneView
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.handshake import record_proof
@@ -226,7 +228,7 @@ def test_bad_events_are_rejected_counted_and_change_nothing(
 
 
 def test_sender_check_agrees_with_events_check_sender() -> None:
-    """The registry inlines events.check_sender for speed; both must judge alike"""
+    """The registry and events.check_sender apply the one sender rule alike"""
     drone = FakeDrone(SITE, "site1-0000000001")
     event = drone.heartbeat()
     subjects = [

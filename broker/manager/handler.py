@@ -1,0 +1,63 @@
+"""
+The two ways an event-stream message reaches the registry: the durable consumer's
+handler and the rebuild's reader
+
+Both take a message's time and order from the stream (its reply subject), so a
+replay after a restart sees the same times and the same order.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+
+from broker.jetstream.messages import Disposition, Handler, metadata
+from broker.manager.registry import Applied, Registry
+from remote_agent.protocol.events import EVENT_TYPES, kind_of
+
+
+def event_handler(registry: Registry) -> Handler:
+    """
+    The consumer's handler: apply each event to ``registry``, then say ack or term
+
+    The event's time of arrival is the time the stream stored it (from the
+    reply subject), so a replay after a restart sees the same times.
+    Rejected events are termed: redelivering them could never help.
+    """
+    apply = registry.apply_message
+    rejected = Applied.REJECTED
+    ack = Disposition.ACK
+    term = Disposition.TERM
+
+    def handle(
+        subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
+    ) -> Disposition:
+        try:
+            stream_seq, _, received, _ = metadata(reply)
+        except ValueError:  # not from JetStream: nothing to order it by
+            return term
+        return term if apply(data, subject, received, stream_seq, headers) is rejected else ack
+
+    return handle
+
+
+def event_reader(
+    registry: Registry, hidden: set[str] | None
+) -> Callable[[str, str, bytes, Mapping[str, str] | None], None]:
+    """
+    A read_all handler applying events by stream sequence; the subjects of
+    rejected messages that may hide a valid one go into ``hidden``
+    """
+    apply = registry.apply_message
+    kinds = frozenset(kind_of(event_type) for event_type in EVENT_TYPES)
+    prefix = registry.namespace.prefix
+
+    def on_event(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:
+        stream_seq, _, stored, _ = metadata(reply)
+        result = apply(data, subject, stored, stream_seq, headers)
+        if result is Applied.REJECTED and hidden is not None:
+            parts = subject.split(".")
+            # only a subject a valid event can arrive on can hide one
+            if len(parts) == 5 and parts[0] == prefix and parts[4] in kinds:
+                hidden.add(subject)
+
+    return on_event

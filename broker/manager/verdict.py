@@ -1,0 +1,143 @@
+"""
+The removal verdict: the only place that says a drone's batch job may be removed
+
+It answers yes in exactly the four safe cases of the design (``docs/architecture.md``,
+"Control API"): the manager released the drone before its agent came up (with the
+manager's proof); the agent recorded ``drained`` and its newest event lists no
+payload; the agent's drain deadline expired; or the agent is lost **and** the local
+batch system says the job is not running.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import Final
+
+from broker.manager.views import DroneView
+from remote_agent.protocol.events import RecordPhase
+
+
+class Removal(enum.StrEnum):
+    """Why a drone's batch job may or may not be removed"""
+
+    # the four safe cases
+    RELEASED_BY_MANAGER = "released_by_manager"
+    DRAINED_BY_AGENT = "drained_by_agent"
+    DEADLINE_EXPIRED = "deadline_expired"
+    LOST_AND_NOT_RUNNING = "lost_and_not_running"
+    # everything else
+    UNKNOWN_DRONE = "unknown_drone"
+    NOT_ANNOUNCED = "not_announced"
+    AGENT_UP = "agent_up"
+    DRAINING = "draining"
+    LOST_BUT_RUNNING = "lost_but_running"
+    LOST_LBS_UNKNOWN = "lost_lbs_unknown"
+    UNEXPECTED_WRITER = "unexpected_writer"
+    UNPROVEN_RELEASE = "unproven_release"
+    RECORD_TAMPERED = "record_tampered"
+    DRAINED_BUT_BUSY = "drained_but_busy"
+
+
+SAFE_REMOVALS: Final = frozenset(
+    {
+        Removal.RELEASED_BY_MANAGER,
+        Removal.DRAINED_BY_AGENT,
+        Removal.DEADLINE_EXPIRED,
+        Removal.LOST_AND_NOT_RUNNING,
+    }
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Verdict:
+    """The answer of :func:`removal_verdict`: yes only in the four safe cases"""
+
+    allowed: bool
+    reason: Removal
+    detail: str
+
+    def __bool__(self) -> bool:
+        return self.allowed
+
+
+def removal_verdict(
+    view: DroneView | None,
+    lbs_running: bool | None,
+    now: float,
+    lost_after_s: float,
+) -> Verdict:
+    """
+    Whether the batch job of the drone described by ``view`` may be removed
+
+    :param view: the registry's view of the drone (``None``: nothing known)
+    :param lbs_running: whether the local batch system reports the drone's job
+        as running; ``None`` if unknown
+    :param now: the current time, epoch seconds
+    :param lost_after_s: seconds without a sign of life after which the agent
+        counts as lost
+    """
+
+    def no(reason: Removal, detail: str) -> Verdict:
+        return Verdict(False, reason, detail)
+
+    def yes(reason: Removal, detail: str) -> Verdict:
+        assert reason in SAFE_REMOVALS
+        return Verdict(True, reason, detail)
+
+    if view is None:
+        return no(Removal.UNKNOWN_DRONE, "nothing is known about this drone: release it first")
+    record = view.record
+    odd: tuple[Removal, str] | None = None  # a final phase not to be trusted
+    if record is not None:
+        phase, writer = record.phase, record.writer
+        if phase is RecordPhase.RELEASED:
+            if record.proven:
+                return yes(
+                    Removal.RELEASED_BY_MANAGER,
+                    "released before its agent came up: no payload can ever start",
+                )
+            odd = (Removal.UNPROVEN_RELEASE, "record released without the manager's proof")
+        elif phase is RecordPhase.DRAINED and writer == "agent":
+            if not view.payloads:
+                return yes(Removal.DRAINED_BY_AGENT, "the agent is idle and has closed its gate")
+            odd = (
+                Removal.DRAINED_BUT_BUSY,
+                f"record drained, but the agent's newest event lists "
+                f"{len(view.payloads)} payload(s)",
+            )
+        elif phase is RecordPhase.DEADLINE_EXPIRED and writer == "agent":
+            return yes(Removal.DEADLINE_EXPIRED, "the agent's drain deadline expired")
+        elif phase in (RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED):
+            odd = (Removal.UNEXPECTED_WRITER, f"record {phase!s} written by the {writer}")
+        elif phase is None:
+            odd = (Removal.RECORD_TAMPERED, f"the record is tampered: {record.tampered}")
+    lost = view.is_lost(now, lost_after_s)
+    if lost:
+        seen = view.last_seen
+        silent = f"no sign of life for {now - seen:.0f}s" if seen is not None else "never seen"
+        if lbs_running is False:
+            return yes(
+                Removal.LOST_AND_NOT_RUNNING,
+                f"agent lost ({silent}) and the batch system says the job is not running",
+            )
+        if lbs_running is None:
+            return no(
+                Removal.LOST_LBS_UNKNOWN,
+                f"agent lost ({silent}), but the batch system's view is unknown",
+            )
+        return no(
+            Removal.LOST_BUT_RUNNING,
+            f"agent lost ({silent}), but the batch system says the job runs",
+        )
+    if odd is not None:
+        return no(*odd)
+    if record is None:
+        return no(
+            Removal.NOT_ANNOUNCED,
+            "no handshake record: the agent may be about to claim; release it first",
+        )
+    if record.phase is RecordPhase.DRAINING:
+        deadline = record.drain.deadline.isoformat() if record.drain else "?"
+        return no(Removal.DRAINING, f"draining until {deadline}; wait for drained")
+    return no(Removal.AGENT_UP, "the agent is up and may run payloads: drain it")

@@ -1,0 +1,175 @@
+"""
+What the registry knows about one drone, as immutable views
+
+A :class:`DroneView` keeps the newest valid event as the bytes that came off the
+stream and decodes the rest when someone reads it. Its rule: a view is replaced,
+never changed, so readers on other threads see each one whole.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import msgspec
+
+from remote_agent.protocol.events import (
+    AnyEvent,
+    DrainIntent,
+    DroneState,
+    Payload,
+    RecordPhase,
+    Snapshot,
+    decode_event,
+)
+
+
+class RecordView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """
+    The drone's handshake record as last seen in the KV bucket
+
+    A record that was deleted or purged, or whose value is no valid record of
+    its drone, is *tampered*: ``phase`` is ``None`` and :attr:`tampered` says
+    what was found. Neither side writes that, and the drone may be up.
+    """
+
+    phase: RecordPhase | None
+    writer: str
+    revision: int
+    incarnation: str = ""
+    drain: DrainIntent | None = None
+    at: float  #: when the writer wrote it (its clock), epoch seconds
+    #: when the bucket stored it, epoch seconds; ``None`` until the KV watch
+    #: confirms a record that the manager merged from its own read or write
+    stored: float | None = None
+    note: str = ""
+    #: the record carries the manager's valid proof (its phases count only then)
+    proven: bool = False
+    #: why the record is not a valid record of its drone (``""``: it is one)
+    tampered: str = ""
+
+    @property
+    def label(self) -> str:
+        """The phase for people and metrics: ``tampered`` for a record that is none"""
+        return "tampered" if self.phase is None else str(self.phase)
+
+
+class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """
+    Everything the manager knows about one drone, with the age of each fact
+
+    Immutable: the registry replaces a drone's view, it never changes one.
+    All ``*_time`` fields are epoch seconds (UTC); ``None`` means "never".
+    """
+
+    site: str
+    drone: str
+    #: the newest valid event (stored last in the stream) as it came off the
+    #: stream, MessagePack that passed the strict decoder; ``None`` if only the
+    #: record is known
+    encoded: bytes | None = None
+    #: the agent's ``seq``, ``kind`` and the snapshot's drone state of that event
+    seq: int | None = None
+    kind: str = ""
+    state: DroneState | None = None
+    #: its stream sequence, and when it reached the bus
+    stream_seq: int | None = None
+    received_time: float | None = None
+    #: the newest valid heartbeat: the agent's ``seq``, its stream sequence, when
+    #: it reached the bus, and its interval; kept even if it was delivered after
+    #: a newer event
+    heartbeat_seq: int | None = None
+    heartbeat_stream_seq: int | None = None
+    heartbeat_time: float | None = None
+    heartbeat_interval_s: float | None = None
+    record: RecordView | None = None
+    #: set by :meth:`Registry.mark_lost`, cleared by the next event
+    lost: bool = False
+
+    @property
+    def key(self) -> tuple[str, str]:
+        return (self.site, self.drone)
+
+    @property
+    def event(self) -> AnyEvent | None:
+        """
+        The newest event, decoded anew on every access (keep the result if
+        you need several of its fields)
+        """
+        encoded = self.encoded
+        # checked in full on arrival, against the registry's size limit
+        return decode_event(encoded, len(encoded)) if encoded is not None else None
+
+    @property
+    def incarnation(self) -> str:
+        """The agent run that sent the newest event"""
+        event = self.event
+        return event.incarnation if event is not None else ""
+
+    @property
+    def snapshot(self) -> Snapshot | None:
+        """The drone's state right after its newest event (decoded on every access)"""
+        event = self.event
+        return event.snapshot if event is not None else None
+
+    @property
+    def event_time(self) -> float | None:
+        """The agent's clock when it recorded the newest event, epoch seconds"""
+        event = self.event
+        return event.at.timestamp() if event is not None else None
+
+    @property
+    def payloads(self) -> list[Payload]:
+        snapshot = self.snapshot
+        return list(snapshot.payloads) if snapshot is not None else []
+
+    @property
+    def phase(self) -> RecordPhase | None:
+        return self.record.phase if self.record is not None else None
+
+    @property
+    def last_seen(self) -> float | None:
+        """
+        The newest sign of life of the agent: its newest event, or a record it wrote
+
+        A record written by the manager says nothing about the agent.
+        """
+        times = [self.received_time, self.heartbeat_time]
+        if self.record is not None and self.record.writer == "agent":
+            times.append(self.record.stored)
+        known = [t for t in times if t is not None]
+        return max(known) if known else None
+
+    def last_fact_age_s(self, now: float) -> float | None:
+        """Seconds since the newest fact of any kind (event or record)"""
+        times = [self.received_time, self.record.stored if self.record else None]
+        known = [t for t in times if t is not None]
+        return now - max(known) if known else None
+
+    def is_lost(self, now: float, lost_after_s: float) -> bool:
+        """
+        Whether no sign of life came for ``lost_after_s`` seconds before ``now``
+
+        A drone never heard from (no event, no record of its agent) is not
+        lost: it is unknown, and has to be released, not given up on.
+        """
+        seen = self.last_seen
+        return seen is not None and now - seen >= lost_after_s
+
+
+@dataclass(frozen=True, slots=True)
+class Metrics:
+    """Counters since the registry was created (Prometheus counters, by label)"""
+
+    applied: int
+    duplicate: int
+    stale: int
+    rejected: Mapping[str, int]
+    records_applied: int
+    records_ignored: int
+    drones: int
+    lost: int
+
+    @property
+    def rejected_total(self) -> int:
+        return sum(self.rejected.values())
