@@ -47,16 +47,11 @@ from _common import (  # also puts the repository on sys.path
 from nats.aio.client import Client
 from nats.js.api import AckPolicy, ConsumerConfig, DeliverPolicy
 
-from broker.jetstream.consumer import (
-    Disposition,
-    Handler,
-    PullConsumer,
-    PullSettings,
-    durable_config,
-    ensure_consumer,
-)
+from broker.jetstream.messages import Disposition, Handler, PullSettings
+from broker.jetstream.pull import PullConsumer
+from broker.manager.handler import event_handler
 from broker.manager.registry import Registry
-from broker.manager.service import event_handler
+from broker.server.durable import durable_config, ensure_consumer
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import Topology, provision
 from remote_agent.protocol import events as ev

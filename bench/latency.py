@@ -46,7 +46,8 @@ from _common import Bus, percentiles
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
-from broker.manager.control import CommandOutcome, CommandResult, Control
+from broker.manager.control import Control
+from broker.manager.outcomes import CommandOutcome, CommandResult
 from broker.manager.registry import Applied, Registry
 from broker.manager.service import ManagerService, ManagerSettings
 from remote_agent.agent import Agent

@@ -49,9 +49,9 @@ from _common import Bus
 from nats.aio.msg import Msg
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from broker.jetstream.consumer import read_all
+from broker.jetstream.reads import read_all
+from broker.manager.rebuild import rebuild
 from broker.manager.registry import Registry
-from broker.manager.service import rebuild
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.names import Namespace, dedupe_id

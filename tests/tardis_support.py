@@ -18,15 +18,9 @@ from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStat
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.utilities.attributedict import AttributeDict
 
-from broker.manager.control import (
-    DrainOutcome,
-    DrainResult,
-    ReleaseOutcome,
-    ReleaseResult,
-    Removal,
-    Verdict,
-)
+from broker.manager.outcomes import DrainOutcome, DrainResult, ReleaseOutcome, ReleaseResult
 from broker.manager.registry import Registry
+from broker.manager.verdict import Removal, Verdict
 from broker.tardis_adapter import BusConfig, RemoteBus
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import dedupe_id

@@ -24,8 +24,9 @@ from remote_agent.protocol.names import Namespace, check_token
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
-    from broker.manager.control import Control, DrainResult
-    from broker.manager.registry import DroneView
+    from broker.manager.control import Control
+    from broker.manager.outcomes import DrainResult
+    from broker.manager.views import DroneView
 
 #: exit status when the intent is recorded but the agent did not confirm it
 EXIT_UNCONFIRMED = 3
@@ -84,7 +85,7 @@ def _drain_line(site: str, drone: str, result: DrainResult) -> str:
 
 
 def _drain_status(result: DrainResult) -> int:
-    from broker.manager.control import DrainOutcome
+    from broker.manager.outcomes import DrainOutcome
 
     if result.outcome is DrainOutcome.NOT_ANNOUNCED:
         return EXIT_FAILURE
@@ -114,7 +115,7 @@ async def drain(args: argparse.Namespace) -> int:
 
 async def release(args: argparse.Namespace) -> int:
     """``cobald-remote release DRONE``: win the race with the agent, or drain it"""
-    from broker.manager.control import ReleaseOutcome
+    from broker.manager.outcomes import ReleaseOutcome
 
     site, drone = _target(args)
     nc = await _connect(args)
@@ -210,8 +211,8 @@ async def status(args: argparse.Namespace) -> int:
     import nats.errors
     import nats.js.errors
 
+    from broker.manager.rebuild import rebuild
     from broker.manager.registry import Registry
-    from broker.manager.service import rebuild
     from remote_agent.protocol.errors import HandshakeError
     from remote_agent.protocol.handshake import load_proof_key
     from remote_agent.protocol.names import api_prefix

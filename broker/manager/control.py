@@ -30,7 +30,7 @@ from broker.manager.outcomes import (
     ReleaseResult,
 )
 from broker.manager.registry import Registry
-from broker.manager.verdict import SAFE_REMOVALS, Removal, Verdict, removal_verdict
+from broker.manager.verdict import Verdict, removal_verdict
 from remote_agent.protocol.errors import HandshakeError, RecordTampered, SchemaError
 from remote_agent.protocol.events import (
     AnyCommand,
@@ -60,23 +60,6 @@ DEFAULT_DRAIN_S: Final = 24 * 3600.0
 DEFAULT_REQUEST_TIMEOUT_S: Final = 2.0
 
 #: names importers of this module use, beside its own
-__all__ = [
-    "DEFAULT_DRAIN_S",
-    "DEFAULT_REQUEST_TIMEOUT_S",
-    "SAFE_REMOVALS",
-    "CommandOutcome",
-    "CommandResult",
-    "Control",
-    "DrainOutcome",
-    "DrainResult",
-    "IdleOutcome",
-    "IdleResult",
-    "ReleaseOutcome",
-    "ReleaseResult",
-    "Removal",
-    "Verdict",
-    "removal_verdict",
-]
 
 
 class Control:

@@ -28,10 +28,7 @@ from broker.manager.validity import (
     UNSTORED,
     Headers,
     Rejection,
-    Unstored,
     check_event,
-    published_by_writer,
-    relayed,
 )
 from broker.manager.views import DroneView, Metrics, RecordView
 from remote_agent.protocol.errors import SchemaError
@@ -56,22 +53,6 @@ _rejections = RateLimitedLog(log)
 DEFAULT_LOST_AFTER_S: Final = 90.0
 
 #: names importers of this module use, beside its own
-__all__ = [
-    "DEFAULT_LOST_AFTER_S",
-    "UNSTORED",
-    "Applied",
-    "DroneView",
-    "Headers",
-    "Metrics",
-    "RecordView",
-    "Registry",
-    "Rejected",
-    "Rejection",
-    "Unstored",
-    "check_event",
-    "published_by_writer",
-    "relayed",
-]
 
 
 class Applied(enum.StrEnum):

@@ -35,7 +35,6 @@ from remote_agent.protocol.names import Namespace, api_prefix
 log = logging.getLogger("broker.service")
 
 #: names importers of this module use, beside its own
-__all__ = ["ManagerService", "ManagerSettings", "event_handler", "rebuild"]
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,16 +26,10 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from broker.errors import BrokerError
-from broker.jetstream.consumer import metadata, read_all
-from broker.manager.registry import (
-    UNSTORED,
-    Headers,
-    Rejected,
-    Rejection,
-    check_event,
-    published_by_writer,
-)
+from broker.errors import BrokerError, Rejected
+from broker.jetstream.messages import metadata
+from broker.jetstream.reads import read_all
+from broker.manager.validity import UNSTORED, Headers, Rejection, check_event, published_by_writer
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
     AgentExiting,

@@ -13,7 +13,7 @@ from typing import Any, Final
 
 from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStatus
 
-from broker.manager.registry import DroneView
+from broker.manager.views import DroneView
 from broker.tardis.bus import RemoteBus
 from remote_agent.protocol.events import DroneState
 

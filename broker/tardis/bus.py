@@ -20,8 +20,9 @@ from cobald.daemon.runners.service import ServiceUnit
 
 from broker.manager.control import Control
 from broker.manager.metrics import MetricsServer, Sources
-from broker.manager.registry import DroneView, Registry
+from broker.manager.registry import Registry
 from broker.manager.service import ManagerService
+from broker.manager.views import DroneView
 from broker.tardis.config import BusConfig
 from remote_agent.protocol.environment import TARDIS_ENV_PREFIX, TARDIS_SETTINGS_ENV, site_of
 from remote_agent.protocol.events import TardisState, encode, utcnow

@@ -7,11 +7,11 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, fields
 from typing import Any
 
-from broker.jetstream.consumer import DEFAULT_DURABLE
 from broker.manager.control import DEFAULT_DRAIN_S, DEFAULT_REQUEST_TIMEOUT_S
 from broker.manager.metrics import parse_address
 from broker.manager.registry import DEFAULT_LOST_AFTER_S
 from broker.manager.service import ManagerSettings
+from broker.server.durable import DEFAULT_DURABLE
 from remote_agent.protocol.environment import split_urls
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.names import DEFAULT_PREFIX, Namespace, check_token

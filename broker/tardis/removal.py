@@ -18,7 +18,8 @@ from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.utilities.attributedict import AttributeDict
 
-from broker.manager.control import Control, Removal, Verdict
+from broker.manager.control import Control
+from broker.manager.verdict import Removal, Verdict
 from broker.tardis.bus import RemoteBus
 
 log = logging.getLogger("broker.tardis_adapter")

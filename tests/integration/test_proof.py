@@ -46,7 +46,8 @@ import nats.errors
 import pytest
 from agent_support import FakeStartd, TcpProxy, read_events, settings, wait_for
 
-from broker.manager.control import Control, DrainOutcome, ReleaseOutcome
+from broker.manager.control import Control
+from broker.manager.outcomes import DrainOutcome, ReleaseOutcome
 from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision

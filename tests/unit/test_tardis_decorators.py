@@ -35,7 +35,7 @@ from tardis_support import (
     yes,
 )
 
-from broker.manager.control import Removal
+from broker.manager.verdict import Removal
 from broker.tardis_adapter import (
     BusConfig,
     RemoteBatchSystemAdapter,
