@@ -7,7 +7,8 @@ import typing
 from pathlib import Path
 from typing import Any
 
-from remote_agent.agent.core import Agent, bounded_command, bounded_intent
+from remote_agent.agent import Agent
+from remote_agent.agent.bounds import bounded_command, bounded_intent
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.events import (
     MAX_COMMAND,
@@ -51,13 +52,15 @@ def _worst_agent(tmp_path: Path) -> tuple[Agent, Capture]:
     )
     agent = Agent(settings)
     capture = Capture()
-    agent._spool = capture  # type: ignore[assignment]
-    agent._publisher = capture  # type: ignore[assignment]
+    agent.emitter.spool = capture  # type: ignore[assignment]
+    agent.emitter.publisher = capture  # type: ignore[assignment]
     now = ev.utcnow()
     for n in range(MAX_PAYLOADS):
         job_id = f"{n:04d}".rjust(MAX_JOB_ID, "9")
-        agent._payloads[job_id] = ev.Payload(job_id=job_id, slot="s" * MAX_NAME, started_at=now)
-    agent._drain = bounded_intent(
+        agent.status.payloads[job_id] = ev.Payload(
+            job_id=job_id, slot="s" * MAX_NAME, started_at=now
+        )
+    agent.status.drain = bounded_intent(
         ev.DrainIntent(deadline=now, reason=HUGE, request_id=HUGE, requested_at=now)
     )
     return agent, capture
@@ -76,7 +79,7 @@ def test_strings_and_commands_are_cut() -> None:
 def test_the_worst_case_event_of_every_kind_fits(tmp_path: Path) -> None:
     agent, capture = _worst_agent(tmp_path)
     now = ev.utcnow()
-    intent = agent._drain
+    intent = agent.status.drain
     assert intent is not None
     long_command = bounded_command(agent.settings.worker_command)
     fields: dict[type[ev.Event], dict[str, Any]] = {
@@ -111,9 +114,9 @@ def test_the_worst_case_event_of_every_kind_fits(tmp_path: Path) -> None:
     }
     # every kind of event is in the table
     assert set(fields) == set(typing.get_args(ev.AnyEvent))
-    agent._seq = 2**63 - 1 - len(fields)
+    agent.emitter.seq = 2**63 - 1 - len(fields)
     for kind, values in fields.items():
-        agent._emit(kind, **values)
+        agent.emitter.emit(kind, **values)
     sizes = {entry.kind: len(entry.data) for entry in capture.entries}
     assert len(sizes) == len(fields)
     assert max(sizes.values()) <= ev.DEFAULT_MAX_SIZE, sizes

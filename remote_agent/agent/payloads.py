@@ -1,0 +1,236 @@
+"""
+The payloads' bookkeeping: admission at the gate, ends, adoption, what is remembered
+
+Every method is synchronous: an admission and a drain never interleave. The
+tables are bounded, so a flood of forged job ids costs no memory.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections import Counter
+
+from remote_agent.agent.bounds import cut
+from remote_agent.agent.emission import Emitter
+from remote_agent.agent.status import DroneStatus
+from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, JobStart, SlotInfo
+from remote_agent.protocol.events import (
+    MAX_JOB_ID,
+    MAX_NAME,
+    MAX_PAYLOADS,
+    Payload,
+    PayloadEnd,
+    PayloadFinished,
+    PayloadStarted,
+    utcnow,
+)
+from remote_agent.protocol.ratelog import RateLimitedLog
+
+log = logging.getLogger("remote_agent.agent")
+_rejections = RateLimitedLog(log)
+
+#: how long a refused or finished job id is remembered, so a late poll does not adopt it
+_FORGET_S = 600.0
+#: refused and finished job ids remembered at most (a flood of forged ids costs no memory)
+_MAX_REMEMBERED = 4096
+
+
+def _remember(table: dict[str, float], job_id: str) -> None:
+    table.pop(job_id, None)
+    table[job_id] = time.monotonic()
+    while len(table) > _MAX_REMEMBERED:
+        del table[next(iter(table))]
+
+
+class PayloadLedger:
+    """The payloads in :attr:`DroneStatus.payloads` and the job ids seen around them"""
+
+    def __init__(
+        self,
+        status: DroneStatus,
+        emitter: Emitter,
+        counters: Counter[str],
+        drone: str,
+        poll_s: float,
+    ) -> None:
+        self._status = status
+        self._emitter = emitter
+        self._counters = counters
+        self._drone = drone
+        self._poll_s = poll_s
+        #: set while no payload runs
+        self.done = asyncio.Event()
+        self.done.set()
+        #: payloads let in (or adopted) so far: a release-if-idle that saw another
+        #: number before it asked the startd lets nothing go
+        self.admitted = 0
+        self._refused: dict[str, float] = {}
+        self._finished: dict[str, float] = {}
+        self._unknown_seen: set[str] = set()
+        self._missing: dict[str, int] = {}
+
+    @property
+    def capacity(self) -> int:
+        """How many payloads the gate lets run at once: the slots, at most :data:`MAX_PAYLOADS`"""
+        slots = self._status.slots
+        return min(slots, MAX_PAYLOADS) if slots > 0 else MAX_PAYLOADS
+
+    def prepare_job(self, job: JobStart) -> GateDecision:
+        """Allow the payload (and publish it) if the gate is open (see ``Agent.prepare_job``)"""
+        payloads = self._status.payloads
+        if not self._status.gate_open:
+            reason = self._status.closed_reason()
+            return self._refuse(job, reason, "payloads_refused", log_level=None)
+        if job.job_id in payloads:
+            return GateDecision(allow=True, message="already running")
+        if len(job.job_id) > MAX_JOB_ID:
+            reason = f"job id longer than {MAX_JOB_ID} characters"
+            return self._refuse(job, reason, "payloads_refused_job_id")
+        capacity = self.capacity
+        if len(payloads) >= capacity:
+            reason = f"all {capacity} slot(s) of the drone run payloads already"
+            return self._refuse(job, reason, "payloads_refused_over_slots")
+        slot = job.slot
+        if len(slot) > MAX_NAME:
+            self._counters["strings_cut"] += 1
+            slot = cut(slot, MAX_NAME)
+        payloads[job.job_id] = Payload(job_id=job.job_id, slot=slot, started_at=utcnow())
+        self.admitted += 1
+        self._changed()
+        self._counters["payloads_allowed"] += 1
+        self._emitter.emit(PayloadStarted, job_id=job.job_id, slot=slot)
+        return GateDecision(allow=True)
+
+    def _refuse(
+        self, job: JobStart, reason: str, counter: str, log_level: int | None = logging.WARNING
+    ) -> GateDecision:
+        _remember(self._refused, job.job_id)
+        self._counters["payloads_refused"] += 1
+        extra = {"drone": self._drone, "job_id": job.job_id[:MAX_JOB_ID]}
+        if log_level is None:
+            log.info("refused payload %s: %s", job.job_id, reason, extra=extra)
+        else:
+            self._counters[counter] += 1
+            _rejections.log(
+                log_level, counter, "refused payload %r: %s", job.job_id, reason, extra=extra
+            )
+        return GateDecision(allow=False, status_code=GATE_CLOSED_STATUS, message=reason)
+
+    def job_exited(
+        self, job_id: str, how: PayloadEnd, exit_code: int | None, duration_s: float | None
+    ) -> None:
+        """JOB_EXIT: the payload ended; publish it (only a hint, see ``Agent.job_exited``)"""
+        if job_id not in self._status.payloads:
+            if job_id in self._finished or job_id in self._refused:
+                log.debug("job exit of %s: known already", job_id, extra={"drone": self._drone})
+                return
+            self._counters["job_exit_unknown"] += 1
+            _rejections.warning(
+                "job_exit_unknown",
+                "job exit of %r, which the gate never saw; ignored",
+                job_id,
+                extra={"drone": self._drone},
+            )
+            _remember(self._finished, job_id)
+            return
+        self.finish(job_id, how, exit_code, duration_s)
+
+    def finish(
+        self, job_id: str, how: PayloadEnd, exit_code: int | None, duration_s: float | None
+    ) -> None:
+        """The payload ``job_id`` ended: it leaves the snapshot"""
+        payload = self._status.payloads.pop(job_id, None)
+        self._missing.pop(job_id, None)
+        _remember(self._finished, job_id)
+        if duration_s is None and payload is not None:
+            duration_s = (utcnow() - payload.started_at).total_seconds()
+        if duration_s is not None and duration_s < 0:
+            duration_s = None
+        self._changed()
+        self._emitter.emit(
+            PayloadFinished,
+            job_id=job_id,
+            slot=payload.slot if payload is not None else "",
+            how=how,
+            exit_code=exit_code,
+            duration_s=duration_s,
+        )
+
+    def finish_all(self) -> bool:
+        """The worker ended: so did every payload; ``True`` if any was left"""
+        left = list(self._status.payloads)
+        for job_id in left:
+            self.finish(job_id, PayloadEnd.UNKNOWN, None, None)
+        return bool(left)
+
+    def _changed(self) -> None:
+        if self._status.payloads:
+            self.done.clear()
+        else:
+            self.done.set()
+        self._status.payloads_changed()
+
+    def unknown_jobs(self, slots: list[SlotInfo]) -> dict[str, str]:
+        """Jobs running in ``slots`` that are no payload of ours, by id, with their slot"""
+        return {
+            slot.job_id: slot.name
+            for slot in slots
+            if slot.job_id
+            and slot.job_id not in self._status.payloads
+            and slot.job_id not in self._refused  # refused: listed until its starter exits
+            and slot.job_id not in self._finished  # JOB_EXIT runs before output transfer
+        }
+
+    def adopt(self, job_id: str, slot: str, why: str) -> None:
+        """Count a payload that runs although the gate never let it in"""
+        payloads = self._status.payloads
+        if len(job_id) > MAX_JOB_ID or len(payloads) >= MAX_PAYLOADS:
+            # not in the snapshot, but the startd lists it: the drone is not idle
+            self._counters["payloads_not_listed"] += 1
+            return
+        slot = cut(slot, MAX_NAME)
+        self.admitted += 1
+        log.warning(
+            "payload %s never passed the gate but runs (%s); counting it",
+            job_id,
+            why,
+            extra={"drone": self._drone, "job_id": job_id},
+        )
+        payloads[job_id] = Payload(job_id=job_id, slot=slot, started_at=utcnow())
+        self._changed()
+        self._emitter.emit(PayloadStarted, job_id=job_id, slot=slot)
+
+    def adopt_unknown(self, slots: list[SlotInfo], why: str) -> None:
+        """Adopt every job in ``slots`` that is no payload of ours"""
+        for job_id, slot_name in self.unknown_jobs(slots).items():
+            self.adopt(job_id, slot_name, why)
+
+    def reconcile(self, slots: list[SlotInfo]) -> None:
+        """Finish payloads that vanished without a JOB_EXIT; adopt ones the gate never saw"""
+        now = time.monotonic()
+        for table in (self._refused, self._finished):
+            for job_id in [j for j, at in table.items() if now - at > _FORGET_S]:
+                del table[job_id]
+        running = {slot.job_id for slot in slots if slot.job_id}
+        for job_id, payload in list(self._status.payloads.items()):
+            if job_id in running:
+                self._missing.pop(job_id, None)
+                continue
+            if (utcnow() - payload.started_at).total_seconds() < self._poll_s:
+                continue  # too young to be listed yet
+            self._missing[job_id] = misses = self._missing.get(job_id, 0) + 1
+            if misses >= 2:
+                log.warning(
+                    "payload %s vanished without a JOB_EXIT hook",
+                    job_id,
+                    extra={"drone": self._drone, "job_id": job_id},
+                )
+                self.finish(job_id, PayloadEnd.UNKNOWN, None, None)
+        unknown = self.unknown_jobs(slots)
+        for job_id in sorted(unknown.keys() & self._unknown_seen):
+            # listed in two polls in a row: the hooks are not configured, or an earlier
+            # agent let it in; either way it runs, so it counts
+            self.adopt(job_id, unknown[job_id], "seen in two polls")
+        self._unknown_seen = set(unknown) - set(self._status.payloads)

@@ -1,0 +1,188 @@
+"""
+The local startd, watched and steered: readiness, its slots, START, ``condor_drain``
+
+The startd is the authority on "idle", the hooks only a hint: a drone counts
+as idle only when the startd lists nothing busy.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import socket
+
+from remote_agent.agent.bounds import cut
+from remote_agent.agent.emission import Emitter
+from remote_agent.agent.payloads import PayloadLedger
+from remote_agent.agent.status import DroneStatus
+from remote_agent.agent.tasks import Tasks
+from remote_agent.errors import StartdError
+from remote_agent.interfaces import SlotInfo, Startd
+from remote_agent.protocol.events import MAX_NAME, DroneState, StartdReady
+from remote_agent.protocol.ratelog import RateLimitedLog
+from remote_agent.settings import Settings
+
+log = logging.getLogger("remote_agent.agent")
+_rejections = RateLimitedLog(log)
+
+S = DroneState
+
+#: seconds between readiness checks of a startd that is up
+_READY_CHECK_S = 30.0
+
+
+class StartdObserver:
+    """
+    What the agent knows of and asks of the startd; ``startd`` ``None``: ``--no-startd``
+
+    :param claimable: set once the startd is ready: the handshake claim may start
+    """
+
+    def __init__(
+        self,
+        settings: Settings,
+        startd: Startd | None,
+        status: DroneStatus,
+        ledger: PayloadLedger,
+        emitter: Emitter,
+        tasks: Tasks,
+        claimable: asyncio.Event,
+    ) -> None:
+        self._settings = settings
+        self.startd = startd
+        self._status = status
+        self._ledger = ledger
+        self._emitter = emitter
+        self._tasks = tasks
+        self._claimable = claimable
+        self._drone = settings.drone
+        self.ready = False
+        #: busy slots at the last look at the startd (-1: it did not answer)
+        self.busy_slots = 0
+        #: the START attribute as last set (``None``: never set)
+        self._accepting: bool | None = None
+        self._accepting_lock = asyncio.Lock()
+
+    async def observe(self) -> None:
+        """Poll the startd: readiness first, then its slots as a backstop to the hooks"""
+        assert self.startd is not None
+        failures = polls = 0
+        # after the startd came up, ask for readiness now and then too: that is where
+        # CondorStartd notices a restarted startd and sets the gate attribute again
+        ready_every = max(1, round(_READY_CHECK_S / self._settings.poll_s))
+        while not self._status.winding_down:
+            try:
+                if not self.ready:
+                    if await self.startd.ready():
+                        self._on_ready(await self.startd.slots())
+                else:
+                    polls += 1
+                    if polls % ready_every == 0:
+                        await self.startd.ready()
+                    self._reconcile(await self.startd.slots())
+                failures = 0
+            except StartdError as err:
+                failures += 1
+                log.log(
+                    logging.WARNING if failures == 3 else logging.DEBUG,
+                    "the startd does not answer: %s",
+                    err,
+                    extra={"drone": self._drone},
+                )
+            await asyncio.sleep(self._settings.poll_s)
+
+    def _on_ready(self, slots: list[SlotInfo]) -> None:
+        self.ready = True
+        self._status.slots = max(len(slots), self._settings.slots)
+        if self._status.state is S.WORKER_UP:
+            self._status.move(S.STARTD_READY)
+        name = slots[0].name if slots else socket.gethostname()
+        self._emitter.emit(StartdReady, slots=self._status.slots, name=cut(name, MAX_NAME))
+        # The gate has never been open in this incarnation (the claim waits for this
+        # moment), so whatever runs now was let in before: an agent that was restarted.
+        self._ledger.adopt_unknown(slots, "was running when the agent started")
+        self._claimable.set()
+
+    def _reconcile(self, slots: list[SlotInfo]) -> None:
+        self._status.slots = max(len(slots), self._settings.slots)
+        self._ledger.reconcile(slots)
+
+    async def busy(self) -> list[SlotInfo] | None:
+        """
+        The slots the startd reports busy (claimed, or running a job); ``None``: unknown
+
+        A startd that does not answer while the worker runs is *not* idle
+        (``None``); an exited worker took its startd and payloads with it (``[]``).
+        """
+        if self.startd is None:
+            return []
+        try:
+            slots = await self.startd.slots()
+        except StartdError as err:
+            if self._status.worker_ended:
+                return []
+            _rejections.log(
+                logging.INFO,
+                "startd_unanswered",
+                "the startd does not answer (%s); not calling the drone idle",
+                err,
+                extra={"drone": self._drone},
+            )
+            return None
+        busy = [slot for slot in slots if slot.busy]
+        self._ledger.adopt_unknown(slots, "still listed by the startd")
+        return busy
+
+    async def confirm_idle(self) -> bool:
+        """
+        Before saying "drained": nothing in the snapshot, and the startd lists nothing busy
+
+        A startd that does not answer any more while the worker runs may be
+        hanging: not idle. Once the worker has exited (drain with exit on
+        completion), its payloads have ended with it.
+        """
+        busy = await self.busy()
+        self.busy_slots = -1 if busy is None else len(busy)
+        return busy is not None and not busy and not self._status.payloads
+
+    def sync_accepting(self) -> None:
+        """Make the startd's START attribute follow the gate (in order, last wins)"""
+        if self.startd is not None:
+            self._tasks.spawn(self._apply_accepting(), "startd-accepting")
+
+    async def _apply_accepting(self) -> None:
+        assert self.startd is not None
+        async with self._accepting_lock:
+            wanted = self._status.gate_open
+            if wanted == self._accepting:
+                return
+            try:
+                await self.startd.set_accepting(wanted)
+            except StartdError as err:
+                log.warning(
+                    "cannot set the startd's START attribute to %s: %s; the gate hook "
+                    "still refuses payloads",
+                    wanted,
+                    err,
+                    extra={"drone": self._drone},
+                )
+                return
+            self._accepting = wanted
+
+    async def stop(self, reason: str) -> None:
+        """No new claims, and drain the startd gracefully so it exits on completion"""
+        if self.startd is None:
+            return
+        await self._apply_accepting()
+        await self.drain(reason, fast=False)
+
+    async def drain(self, reason: str, *, fast: bool) -> None:
+        """``condor_drain`` the startd (``fast``: ``-fast``, else ``-graceful``)"""
+        assert self.startd is not None
+        try:
+            result = await self.startd.drain(reason or "cobald-remote drain", fast=fast)
+        except StartdError as err:
+            log.warning("condor_drain failed: %s", err, extra={"drone": self._drone})
+            return
+        if not result.accepted:
+            log.warning("condor_drain refused: %s", result.detail, extra={"drone": self._drone})

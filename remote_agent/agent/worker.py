@@ -1,0 +1,121 @@
+"""The worker process (normally ``condor_master -f``): start, signals, end, kill, exit status"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import os
+import signal
+from collections.abc import Sequence
+
+from remote_agent.agent.status import DroneStatus
+from remote_agent.interfaces import SELF_EXIT_STATUSES
+from remote_agent.settings import Settings
+
+log = logging.getLogger("remote_agent.agent")
+
+
+def exit_status(returncode: int) -> int:
+    """A process's exit status as a shell reports it: ``128 + N`` for signal ``N``"""
+    return returncode if returncode >= 0 else 128 - returncode
+
+
+class Worker:
+    """
+    Supervises the worker; the process is :attr:`DroneStatus.worker`
+
+    :param startd: a startd runs under the worker (it drains with exit on completion)
+    :param env: extra environment of the worker, e.g. where the gate socket is
+    """
+
+    def __init__(
+        self, settings: Settings, status: DroneStatus, *, startd: bool, env: dict[str, str]
+    ) -> None:
+        self._settings = settings
+        self._status = status
+        self._startd = startd
+        self._drone = settings.drone
+        self.env = env
+
+    async def start(self, command: Sequence[str]) -> asyncio.subprocess.Process:
+        """
+        Start the worker in its own process group
+
+        :raises OSError: if it cannot be started
+        """
+        worker = await asyncio.create_subprocess_exec(
+            *command,
+            env={**os.environ, **self.env},
+            stdin=asyncio.subprocess.DEVNULL,
+            # its own process group: a Ctrl-C reaches it once, through the agent
+            start_new_session=True,
+        )
+        self._status.worker = worker
+        return worker
+
+    def forward(self, signum: int) -> None:
+        """Pass ``signum`` on to the worker, if it runs"""
+        worker = self._status.worker
+        if worker is not None and worker.returncode is None:
+            with contextlib.suppress(ProcessLookupError):
+                worker.send_signal(signum)
+
+    async def end_job(self, reason: str) -> None:
+        """End the drone's batch job: the worker ends by itself or is terminated"""
+        self._status.ending = reason
+        worker = self._status.worker
+        if worker is None or worker.returncode is not None:
+            return
+        if self._startd and reason != "released":
+            # the startd drained with -exit-on-completion; give the worker time to follow
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(worker.wait(), self._settings.end_grace_s)
+        if worker.returncode is None:
+            log.info("ending the worker (%s)", reason, extra={"drone": self._drone})
+            await self.terminate()
+
+    async def terminate(self) -> None:
+        """SIGTERM, then SIGKILL to its process group after ``kill_after_s``"""
+        worker = self._status.worker
+        if worker is None or worker.returncode is not None:
+            return
+        self._status.terminated = True
+        with contextlib.suppress(ProcessLookupError):
+            worker.terminate()
+        try:
+            await asyncio.wait_for(worker.wait(), self._settings.kill_after_s)
+        except TimeoutError:
+            log.warning(
+                "worker %d ignored SIGTERM for %.0fs, killing it",
+                worker.pid,
+                self._settings.kill_after_s,
+                extra={"drone": self._drone},
+            )
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(worker.pid, signal.SIGKILL)
+
+    async def kill(self) -> None:
+        """The agent itself is failing: do not leave the worker behind"""
+        worker = self._status.worker
+        if worker is None or worker.returncode is not None:
+            return
+        with contextlib.suppress(ProcessLookupError):
+            worker.terminate()
+        try:
+            await asyncio.wait_for(asyncio.shield(worker.wait()), 5)
+        except (TimeoutError, asyncio.CancelledError):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(worker.pid, signal.SIGKILL)
+
+
+def exit_decision(status: DroneStatus, worker_status: int) -> tuple[int, str]:
+    """The agent's exit code and its reason, once the worker ended with ``worker_status``"""
+    if status.ending is not None and (status.terminated or worker_status in SELF_EXIT_STATUSES):
+        # the drone ended its own job as planned (drained or released)
+        return 0, status.ending
+    if status.ending is not None:
+        return worker_status, status.ending
+    if status.stop_signal is not None:
+        return worker_status, f"{signal.Signals(status.stop_signal).name} from the batch system"
+    return worker_status, "the worker exited"
