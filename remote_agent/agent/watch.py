@@ -9,6 +9,7 @@ that no longer says "up" for this agent shuts the gate at once.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import datetime as dt
 import logging
 from collections import Counter
@@ -39,6 +40,10 @@ from remote_agent.protocol.handshake import CLOSED_PHASES
 from remote_agent.settings import Settings
 
 log = logging.getLogger("remote_agent.agent")
+
+#: reads again after a hint found the record unchanged: a hint comes as a write is
+#: published, and the stream may store the write a moment later
+_SETTLE_READS = 6
 
 S = DroneState
 
@@ -80,6 +85,8 @@ class RecordWatch:
         self._site = settings.site
         self._drone = settings.drone
         self._recheck = asyncio.Event()
+        #: the record's revision as last read (``None`` before the claim)
+        self._revision: int | None = None
         #: the incarnation of the record this agent claimed (an earlier one's drain)
         self._claimed_incarnation = incarnation
 
@@ -109,6 +116,7 @@ class RecordWatch:
                 )
                 await asyncio.sleep(backoff.delay())
                 continue
+            self._revision = versioned.revision
             self._apply_claim(versioned.record)
             return
 
@@ -153,9 +161,14 @@ class RecordWatch:
     async def watch(self) -> None:
         """Re-read the record on every hint, reconnect and heartbeat, and act on it"""
         status = self._status
+        settle = Backoff(first=0.05, most=1.0)
+        unchanged = 0
+        wait: float | None = None  # for the next hint; else until a settling re-read
         while not status.winding_down:
-            await self._recheck.wait()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._recheck.wait(), wait)
             self._recheck.clear()
+            wait = None
             if not status.claimed or status.released or status.record_lost is not None:
                 continue
             try:
@@ -171,8 +184,15 @@ class RecordWatch:
                 continue
             if current is None:
                 self._on_record_lost("the record was deleted")
+                continue
+            if current.revision == self._revision and unchanged < _SETTLE_READS:
+                unchanged += 1
+                wait = settle.delay()
             else:
-                self._apply_record(current.record)
+                unchanged = 0
+                settle.reset()
+            self._revision = current.revision
+            self._apply_record(current.record)
 
     def _apply_record(self, record: DroneRecord) -> None:
         """Act on the record as read while the agent is up (claimed)"""
