@@ -2,7 +2,7 @@
 HTCondor starter job hooks that ask the agent's gate
 
 ``cobald-remote agent hook prepare-job`` is ``HOOK_PREPARE_JOB``: it reads the
-job ad on stdin, asks the agent over the gate socket (:mod:`remote_agent.gate`)
+job ad on stdin, asks the agent over the gate socket (:mod:`remote_agent.gate.client`)
 and then either prints nothing and exits 0 (the payload starts), or prints ::
 
     HookStatusCode = 390
@@ -39,15 +39,15 @@ from typing import BinaryIO, Final, TextIO
 
 from remote_agent.classad import ClassAd, parse_ad, quote
 from remote_agent.errors import GateUnavailable
-from remote_agent.gate import (
+from remote_agent.gate.client import ask
+from remote_agent.gate.messages import (
     GateAck,
     GateDecisionReply,
     GateErrorReply,
     JobExitRequest,
     PrepareJobRequest,
-    ask,
-    find_gate_path,
 )
+from remote_agent.gate.paths import find_gate_path
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS
 from remote_agent.protocol.events import PayloadEnd
 

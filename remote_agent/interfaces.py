@@ -5,7 +5,7 @@ The narrow seams inside the agent
   The real implementation runs ``condor_*`` executables found on ``PATH``
   (``remote_agent/htcondor.py``); tests put fake executables there that print
   what the real tools print.
-* :class:`GateHandler` is what the gate socket (``remote_agent/gate.py``) asks
+* :class:`GateHandler` is what the gate socket (``remote_agent/gate/server.py``) asks
   of the agent when a starter hook runs. Its methods are **synchronous** on
   purpose: they run in the agent's event loop without awaiting, so a payload
   start and a drain can never interleave; one of them happens first.

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from remote_agent.errors import SettingsError
-from remote_agent.gate import MAX_SOCKET_PATH
+from remote_agent.gate.paths import MAX_SOCKET_PATH
 from remote_agent.protocol.environment import (
     TARDIS_CORES_ENV,
     TARDIS_SETTINGS_ENV,
