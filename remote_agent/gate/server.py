@@ -32,8 +32,8 @@ from remote_agent.gate.messages import (
 )
 from remote_agent.gate.paths import MAX_SOCKET_PATH, worker_environment
 from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, GateHandler, JobStart
+from remote_agent.private_dir import private_directory
 from remote_agent.protocol.ratelog import RateLimitedLog
-from remote_agent.spool import private_directory
 
 if TYPE_CHECKING:
     import asyncio

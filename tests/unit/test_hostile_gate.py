@@ -25,8 +25,9 @@ from remote_agent.gate.messages import (
 )
 from remote_agent.gate.server import GateServer
 from remote_agent.interfaces import GateDecision, JobStart
+from remote_agent.private_dir import private_directory
 from remote_agent.protocol.events import PayloadEnd
-from remote_agent.spool import Spool, private_directory
+from remote_agent.spool import Spool
 
 NOBODY = 65534
 
