@@ -33,7 +33,6 @@ from broker.manager.validity import (
 from broker.manager.views import DroneView, Metrics, RecordView
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
-    DEFAULT_MAX_SIZE,
     EVENT_KINDS,
     AnyEvent,
     DroneRecord,
@@ -42,6 +41,7 @@ from remote_agent.protocol.events import (
     encode,
 )
 from remote_agent.protocol.handshake import proven
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace, is_token
 from remote_agent.protocol.ratelog import RateLimitedLog
 

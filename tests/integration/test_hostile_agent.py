@@ -40,8 +40,8 @@ from remote_agent.gate.messages import GateDecisionReply, PrepareJobRequest
 from remote_agent.gate.server import GateServer
 from remote_agent.interfaces import GATE_CLOSED_STATUS, SlotInfo
 from remote_agent.protocol import events as ev
-from remote_agent.protocol.events import MAX_JOB_ID
 from remote_agent.protocol.handshake import RecordStore
+from remote_agent.protocol.limits import MAX_JOB_ID
 
 DRONE = "site1-0123456789"
 ROOT = Path(__file__).resolve().parents[2]
