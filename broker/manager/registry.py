@@ -40,9 +40,9 @@ from remote_agent.protocol.events import (
     decode_record,
     encode,
 )
-from remote_agent.protocol.handshake import proven
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace, is_token
+from remote_agent.protocol.proof import proven
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("broker.registry")

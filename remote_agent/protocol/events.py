@@ -307,7 +307,7 @@ class DroneRecord(Message, frozen=True, kw_only=True, tag="record"):
     note: str = ""
     #: the manager's HMAC-SHA256 of this record (with an empty ``proof``) under a
     #: key that drones cannot read; set on the phases only the manager writes
-    #: (:func:`remote_agent.protocol.handshake.record_proof`); drones write none and ignore it
+    #: (:func:`remote_agent.protocol.proof.record_proof`); drones write none and ignore it
     proof: bytes = b""
 
     def __post_init__(self) -> None:

@@ -34,14 +34,10 @@ by :func:`_allowed`; a drone can still write any value to its own key)::
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import hmac
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Literal
 
 import msgspec
 import nats.errors
@@ -60,70 +56,16 @@ from remote_agent.protocol.events import (
     utcnow,
 )
 from remote_agent.protocol.names import EXPECTED_LAST, Namespace, kv_write_prefix
+from remote_agent.protocol.phases import allowed
+from remote_agent.protocol.proof import proven, record_proof
 
 log = logging.getLogger("remote_agent.handshake")
 
 Writer = Literal["agent", "manager"]
 _Decide = Callable[["Versioned | None"], DroneRecord | None]
 
-#: phases in which no payload may start and nothing will ever open the gate again
-CLOSED_PHASES: Final = frozenset(
-    {RecordPhase.RELEASED, RecordPhase.DRAINING, RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED}
-)
-
-
 #: JetStream's error codes for "the subject's last sequence is not the expected one"
 _WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
-
-
-#: key of the record proof key in :attr:`~remote_agent.protocol.events.Namespace.manager_bucket`
-PROOF_KEY: Final = "record-proof-key"
-#: bytes of a proof key
-_PROOF_KEY_BYTES: Final = 32
-
-
-def record_proof(key: bytes, record: DroneRecord) -> bytes:
-    """The manager's proof of ``record``: HMAC-SHA256 of its encoding without a proof"""
-    unsigned = msgspec.structs.replace(record, proof=b"")
-    return hmac.new(key, encode(unsigned), hashlib.sha256).digest()
-
-
-def proven(key: bytes | None, record: DroneRecord) -> bool:
-    """Whether ``record`` carries the manager's valid proof under ``key``"""
-    if key is None or not record.proof:
-        return False
-    return hmac.compare_digest(record.proof, record_proof(key, record))
-
-
-async def load_proof_key(js: JetStreamContext, namespace: Namespace) -> bytes:
-    """
-    The manager's record proof key, made on first use (create-if-absent: every
-    manager of the bus agrees on the first one made)
-
-    :raises HandshakeError: if the manager bucket does not exist or cannot be read
-    """
-    try:
-        kv = await js.key_value(namespace.manager_bucket)
-    except nats.js.errors.BucketNotFoundError as err:
-        raise HandshakeError(
-            f"manager bucket {namespace.manager_bucket!r} does not exist: "
-            "run 'cobald-remote broker init'"
-        ) from err
-    for _ in range(3):
-        try:
-            entry = await kv.get(PROOF_KEY)
-        except nats.js.errors.KeyNotFoundError:
-            # another manager may make it first: then read that one
-            with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
-                await kv.create(PROOF_KEY, os.urandom(_PROOF_KEY_BYTES))
-            continue
-        if entry.value is None or len(entry.value) != _PROOF_KEY_BYTES:
-            raise HandshakeError(
-                f"{PROOF_KEY!r} in {namespace.manager_bucket!r} is not a key of "
-                f"{_PROOF_KEY_BYTES} bytes"
-            )
-        return entry.value
-    raise HandshakeError(f"cannot read or make {PROOF_KEY!r} in {namespace.manager_bucket!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -304,7 +246,7 @@ class RecordStore:
                 if current is None:
                     raise HandshakeError(f"no record for {site}/{drone} and nothing to write")
                 return current
-            if current is not None and not _allowed(current.record.phase, wanted.phase):
+            if current is not None and not allowed(current.record.phase, wanted.phase):
                 raise HandshakeError(
                     f"refusing {current.record.phase} -> {wanted.phase} for {site}/{drone}"
                 )
@@ -444,21 +386,3 @@ class RecordStore:
             return self._signed(record) if writer == "manager" else record
 
         return await self._transition(site, drone, decide)
-
-
-_TRANSITIONS = {
-    RecordPhase.UP: {
-        RecordPhase.UP,
-        RecordPhase.DRAINING,
-        RecordPhase.DRAINED,
-        RecordPhase.DEADLINE_EXPIRED,
-    },
-    RecordPhase.DRAINING: {RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED},
-    RecordPhase.DEADLINE_EXPIRED: {RecordPhase.DRAINED},
-    RecordPhase.RELEASED: set(),
-    RecordPhase.DRAINED: set(),
-}
-
-
-def _allowed(old: RecordPhase, new: RecordPhase) -> bool:
-    return new in _TRANSITIONS[old]
