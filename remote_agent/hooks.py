@@ -41,6 +41,7 @@ from remote_agent.classad import ClassAd, parse_ad, quote
 from remote_agent.errors import GateUnavailable
 from remote_agent.gate.client import ask
 from remote_agent.gate.messages import (
+    MAX_REQUEST_NAME,
     GateAck,
     GateDecisionReply,
     GateErrorReply,
@@ -116,8 +117,8 @@ def prepare_job(
         return _refusal(AGENT_UNREACHABLE_STATUS, "cobald-remote agent not found; job back to idle")
     request = PrepareJobRequest(
         job_id=job_id,
-        slot=(ad.string("RemoteHost") or "")[:256],
-        owner=(ad.string("Owner") or ad.string("User") or "")[:256],
+        slot=(ad.string("RemoteHost") or "")[:MAX_REQUEST_NAME],
+        owner=(ad.string("Owner") or ad.string("User") or "")[:MAX_REQUEST_NAME],
     )
     try:
         reply = ask(path, request, timeout_s)

@@ -11,6 +11,7 @@ from typing import Annotated, Final
 import msgspec
 
 from remote_agent.protocol.events import PayloadEnd
+from remote_agent.protocol.fields import Seconds
 
 #: version of the request/reply format below
 GATE_PROTOCOL_VERSION: Final = 1
@@ -18,17 +19,23 @@ GATE_PROTOCOL_VERSION: Final = 1
 MAX_REQUEST_BYTES: Final = 4096
 #: the largest reply the hook reads, in bytes
 MAX_REPLY_BYTES: Final = 4096
-#: the longest job id, slot name and owner a request may carry, in characters
-MAX_JOB_ID: Final = 128
-MAX_NAME: Final = 256
+#: the longest job id a request may carry, in characters: what the gate reads, not what
+#: the agent keeps (it refuses a job id over :data:`~remote_agent.protocol.limits.MAX_JOB_ID`)
+MAX_REQUEST_JOB_ID: Final = 128
+#: the longest slot name and owner a request may carry, in characters
+MAX_REQUEST_NAME: Final = 256
+#: the longest message or error text a reply may carry, in characters
+MAX_REPLY_TEXT: Final = 256
 
 # \A...\Z, not ^...$: "$" also matches before a trailing newline
 JobIdText = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=MAX_JOB_ID, pattern=r"\A[^\x00-\x1f\x7f]+\Z")
+    str,
+    msgspec.Meta(min_length=1, max_length=MAX_REQUEST_JOB_ID, pattern=r"\A[^\x00-\x1f\x7f]+\Z"),
 ]
-NameText = Annotated[str, msgspec.Meta(max_length=MAX_NAME, pattern=r"\A[^\x00-\x1f\x7f]*\Z")]
-ShortText = Annotated[str, msgspec.Meta(max_length=256)]
-Seconds = Annotated[float, msgspec.Meta(ge=0)]
+NameText = Annotated[
+    str, msgspec.Meta(max_length=MAX_REQUEST_NAME, pattern=r"\A[^\x00-\x1f\x7f]*\Z")
+]
+ShortText = Annotated[str, msgspec.Meta(max_length=MAX_REPLY_TEXT)]
 
 
 class GateRequest(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
