@@ -56,7 +56,7 @@ from remote_agent.protocol.events import (
     utcnow,
 )
 from remote_agent.protocol.names import EXPECTED_LAST, Namespace, kv_write_prefix
-from remote_agent.protocol.phases import allowed
+from remote_agent.protocol.phases import FINAL_PHASES, allowed
 from remote_agent.protocol.proof import proven, record_proof
 
 log = logging.getLogger("remote_agent.handshake")
@@ -304,10 +304,8 @@ class RecordStore:
         """
 
         def decide(current: Versioned | None) -> DroneRecord | None:
-            if current is not None and current.record.phase in (
-                RecordPhase.RELEASED,
-                RecordPhase.DRAINED,
-                phase,
+            if current is not None and (
+                current.record.phase in FINAL_PHASES or current.record.phase == phase
             ):
                 return None
             return DroneRecord(

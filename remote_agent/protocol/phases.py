@@ -34,6 +34,9 @@ _TRANSITIONS = {
     RecordPhase.DRAINED: set(),
 }
 
+#: phases nothing follows: a record in one of them stays as it is
+FINAL_PHASES: Final = frozenset(phase for phase, following in _TRANSITIONS.items() if not following)
+
 
 def allowed(old: RecordPhase, new: RecordPhase) -> bool:
     """Whether a cooperating client may write ``new`` over a record in ``old``"""
