@@ -1,32 +1,11 @@
 """
-A bounded, ordered, crash-safe buffer of events on disk
+A bounded, ordered, crash-safe buffer of events on disk (``docs/agent.md``, "the spool")
 
-The agent appends every event here before it tries to publish it, and removes
-it only after JetStream acknowledged it, so an event survives a broker outage
-and a restart of the agent (the spool lives in the drone's scratch directory).
-The spool also remembers the highest sequence number it ever held, so that a
-restarted agent continues above it.
-
-**File format.** ``events.spool`` starts with :data:`MAGIC`, followed by records
-``<type:1><length:4><crc32:4><payload>`` (big-endian):
-
-* ``E``: an event (msgpack of :class:`SpooledEvent`),
-* ``X``: the event with this id (UTF-8) left the spool (acknowledged or dropped),
-* ``S``: the highest sequence number so far (8 bytes), written on compaction.
-
-Each record is written with one ``write(2)`` on an unbuffered file, so a killed
-agent leaves at most one torn record at the end; it fails its CRC and is cut
-off when the spool is opened again. There is no ``fsync`` per event: the spool
-protects against the agent dying, not the machine (a machine crash ends the
-drone's batch job and its scratch directory anyway). When nothing is pending,
-or the file has grown well past what is pending, the file is rewritten
-(compacted) into a temporary file that replaces it atomically.
-
-**When the spool is full** (``max_events``), appending drops one older event:
-the oldest heartbeat if there is one, else the oldest event that is not one of
-:data:`FINAL_KINDS`, else the oldest event. Every event carries the drone's
-whole snapshot, so the newest event still tells the truth: a full spool loses
-history, never the current state. Drops are counted in :attr:`Spool.dropped`.
+An event leaves the spool only once JetStream acknowledged it. ``events.spool`` is
+:data:`MAGIC`, then records ``<type:1><length:4><crc32:4><payload>`` (big-endian): ``E`` an
+event (msgpack of :class:`SpooledEvent`), ``X`` the id of an event that left the spool,
+``S`` the highest sequence number so far (8 bytes, written on compaction). Each record is
+one ``write(2)``; a torn or damaged tail fails its CRC and is cut off on opening.
 """
 
 from __future__ import annotations

@@ -1,17 +1,9 @@
 """
-The wire contract between drone agents and the central side
+The wire contract: every message on the bus as a tagged msgspec struct, and its typed decoders
 
-Every message on the bus is one of the tagged msgspec structs below, encoded as
-MessagePack. The ``kind`` field selects the type; ``v`` is the *major* schema
-version. Both sides import this module, and nothing else defines wire types.
-
-Rules (see ``docs/protocol.md``):
-
-* A new optional field gets a default and keeps ``v``; unknown fields are
-  ignored on decode, so older readers accept newer writers.
-* A new message type gets a new ``kind`` tag; a tag is never reused.
-* Anything else (renaming, retyping, removing a field) bumps ``v``; readers
-  reject a ``v`` they do not speak with :class:`SchemaError`.
+Both sides import this module, and nothing else defines wire types; the ``kind`` field
+selects the type, ``v`` is the major schema version. How the schema may change is in
+``docs/protocol.md`` ("Versioning rules").
 """
 
 from __future__ import annotations
@@ -88,10 +80,8 @@ class RecordPhase(enum.StrEnum):
 
 # --------------------------------------------------------------------------- parts
 #
-# Every wire struct is ``gc=False``: frozen, holding only scalars, strings and
-# lists of other wire structs, a message cannot be part of a reference cycle,
-# so the garbage collector need not track the many that are decoded and freed
-# again (cheaper to decode, and no collections triggered by them).
+# Every wire struct is ``gc=False``: frozen and holding only scalars, strings and other
+# wire structs, a message cannot be part of a reference cycle.
 
 
 class Payload(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -10,11 +10,9 @@ import msgspec
 from remote_agent.protocol.names import TOKEN_CHARS
 
 #: a subject token: site names, drone uuids, prefixes (no dots, wildcards or whitespace).
-#: msgspec checks the length; the characters are checked by ``__post_init__`` of every
-#: message that carries tokens (:func:`check_tokens`): ``str.strip`` of the allowed
-#: characters leaves nothing of a token. That costs a fifth of msgspec's own
-#: ``pattern`` check, which calls Python's ``re`` once per field, and decoding an event
-#: is what the manager does most (``bench/ingest.py``).
+#: msgspec checks the length; the characters are checked by :func:`check_tokens` in the
+#: ``__post_init__`` of every message that carries tokens, with one ``str.strip`` of the
+#: allowed characters instead of msgspec's ``pattern`` (``bench/README.md``, "Token checks").
 Token = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
 
 

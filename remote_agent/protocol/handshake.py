@@ -1,34 +1,8 @@
 """
-The race-free release handshake on JetStream KV compare-and-set
+The release handshake: compare-and-set access to each drone's record in the KV bucket
 
-One record per drone (key ``<site>.<drone>`` in the bucket of
-:attr:`~remote_agent.protocol.events.Namespace.record_bucket`), written only with
-create-if-absent or update-with-expected-revision. JetStream serialises both
-through the stream leader, so of "agent: I am up" and "manager: released, it
-never came up" exactly one wins. Both sides use the operations below; nothing
-else writes the bucket. The rules are in ``docs/handshake.md``.
-
-Writes are JetStream publishes to the key's subject with the header
-``Nats-Expected-Last-Subject-Sequence`` (``0``: the key must not exist), the
-same compare-and-set nats-py's ``KeyValue.create``/``update`` send. With a
-JetStream *domain* (a drone behind a site's leaf node) the subject is
-``$JS.<domain>.API.$KV.<bucket>.<key>``, which the hub maps onto the bucket:
-a plain ``$KV.<bucket>.<key>`` publish does not cross the leaf connection
-(``docs/deployment.md``).
-
-The manager's phases (``released``, and ``draining`` when the manager writes
-it) carry a proof (:func:`record_proof`): an HMAC under a key that only the
-manager can read (:func:`load_proof_key`). The server lets a drone write any
-value to its own key; the proof is what tells the manager's writes from a
-drone's. A ``released`` record without a valid proof releases nothing.
-
-Phase transitions that cooperating clients keep to (anything else is refused
-by :func:`_allowed`; a drone can still write any value to its own key)::
-
-    (absent) --agent claim--> UP --drain--> DRAINING --agent--> DRAINED
-    (absent) --manager release--> RELEASED          \\--agent--> DEADLINE_EXPIRED
-    UP --agent claim (new incarnation)--> UP
-    UP --agent, idle release--> DRAINED
+Of "agent: I am up" and "manager: released, it never came up" exactly one wins; both
+sides write the bucket only through :class:`RecordStore` (``docs/handshake.md``).
 """
 
 from __future__ import annotations
