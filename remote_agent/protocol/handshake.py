@@ -20,6 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from remote_agent.protocol.backoff import Backoff
+from remote_agent.protocol.buckets import bind_bucket
 from remote_agent.protocol.errors import HandshakeError, RecordTampered, SchemaError
 from remote_agent.protocol.events import (
     DrainIntent,
@@ -96,13 +97,7 @@ class RecordStore:
         :param proof_key: the manager's proof key; needed to release and to tell
             the manager's records from forgeries
         """
-        try:
-            kv = await js.key_value(namespace.record_bucket)
-        except nats.js.errors.BucketNotFoundError as err:
-            raise HandshakeError(
-                f"handshake bucket {namespace.record_bucket!r} does not exist: "
-                "run 'cobald-remote broker init'"
-            ) from err
+        kv = await bind_bucket(js, namespace.record_bucket, "handshake")
         return cls(kv, namespace, js=js, domain=domain, proof_key=proof_key)
 
     def key(self, site: str, drone: str) -> str:

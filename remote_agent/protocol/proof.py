@@ -17,6 +17,7 @@ import msgspec
 import nats.js.errors
 from nats.js import JetStreamContext
 
+from remote_agent.protocol.buckets import bind_bucket
 from remote_agent.protocol.errors import HandshakeError
 from remote_agent.protocol.events import DroneRecord, encode
 from remote_agent.protocol.names import Namespace
@@ -47,13 +48,7 @@ async def load_proof_key(js: JetStreamContext, namespace: Namespace) -> bytes:
 
     :raises HandshakeError: if the manager bucket does not exist or cannot be read
     """
-    try:
-        kv = await js.key_value(namespace.manager_bucket)
-    except nats.js.errors.BucketNotFoundError as err:
-        raise HandshakeError(
-            f"manager bucket {namespace.manager_bucket!r} does not exist: "
-            "run 'cobald-remote broker init'"
-        ) from err
+    kv = await bind_bucket(js, namespace.manager_bucket, "manager")
     for _ in range(3):
         try:
             entry = await kv.get(PROOF_KEY)
