@@ -214,8 +214,8 @@ async def status(args: argparse.Namespace) -> int:
     from broker.manager.rebuild import rebuild
     from broker.manager.registry import Registry
     from remote_agent.protocol.errors import HandshakeError
-    from remote_agent.protocol.handshake import load_proof_key
     from remote_agent.protocol.names import api_prefix
+    from remote_agent.protocol.proof import load_proof_key
 
     namespace = Namespace(args.prefix)
     registry = Registry(namespace, lost_after_s=args.lost_after)

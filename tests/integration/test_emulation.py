@@ -18,7 +18,7 @@ from test_gate import FakeAgent
 
 from broker.emulation.execution_point import EmulatedMaster, EmulatorControl, install_fake_condor
 from broker.emulation.site.pool import OverlayPool
-from remote_agent.gate import GateServer
+from remote_agent.gate.server import GateServer
 from remote_agent.htcondor import CondorStartd
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS, GATE_CLOSED_STATUS, JobStart
 from remote_agent.protocol.events import PayloadEnd
