@@ -8,9 +8,9 @@ The tree (classes defined elsewhere name their module)::
     ├── ProvisioningError       a stream or bucket could not be provisioned
     ├── ConsumerError           a consumer could not be created, or differs
     ├── ConsumerGone            a consumer was deleted on the server
+    ├── AuthError               keys or credentials cannot be made or read
     ├── Rejected                a message that is not valid (counted, never applied)
     ├── ConnectError            broker.server.connection
-    ├── AuthError               broker.server.auth
     ├── TimelineError           broker.manager.timeline
     └── OperatorError           broker.commands.ops
 """
@@ -46,6 +46,10 @@ class ConsumerError(BrokerError):
 
 class ConsumerGone(BrokerError):
     """The consumer was deleted on the server (or lost with a restart)"""
+
+
+class AuthError(BrokerError):
+    """Keys or credentials cannot be made or read"""
 
 
 class Rejected(BrokerError):

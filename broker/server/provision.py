@@ -119,7 +119,7 @@ class Topology:
         """
         The manager's own KV bucket (the record proof key), as ``create_key_value`` makes it
 
-        Drones have no permission to read it (``broker/server/auth.py``). Its key is written
+        Drones have no permission to read it (``broker/server/auth/``). Its key is written
         once, by :func:`provision`: the bucket refuses every later message on the
         key's subject (discard new per subject), also a server's answer that a
         drone's reply subject would send there.
