@@ -20,16 +20,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from broker.emulation.errors import EmulatorUnavailable
+
 log = logging.getLogger("emulation.wire")
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 #: largest request or reply, in bytes
 MAX_LINE = 16 << 20
-
-
-class EmulatorUnavailable(Exception):
-    """Nobody answers on the emulator's socket"""
 
 
 async def serve(path: Path, handler: Handler, *, limit: int = MAX_LINE) -> asyncio.Server:

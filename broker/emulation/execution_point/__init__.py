@@ -23,11 +23,11 @@ worker, with the environment from ``install_fake_condor``); then drive it with
 ``EmulatorControl(state_dir)``.
 """
 
+from broker.emulation.errors import EmulatorUnavailable
 from broker.emulation.execution_point.control import EmulatorControl
 from broker.emulation.execution_point.install import DEPLOY_CONFIG, DEPLOY_DIR, install_fake_condor
 from broker.emulation.execution_point.process import EmulatedMaster
 from broker.emulation.groundtruth import read_ground_truth
-from broker.emulation.rpc import EmulatorUnavailable
 
 __all__ = [
     "DEPLOY_CONFIG",

@@ -19,13 +19,11 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from broker.emulation.errors import ConfigError
+
 _REF_RE = re.compile(r"\$(ENV)?\(([A-Za-z0-9_.]+)(?::([^)]*))?\)")
 _ASSIGN_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*=(.*)$")
 _INCLUDE_RE = re.compile(r"^\s*include\s*:\s*(.+?)\s*$", re.IGNORECASE)
-
-
-class ConfigError(ValueError):
-    """A configuration line the emulator does not understand"""
 
 
 class Config:

@@ -40,9 +40,9 @@ from pathlib import Path
 from typing import Any
 
 from broker.emulation import rpc
+from broker.emulation.errors import EmulatorUnavailable
 from broker.emulation.execution_point.paths import GROUND_TRUTH_FILE, control_socket_path
 from broker.emulation.groundtruth import read_ground_truth
-from broker.emulation.rpc import EmulatorUnavailable
 
 
 class EmulatorControl:

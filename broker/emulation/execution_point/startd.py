@@ -46,8 +46,9 @@ import signal
 import time
 from typing import Any
 
+from broker.emulation.errors import ClassAdSyntaxError
 from broker.emulation.execution_point.claims import Claims
-from broker.emulation.execution_point.classad import Ad, ClassAdSyntaxError, evaluate, literal
+from broker.emulation.execution_point.classad import Ad, evaluate, literal
 from broker.emulation.execution_point.config import Config
 from broker.emulation.execution_point.drain import COMPLETION, DRAIN_HOW
 from broker.emulation.execution_point.paths import MASTER_EXIT_FILE

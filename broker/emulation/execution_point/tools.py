@@ -25,7 +25,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from broker.emulation.execution_point.classad import Ad, ClassAdSyntaxError, evaluate
+from broker.emulation.errors import ClassAdSyntaxError, EmulatorUnavailable
+from broker.emulation.execution_point.classad import Ad, evaluate
 from broker.emulation.execution_point.config import Config
 from broker.emulation.execution_point.drain_tool import drain_main
 from broker.emulation.execution_point.paths import MASTER_EXIT_FILE, control_socket_path
@@ -37,7 +38,7 @@ from broker.emulation.execution_point.tool_support import (
     print_out,
     state_dir_of,
 )
-from broker.emulation.rpc import EmulatorUnavailable, request_sync
+from broker.emulation.rpc import request_sync
 
 # --------------------------------------------------------------------------- condor_master
 

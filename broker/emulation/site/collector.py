@@ -35,7 +35,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.emulation.rpc import EmulatorUnavailable, request_sync
+from broker.emulation.errors import EmulatorUnavailable
+from broker.emulation.rpc import request_sync
 from broker.emulation.site.schedd import install_socket_tools
 
 COLLECTOR = "collector.overlay"

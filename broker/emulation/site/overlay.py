@@ -27,9 +27,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from broker.emulation.errors import EmulatorUnavailable
 from broker.emulation.execution_point.control import EmulatorControl
 from broker.emulation.groundtruth import GroundTruth
-from broker.emulation.rpc import EmulatorUnavailable, serve
+from broker.emulation.rpc import serve
 
 log = logging.getLogger("emulation.overlay")
 

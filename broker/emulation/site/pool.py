@@ -19,8 +19,8 @@ import random
 from collections.abc import Sequence
 from typing import Any
 
+from broker.emulation.errors import EmulatorUnavailable
 from broker.emulation.execution_point.control import EmulatorControl
-from broker.emulation.rpc import EmulatorUnavailable
 
 
 @dataclasses.dataclass

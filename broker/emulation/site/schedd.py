@@ -37,7 +37,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.emulation.rpc import EmulatorUnavailable, request_sync
+from broker.emulation.errors import EmulatorUnavailable
+from broker.emulation.rpc import request_sync
 
 #: HTCondor JobStatus of the emulated local batch system's jobs
 _QUEUE_ATTRIBUTES = ("JobStatus", "ClusterId", "ProcId")

@@ -50,7 +50,8 @@ from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStat
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.utilities.attributedict import AttributeDict
 
-from broker.emulation.rpc import EmulatorUnavailable, request
+from broker.emulation.errors import EmulatorUnavailable
+from broker.emulation.rpc import request
 
 log = logging.getLogger("cobald.runtime.emulation.tardis_adapters")
 

@@ -17,6 +17,8 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
 
+from broker.emulation.errors import ClassAdSyntaxError
+
 if TYPE_CHECKING:
     from broker.emulation.execution_point.classad.ad import Scope
 
@@ -34,10 +36,6 @@ class _Error:
 UNDEFINED = _Undefined()
 ERROR = _Error()
 Value = Union[bool, int, float, str, _Undefined, _Error]  # noqa: UP007 (runtime alias)
-
-
-class ClassAdSyntaxError(ValueError):
-    """An expression the emulator cannot parse"""
 
 
 _TOKEN_RE = re.compile(
