@@ -84,17 +84,15 @@ class EmulatedStartd(Claims):
         loop.add_signal_handler(signal.SIGHUP, lambda: None)  # condor_reconfig: nothing to do
         private_directory(self.control_path.parent)
         server = await serve(self.control_path, self.handle, limit=MAX_CONTROL_REQUEST)
-        self._spawn(self._start_startd())
-        self._spawn(self._master_updates())
+        self._tasks.spawn(self._start_startd())
+        self._tasks.spawn(self._master_updates())
         try:
             code, why = await self._exit
         finally:
             server.close()
             with contextlib.suppress(FileNotFoundError):
                 self.control_path.unlink()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._tasks.cancel()
         self.truth.record("master_exiting", exit_code=code, why=why)
         (self.settings.state_dir / MASTER_EXIT_FILE).write_text(
             json.dumps({"pid": self.pid, "exit_code": code, "why": why})
@@ -111,7 +109,7 @@ class EmulatedStartd(Claims):
         if self.shutting_down == "fast" or (self.shutting_down and how == "graceful"):
             return
         self.shutting_down = how
-        self._spawn(self._shutdown(how))
+        self._tasks.spawn(self._shutdown(how))
 
     async def _master_updates(self) -> None:
         """DAEMON_SHUTDOWN is evaluated when the master publishes its ad"""
@@ -156,7 +154,7 @@ class EmulatedStartd(Claims):
         if any(slot.job for slot in self.slots):
             return {"ok": False, "error": "jobs are running"}
         self._stop_startd("restarted", held=False)
-        self._spawn(self._start_startd())
+        self._tasks.spawn(self._start_startd())
         return {"ok": True}
 
     def update_machine_ad(self, text: str) -> dict[str, Any]:

@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.emulation.groundtruth import GroundTruth
-from broker.emulation.rpc import serve
+from broker.emulation.service import Service
 
 log = logging.getLogger("emulation.lbs")
 
@@ -157,21 +157,16 @@ class LocalBatchSystem:
         self.on_end = on_end
         self.jobs: dict[str, Job] = {}
         self._cluster = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._service = Service(self.socket, self.handle)
 
     # ------------------------------------------------------------ service
 
     async def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._server = await serve(self.socket, self.handle)
-        self._spawn(self._track_families())
+        await self._service.start(self._track_families)
 
     async def close(self) -> None:
         """Stop serving and kill every job that still runs (by its process family)"""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        self._service.stop_serving()
         for job in self.jobs.values():
             if job.status in (RUNNING, SUSPENDED) and job.family is not None:
                 job.family.refresh()
@@ -181,9 +176,7 @@ class LocalBatchSystem:
         waits = [job.proc.wait() for job in self.jobs.values() if job.proc is not None]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*waits), 20)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._service.tasks.cancel()
         families = [job.family for job in self.jobs.values() if job.family is not None]
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:  # stragglers that left the job's session
@@ -193,11 +186,6 @@ class LocalBatchSystem:
             for family in alive:
                 family.signal(signal.SIGKILL)
             await asyncio.sleep(0.05)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
@@ -244,7 +232,7 @@ class LocalBatchSystem:
             queue_delay_s=delay,
             **({"executable": executable} if executable else {}),
         )
-        self._spawn(self._schedule(job))
+        self._service.tasks.spawn(self._schedule(job))
         return job
 
     async def _schedule(self, job: Job) -> None:
@@ -315,7 +303,7 @@ class LocalBatchSystem:
             job.status, job.ended = REMOVED, time.time()
             return True
         job.status = REMOVED
-        self._spawn(self._kill(job))
+        self._service.tasks.spawn(self._kill(job))
         return True
 
     async def _kill(self, job: Job) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 from broker.emulation.errors import EmulatorUnavailable
 from broker.emulation.execution_point.control import EmulatorControl
 from broker.emulation.groundtruth import GroundTruth
-from broker.emulation.rpc import serve
+from broker.emulation.service import Service
 
 log = logging.getLogger("emulation.overlay")
 
@@ -76,8 +76,7 @@ class OverlayPool:
         self.counts: collections.Counter[str] = collections.Counter()
         self._idle: collections.deque[PoolJob] = collections.deque()
         self._next = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._service = Service(self.socket, self.handle)
 
     def join(self, drone: str, state_dir: Path) -> None:
         """A drone job started: its startd will appear (the LBS calls this)"""
@@ -98,22 +97,10 @@ class OverlayPool:
             machine.ad = None
 
     async def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._server = await serve(self.socket, self.handle)
-        self._spawn(self._negotiate())
+        await self._service.start(self._negotiate)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        await self._service.close()
 
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
@@ -167,7 +154,7 @@ class OverlayPool:
     async def _negotiate(self) -> None:
         while True:
             for cycle in self._cycles():
-                self._spawn(cycle)
+                self._service.tasks.spawn(cycle)
             await asyncio.sleep(self.cycle_s)
 
     async def negotiate(self) -> None:
