@@ -1,11 +1,8 @@
 """
 The emulators' RPC: one JSON object per line over a Unix socket, one reply line
 
-Every emulator serves it (the execution point's control socket, the local batch
-system, the overlay pool) and every client speaks it through this module: the
-tests, the demo, the fake ``condor_*`` tools (blocking, :func:`request_sync`) and
-the emulated TARDIS adapters. A client connects, writes one object and a
-newline, reads one object and a newline back.
+Its rule: every emulator socket and every client of one (tests, demo, fake ``condor_*``
+tools, emulated TARDIS adapters) speaks it through this module.
 """
 
 from __future__ import annotations

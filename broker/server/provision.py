@@ -1,11 +1,8 @@
 """
 Idempotent provisioning of every stream and KV bucket cobald-remote needs
 
-Safe to run at every start: a missing stream is created, an existing one is
-compared field by field with what we want and updated in place only if it
-differs, and a conflict the server will not resolve (another stream already
-capturing our subjects, an immutable setting such as the storage type) is a
-:class:`ProvisioningError` that says what and where.
+Its rule: what is missing is created, what differs is updated in place, and a conflict the
+server will not resolve is a :class:`ProvisioningError` that says what and where.
 """
 
 from __future__ import annotations

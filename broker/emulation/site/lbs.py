@@ -1,24 +1,9 @@
 """
 An emulated local batch system (LBS): the site that runs TARDIS's drone jobs
 
-It behaves like an HTCondor schedd and starter in the ways the demonstration
-depends on:
-
-* a submitted job waits in the queue for a delay the scenario chooses (the
-  site's scheduling latency), then starts as a local process tree in its own
-  sandbox;
-* ``q`` lists every job still in the queue with HTCondor's ``JobStatus`` codes
-  (1 idle, 2 running, 7 suspended); jobs that ended are gone from it;
-* ``rm`` removes a job as ``condor_rm`` does: an idle job just leaves the
-  queue; a running one gets SIGTERM and, after ``vacate_s``, SIGKILL for its
-  whole process family (tracked like HTCondor's procd, so descendants that
-  changed their session or lost their parent die too) — payloads included;
-* ``suspend`` stops the whole family (SIGSTOP), as ``condor_suspend`` does.
-
-What happened is written to a ground-truth file (one JSON object per line),
-independently of TARDIS and the bus: ``job_submitted``, ``job_started``,
-``job_suspended``, ``job_removed`` (``was``: idle, running, suspended),
-``job_exited`` (``returncode``, ``removed``), ``job_killed_at_teardown``.
+Its rule: a job is a local process tree in its own sandbox, tracked as a family like
+HTCondor's procd, so that ``rm`` (SIGTERM, then SIGKILL after ``vacate_s``) and ``suspend``
+reach every process it ever started, payloads included.
 """
 
 from __future__ import annotations
@@ -126,6 +111,11 @@ Launcher = Callable[[Job], tuple[Sequence[str], Mapping[str, str]]]
 class LocalBatchSystem:
     """
     The emulated schedd: a queue, a scheduler with a delay per job, a starter
+
+    Its socket answers ``submit``, ``q`` (every job still in the queue with HTCondor's
+    ``JobStatus``: 1 idle, 2 running, 7 suspended), ``rm`` and ``suspend``. Its ground truth:
+    ``job_submitted``, ``job_started``, ``job_suspended``, ``job_removed`` (``was``: idle,
+    running, suspended), ``job_exited`` (``returncode``, ``removed``), ``job_killed_at_teardown``.
 
     :param workdir: where job sandboxes (``jobs/<id>``) and the socket live
     :param launcher: what each job runs

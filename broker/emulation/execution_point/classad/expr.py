@@ -1,13 +1,4 @@
-"""
-The ClassAd expression language of the emulated startd: values, parser, operators
-
-Supported: literals (integers, reals, strings, ``true``/``false``/``undefined``/
-``error``), attribute references (``MY.`` and ``TARGET.`` scopes), ``!``, unary
-``-``, ``* / %``, ``+ -``, comparisons, ``==``/``!=`` (case-insensitive on
-strings), ``=?=``/``=!=`` (``is``/``isnt``), ``&&``, ``||``, ``?:``, and the
-functions ``time()``, ``ifThenElse``, ``isUndefined``, ``isError``. Logic is
-three-valued as in HTCondor: ``undefined && false`` is ``false``.
-"""
+"""The ClassAd expression language of the emulated startd: values, parser, operators"""
 
 from __future__ import annotations
 
@@ -361,6 +352,13 @@ def _unescape(body: str) -> str:
 def parse(text: str) -> Node:
     """
     One expression
+
+    Supported: literals (integers, reals, strings, ``true``/``false``/``undefined``/
+    ``error``), attribute references (``MY.`` and ``TARGET.`` scopes), ``!``, unary
+    ``-``, ``* / %``, ``+ -``, comparisons, ``==``/``!=`` (case-insensitive on
+    strings), ``=?=``/``=!=`` (``is``/``isnt``), ``&&``, ``||``, ``?:``, and the
+    functions ``time()``, ``ifThenElse``, ``isUndefined``, ``isError``. Logic is
+    three-valued as in HTCondor: ``undefined && false`` is ``false``.
 
     :raises ClassAdSyntaxError: not in the supported subset
     """
