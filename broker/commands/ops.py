@@ -2,7 +2,7 @@
 Operator commands: ``cobald-remote drain``, ``release`` and ``status``
 
 They use the same control API as the TARDIS integration (:mod:`broker.manager.control`)
-and the same registry rebuild as the manager service (:func:`broker.manager.service.rebuild`),
+and the same registry rebuild as the manager service (:func:`broker.manager.rebuild.rebuild`),
 so what an operator sees and does is what the manager sees and does.
 """
 

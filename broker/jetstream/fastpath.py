@@ -36,9 +36,9 @@ class FastParser(nats_parser.Parser):
     nats-py's protocol parser with a shorter way through ``MSG`` and ``HMSG``
 
     nats-py tries two regular expressions on every control line and keeps
-    each message's arguments in a dict between two passes of its loop; for
-    the small messages of the event stream that is about half of what
-    receiving one costs (``bench/ingest.py``). This parser reads a message
+    each message's arguments in a dict between two passes of its loop, a large
+    part of receiving the event stream's small messages (``bench/ingest.py``
+    measures it). This parser reads a message
     only once all of it is in the buffer, splits its control line at the
     spaces, and hands it to ``Client._process_msg`` exactly as nats-py does
     (``HMSG``: headers as bytes; ``MSG``: ``None``). Everything else (``PING``,
