@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import statistics
 from collections import Counter
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -22,19 +23,8 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[index]
 
 
-def analyze(root: Path, end: float) -> dict[str, Any]:
-    """
-    The numbers of one run whose files are under ``root``
-
-    Sources: the local batch system's ground truth (``lbs.jsonl``: when each drone job was
-    submitted, started, suspended, removed, ended); each drone's emulated startd
-    (``jobs/<id>/ep/ground_truth.jsonl``: every payload start, end and kill); TARDIS's own
-    state transitions (``tardis.jsonl``, by ``broker.emulation.demo.recorder``: what TARDIS
-    *saw*). A payload that started and has no end while its drone's processes are gone was
-    killed with the drone (the site's ``condor_rm`` leaves the startd no time to write anything).
-
-    :param end: epoch seconds when the run ended (later records are teardown)
-    """
+def _site_jobs(root: Path, end: float) -> dict[str, dict[str, Any]]:
+    """Each drone job of the local batch system, by job id, as its records until ``end`` say"""
     jobs: dict[str, dict[str, Any]] = {}
     for entry in read_ground_truth(root / "lbs.jsonl"):
         if entry["t"] > end:
@@ -54,56 +44,75 @@ def analyze(root: Path, end: float) -> dict[str, Any]:
         elif event == "job_exited":
             job["ended"] = entry["t"]
             job["exit_removed"] = bool(entry.get("removed"))
+    return jobs
 
-    payloads = Counter[str]()
-    kill_reasons = Counter[str]()
-    outcomes = Counter[str]()
-    gate_refusals = 0
-    drone_started: dict[str, float] = {}
-    for job in jobs.values():
+
+@dataclass
+class _Tally:
+    """The drones' and payloads' counts, one drone job at a time"""
+
+    end: float
+    payloads: Counter[str] = field(default_factory=Counter)
+    kill_reasons: Counter[str] = field(default_factory=Counter)
+    outcomes: Counter[str] = field(default_factory=Counter)
+    gate_refusals: int = 0
+    drone_started: dict[str, float] = field(default_factory=dict)
+
+    def add_job(self, job: dict[str, Any]) -> None:
         started = job.get("started")
         if started is None:
-            outcomes["released before it started" if "removed" in job else "queued at the end"] += 1
-            continue
-        drone_started[job["drone"]] = started
+            self.outcomes[
+                "released before it started" if "removed" in job else "queued at the end"
+            ] += 1
+            return
+        self.drone_started[job["drone"]] = started
+        running, killed_here = self._add_payloads(Path(job["sandbox"]) / "ep" / GROUND_TRUTH_FILE)
+        ended = job.get("ended")
+        if ended is not None and running:
+            self.payloads["killed"] += len(running)
+            self.kill_reasons["drone removed by the site (condor_rm)"] += len(running)
+            killed_here += len(running)
+        elif running:
+            self.payloads["running at the end"] += len(running)
+        self.outcomes[_outcome_of(job, killed_here)] += 1
+
+    def _add_payloads(self, truth: Path) -> tuple[set[str], int]:
+        """The payloads still running at the end of one startd's record, and how many it killed"""
         running: set[str] = set()
-        killed_here = 0
-        truth = Path(job["sandbox"]) / "ep" / GROUND_TRUTH_FILE
+        killed = 0
         for entry in read_ground_truth(truth):
-            if entry["t"] > end:
+            if entry["t"] > self.end:
                 continue
             event = entry["event"]
             if event == "payload_started":
-                payloads["started"] += 1
+                self.payloads["started"] += 1
                 running.add(entry["job_id"])
             elif event == "payload_finished":
-                payloads["finished"] += 1
+                self.payloads["finished"] += 1
                 running.discard(entry["job_id"])
             elif event == "payload_killed":
-                payloads["killed"] += 1
-                killed_here += 1
-                kill_reasons[str(entry.get("reason"))] += 1
+                self.payloads["killed"] += 1
+                killed += 1
+                self.kill_reasons[str(entry.get("reason"))] += 1
                 running.discard(entry["job_id"])
             elif event == "payload_refused":
-                gate_refusals += 1
-        ended = job.get("ended")
-        if ended is not None and running:
-            payloads["killed"] += len(running)
-            kill_reasons["drone removed by the site (condor_rm)"] += len(running)
-            killed_here += len(running)
-        elif running:
-            payloads["running at the end"] += len(running)
-        if "removed" in job:
-            if killed_here:
-                outcomes["removed by the site with payloads running"] += 1
-            else:
-                outcomes["removed by the site while idle"] += 1
-        elif ended is not None:
-            outcomes["ended by itself (drained)"] += 1
-        else:
-            outcomes["running at the end"] += 1
+                self.gate_refusals += 1
+        return running, killed
 
-    # what TARDIS saw: the first transition taken while it held "Running"
+
+def _outcome_of(job: dict[str, Any], killed_here: int) -> str:
+    """How a drone job that started ended"""
+    if "removed" in job:
+        if killed_here:
+            return "removed by the site with payloads running"
+        return "removed by the site while idle"
+    if job.get("ended") is not None:
+        return "ended by itself (drained)"
+    return "running at the end"
+
+
+def _tardis_view(root: Path, end: float) -> tuple[dict[str, float], Counter[str]]:
+    """When TARDIS first saw each drone "Running", and how often it took each transition"""
     seen: dict[str, float] = {}
     transitions = Counter[str]()
     last_state: dict[str, str] = {}
@@ -117,13 +126,17 @@ def analyze(root: Path, end: float) -> dict[str, Any]:
         last_state[drone] = state
         if entry.get("resource_status") == "Running" and drone not in seen:
             seen[drone] = entry["t"]
+    return seen, transitions
+
+
+def _latency(drone_started: dict[str, float], seen: dict[str, float]) -> dict[str, Any]:
+    """How long after a drone started TARDIS saw it running"""
     latencies = [
         seen[drone] - started
         for drone, started in drone_started.items()
         if drone in seen and seen[drone] >= started
     ]
     never_seen = sum(1 for drone in drone_started if drone not in seen)
-
     latency: dict[str, Any] = {"drones": len(latencies), "never_seen_running": never_seen}
     if latencies:
         latency.update(
@@ -131,10 +144,33 @@ def analyze(root: Path, end: float) -> dict[str, Any]:
             p90_s=round(_percentile(latencies, 0.9), 2),
             max_s=round(max(latencies), 2),
         )
+    return latency
+
+
+def analyze(root: Path, end: float) -> dict[str, Any]:
+    """
+    The numbers of one run whose files are under ``root``
+
+    Sources: the local batch system's ground truth (``lbs.jsonl``: when each drone job was
+    submitted, started, suspended, removed, ended); each drone's emulated startd
+    (``jobs/<id>/ep/ground_truth.jsonl``: every payload start, end and kill); TARDIS's own
+    state transitions (``tardis.jsonl``, by ``broker.emulation.demo.recorder``: what TARDIS
+    *saw*). A payload that started and has no end while its drone's processes are gone was
+    killed with the drone (the site's ``condor_rm`` leaves the startd no time to write anything).
+
+    :param end: epoch seconds when the run ended (later records are teardown)
+    """
+    jobs = _site_jobs(root, end)
+    tally = _Tally(end)
+    for job in jobs.values():
+        tally.add_job(job)
+    # what TARDIS saw: the first transition taken while it held "Running"
+    seen, transitions = _tardis_view(root, end)
+    payloads, outcomes = tally.payloads, tally.outcomes
     return {
         "drones": {
             "requested": sum(1 for job in jobs.values() if "submitted" in job),
-            "started": len(drone_started),
+            "started": len(tally.drone_started),
             **{key: outcomes[key] for key in sorted(outcomes)},
         },
         "payloads": {
@@ -142,9 +178,9 @@ def analyze(root: Path, end: float) -> dict[str, Any]:
             "finished": payloads["finished"],
             "killed": payloads["killed"],
             "running at the end": payloads["running at the end"],
-            "refused at the gate": gate_refusals,
+            "refused at the gate": tally.gate_refusals,
         },
-        "kill_reasons": dict(kill_reasons),
-        "tardis_latency": latency,
+        "kill_reasons": dict(tally.kill_reasons),
+        "tardis_latency": _latency(tally.drone_started, seen),
         "tardis_transitions": dict(sorted(transitions.items())),
     }
