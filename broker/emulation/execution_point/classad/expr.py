@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
+import operator
 import re
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Union
+from typing import TYPE_CHECKING, Any, Union
 
 from broker.emulation.errors import ClassAdSyntaxError
 
@@ -197,15 +198,27 @@ def _or(left: Value, right: Callable[[], Value]) -> Value:
     return UNDEFINED if UNDEFINED in (left, value) else False
 
 
+_COMPARISONS: dict[str, Callable[[Any, Any], bool]] = {
+    "==": operator.eq,
+    "!=": operator.ne,
+    "<": operator.lt,
+    "<=": operator.le,
+    ">": operator.gt,
+    ">=": operator.ge,
+}
+_ARITHMETIC: dict[str, Callable[[Any, Any], Value]] = {
+    "+": operator.add,
+    "-": operator.sub,
+    "*": operator.mul,
+}
+
+
 def _compare_or_compute(op: str, left: Value, right: Value) -> Value:
     if isinstance(left, str) and isinstance(right, str):
-        a, b = left.casefold(), right.casefold()
-        comparisons = {"==": a == b, "!=": a != b, "<": a < b, "<=": a <= b, ">": a > b}
-        if op in comparisons:
-            return comparisons[op]
-        return (a >= b) if op == ">=" else ERROR
+        compare = _COMPARISONS.get(op)
+        return ERROR if compare is None else compare(left.casefold(), right.casefold())
     if isinstance(left, bool) and isinstance(right, bool) and op in ("==", "!="):
-        return (left == right) if op == "==" else (left != right)
+        return _COMPARISONS[op](left, right)
     numeric = (int, float)
     if (
         isinstance(left, bool)
@@ -214,24 +227,9 @@ def _compare_or_compute(op: str, left: Value, right: Value) -> Value:
         or not isinstance(right, numeric)
     ):
         return ERROR
-    if op == "==":
-        return left == right
-    if op == "!=":
-        return left != right
-    if op == "<":
-        return left < right
-    if op == "<=":
-        return left <= right
-    if op == ">":
-        return left > right
-    if op == ">=":
-        return left >= right
-    if op == "+":
-        return left + right
-    if op == "-":
-        return left - right
-    if op == "*":
-        return left * right
+    compute = _COMPARISONS.get(op) or _ARITHMETIC.get(op)
+    if compute is not None:
+        return compute(left, right)
     if right == 0:
         return ERROR
     if op == "/":
