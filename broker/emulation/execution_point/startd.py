@@ -15,7 +15,8 @@ import json
 import logging
 import signal
 import time
-from typing import Any
+from collections.abc import Awaitable, Callable
+from typing import Any, ClassVar
 
 from broker.emulation.errors import ClassAdSyntaxError
 from broker.emulation.execution_point.claims import Claims
@@ -32,6 +33,9 @@ log = logging.getLogger("emulation.startd")
 
 #: ``MAX_REQUEST`` of the control socket, in bytes
 MAX_CONTROL_REQUEST = 1 << 20
+
+#: one operation of the control socket: the startd and the request -> the reply
+_ControlOp = Callable[["EmulatedStartd", dict[str, Any]], Awaitable[dict[str, Any]]]
 
 
 class EmulatedStartd(Claims):
@@ -168,62 +172,89 @@ class EmulatedStartd(Claims):
 
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
-        if op == "ready_ad":
-            return {"ok": True, "ad": self.ready_ad().long()}
-        if op == "slot_ads":
-            if not self.startd_running:
-                return {"ok": True, "running": False, "ads": []}
-            ads = [self.slot_ad(slot).long() for slot in self.slots if slot.job is not None]
-            return {"ok": True, "running": True, "ads": ads}
-        if op == "locate":
-            return {
-                "ok": True,
-                "running": self.startd_running,
-                "name": self.settings.startd_name,
-                "address": self.startd_address,
-                "host": self.settings.host,
-            }
-        if op == "update_machine_ad":
-            return self.update_machine_ad(str(request.get("ad", "")))
-        if op == "drain":
-            if not self.startd_running:
-                return {"ok": False, "unreachable": True}
-            how = request.get("how", "graceful")
-            completion = request.get("on_completion", "nothing")
-            if how not in DRAIN_HOW or completion not in COMPLETION:
-                return {"ok": False, "error": "bad drain request"}
-            return self.start_drain(
-                how,
-                completion,
-                str(request.get("reason") or ""),
-                request.get("check"),
-                request.get("start"),
-            )
-        if op == "cancel_drain":
-            if not self.startd_running:
-                return {"ok": False, "unreachable": True}
-            return self.cancel_drain(request.get("request_id"))
-        if op == "offer":
-            return {
-                "ok": True,
-                **await self.offer(
-                    str(request["job_id"]),
-                    float(request.get("duration_s", 1.0)),
-                    int(request.get("exit_code", 0)),
-                    str(request.get("owner", "emulated")),
-                ),
-            }
-        if op == "status":
-            return {"ok": True, **self.status()}
-        if op == "restart_startd":
-            return self.restart_startd()
-        if op == "shutdown":
-            self._on_signal(
-                signal.SIGQUIT if request.get("fast") else signal.SIGTERM,
-                "fast" if request.get("fast") else "graceful",
-            )
-            return {"ok": True}
-        return {"ok": False, "error": f"unknown op {op!r}"}
+        handler = self._OPS.get(op) if isinstance(op, str) else None
+        if handler is None:
+            return {"ok": False, "error": f"unknown op {op!r}"}
+        return await handler(self, request)
+
+    async def _op_ready_ad(self, request: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, "ad": self.ready_ad().long()}
+
+    async def _op_slot_ads(self, request: dict[str, Any]) -> dict[str, Any]:
+        if not self.startd_running:
+            return {"ok": True, "running": False, "ads": []}
+        ads = [self.slot_ad(slot).long() for slot in self.slots if slot.job is not None]
+        return {"ok": True, "running": True, "ads": ads}
+
+    async def _op_locate(self, request: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "ok": True,
+            "running": self.startd_running,
+            "name": self.settings.startd_name,
+            "address": self.startd_address,
+            "host": self.settings.host,
+        }
+
+    async def _op_update_machine_ad(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self.update_machine_ad(str(request.get("ad", "")))
+
+    async def _op_drain(self, request: dict[str, Any]) -> dict[str, Any]:
+        if not self.startd_running:
+            return {"ok": False, "unreachable": True}
+        how = request.get("how", "graceful")
+        completion = request.get("on_completion", "nothing")
+        if how not in DRAIN_HOW or completion not in COMPLETION:
+            return {"ok": False, "error": "bad drain request"}
+        return self.start_drain(
+            how,
+            completion,
+            str(request.get("reason") or ""),
+            request.get("check"),
+            request.get("start"),
+        )
+
+    async def _op_cancel_drain(self, request: dict[str, Any]) -> dict[str, Any]:
+        if not self.startd_running:
+            return {"ok": False, "unreachable": True}
+        return self.cancel_drain(request.get("request_id"))
+
+    async def _op_offer(self, request: dict[str, Any]) -> dict[str, Any]:
+        return {
+            "ok": True,
+            **await self.offer(
+                str(request["job_id"]),
+                float(request.get("duration_s", 1.0)),
+                int(request.get("exit_code", 0)),
+                str(request.get("owner", "emulated")),
+            ),
+        }
+
+    async def _op_status(self, request: dict[str, Any]) -> dict[str, Any]:
+        return {"ok": True, **self.status()}
+
+    async def _op_restart_startd(self, request: dict[str, Any]) -> dict[str, Any]:
+        return self.restart_startd()
+
+    async def _op_shutdown(self, request: dict[str, Any]) -> dict[str, Any]:
+        self._on_signal(
+            signal.SIGQUIT if request.get("fast") else signal.SIGTERM,
+            "fast" if request.get("fast") else "graceful",
+        )
+        return {"ok": True}
+
+    #: the control socket's operations, by the request's ``op``
+    _OPS: ClassVar[dict[str, _ControlOp]] = {
+        "ready_ad": _op_ready_ad,
+        "slot_ads": _op_slot_ads,
+        "locate": _op_locate,
+        "update_machine_ad": _op_update_machine_ad,
+        "drain": _op_drain,
+        "cancel_drain": _op_cancel_drain,
+        "offer": _op_offer,
+        "status": _op_status,
+        "restart_startd": _op_restart_startd,
+        "shutdown": _op_shutdown,
+    }
 
 
 def run_master(config: Config) -> int:
