@@ -149,9 +149,8 @@ def _who_long(config: Config) -> int:
 # --------------------------------------------------------------------------- update_machine_ad
 
 
-def update_machine_ad_main(argv: Sequence[str] | None = None) -> int:
-    """``condor_update_machine_ad``: one ad from a file or stdin (blank line required), exit 0/1"""
-    args = list(sys.argv if argv is None else argv)
+def _parse_update_args(args: list[str]) -> tuple[str | None, str | None] | int:
+    """The ``-pool``/``-name`` option and the file named, or the exit code of -help/-version"""
     name: str | None = None
     file: str | None = None
     for arg in args[1:]:
@@ -165,35 +164,54 @@ def update_machine_ad_main(argv: Sequence[str] | None = None) -> int:
             name = arg  # sic: the real tool stores the option itself, not its value
         else:
             file = arg
+    return name, file
+
+
+def _read_update(file: str | None) -> tuple[str, str] | None:
+    """What to call the ad's source and its text; ``None`` (reported) if the file is unreadable"""
     if file is None:
-        shown, text = "stdin", sys.stdin.read()
-    else:
-        shown = file
-        try:
-            text = Path(file).read_text()
-        except OSError as err:
-            print_err(f"Failed to open '{file}', aborting ({err.errno}: {err.strerror})\n")
-            return 1
-    lines = text.split("\n")
+        return "stdin", sys.stdin.read()
+    try:
+        return file, Path(file).read_text()
+    except OSError as err:
+        print_err(f"Failed to open '{file}', aborting ({err.errno}: {err.strerror})\n")
+        return None
+
+
+def _ad_lines(text: str) -> tuple[list[str], str]:
+    """The ad's lines up to the first blank line after them, and what is wrong with them"""
     body: list[str] = []
     ended = False
-    for line in lines[:-1]:  # the part after the last newline is not a complete line
+    for line in text.split("\n")[:-1]:  # the part after the last newline is not a complete line
         if not line.strip():
             if body:
                 ended = True
                 break
             continue
         body.append(line)
-    problem = ""
     if not ended:
-        problem = "File ended unexpectedly.  Please add a blank line the end of the file.\n"
-    elif not body:
-        problem = "File was empty.\n"
-    else:
-        try:
-            Ad.from_long("\n".join(body))
-        except ClassAdSyntaxError:
-            problem = "Syntax error in file.\n"
+        return body, "File ended unexpectedly.  Please add a blank line the end of the file.\n"
+    if not body:
+        return body, "File was empty.\n"
+    try:
+        Ad.from_long("\n".join(body))
+    except ClassAdSyntaxError:
+        return body, "Syntax error in file.\n"
+    return body, ""
+
+
+def update_machine_ad_main(argv: Sequence[str] | None = None) -> int:
+    """``condor_update_machine_ad``: one ad from a file or stdin (blank line required), exit 0/1"""
+    args = list(sys.argv if argv is None else argv)
+    parsed = _parse_update_args(args)
+    if isinstance(parsed, int):
+        return parsed
+    name, file = parsed
+    source = _read_update(file)
+    if source is None:
+        return 1
+    shown, text = source
+    body, problem = _ad_lines(text)
     if problem:
         print_err(f"Failed to parse '{shown}', aborting.\n{problem}")
         return 1
