@@ -188,26 +188,8 @@ class Settings:
 
     def validate(self) -> None:
         """:raises SettingsError: if a value is out of range"""
-        try:
-            check_token(self.site, "site")
-            check_token(self.drone, "drone uuid")
-            check_token(self.prefix, "subject prefix")
-            if self.domain is not None:
-                check_token(self.domain, "JetStream domain")
-        except SchemaError as err:
-            raise SettingsError(str(err)) from None
-        for name in ("heartbeat_s", "poll_s", "publish_timeout_s", "reconnect_wait_s"):
-            if not getattr(self, name) > 0:
-                raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
-        for name in ("end_grace_s", "kill_after_s", "exit_flush_s", "self_drain_deadline_s"):
-            if not getattr(self, name) >= 0:
-                raise SettingsError(f"{name} must not be negative, not {getattr(self, name)}")
-        if self.slots < 0:
-            raise SettingsError(f"slots must not be negative, not {self.slots}")
-        if self.spool_max_events < 10:
-            raise SettingsError(
-                f"spool_max_events must be at least 10, not {self.spool_max_events}"
-            )
+        self._check_tokens()
+        self._check_numbers()
         if self.deadline_policy not in ("wait", "kill"):
             raise SettingsError(
                 f"deadline policy must be 'wait' or 'kill', not {self.deadline_policy!r}"
@@ -220,6 +202,32 @@ class Settings:
         if len(os.fsencode(self.gate_socket)) > MAX_SOCKET_PATH:
             raise SettingsError(
                 f"gate socket path is too long for a Unix socket: {self.gate_socket}"
+            )
+
+    def _check_tokens(self) -> None:
+        """:raises SettingsError: if a name that goes into subjects is not a subject token"""
+        try:
+            check_token(self.site, "site")
+            check_token(self.drone, "drone uuid")
+            check_token(self.prefix, "subject prefix")
+            if self.domain is not None:
+                check_token(self.domain, "JetStream domain")
+        except SchemaError as err:
+            raise SettingsError(str(err)) from None
+
+    def _check_numbers(self) -> None:
+        """:raises SettingsError: if a time, the slots or the spool's size is out of range"""
+        for name in ("heartbeat_s", "poll_s", "publish_timeout_s", "reconnect_wait_s"):
+            if not getattr(self, name) > 0:
+                raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
+        for name in ("end_grace_s", "kill_after_s", "exit_flush_s", "self_drain_deadline_s"):
+            if not getattr(self, name) >= 0:
+                raise SettingsError(f"{name} must not be negative, not {getattr(self, name)}")
+        if self.slots < 0:
+            raise SettingsError(f"slots must not be negative, not {self.slots}")
+        if self.spool_max_events < 10:
+            raise SettingsError(
+                f"spool_max_events must be at least 10, not {self.spool_max_events}"
             )
 
 
