@@ -11,21 +11,15 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-from collections import Counter
-from collections.abc import Callable
 
 import nats.errors
 from nats.aio.msg import Msg
 
 from remote_agent.agent.bounds import bounded_intent, cut
+from remote_agent.agent.controls import Controls
 from remote_agent.agent.drain import Drain
-from remote_agent.agent.emission import Emitter
-from remote_agent.agent.payloads import PayloadLedger
-from remote_agent.agent.record import RecordClient
-from remote_agent.agent.startd import StartdObserver
-from remote_agent.agent.status import DroneStatus
-from remote_agent.agent.tasks import Tasks
-from remote_agent.agent.worker import Worker
+from remote_agent.agent.parts import Parts
+from remote_agent.agent.watch import RecordWatch
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
     DrainCommand,
@@ -44,8 +38,6 @@ from remote_agent.protocol.events import (
     kind_of,
 )
 from remote_agent.protocol.limits import MAX_REQUEST_ID, MAX_TEXT
-from remote_agent.protocol.names import Namespace
-from remote_agent.settings import Settings
 
 log = logging.getLogger("remote_agent.agent")
 
@@ -59,91 +51,72 @@ class CommandServer:
     """
     Serves the drone's command subject (and subscribes the record hints with it)
 
-    :param on_record_hint: called for every write attempt on the drone's record
-    :param listening: set once both subscriptions are in
+    :param watch: hinted at every write attempt on the drone's record, and told
+        (:attr:`RecordWatch.listening`) once both subscriptions are in
     """
 
     def __init__(
         self,
-        settings: Settings,
-        namespace: Namespace,
-        status: DroneStatus,
-        emitter: Emitter,
-        ledger: PayloadLedger,
+        parts: Parts,
+        controls: Controls,
         drain: Drain,
-        startd: StartdObserver,
-        record: RecordClient,
-        worker: Worker,
-        tasks: Tasks,
-        counters: Counter[str],
-        *,
-        on_record_hint: Callable[[], None],
-        listening: asyncio.Event,
+        watch: RecordWatch,
     ) -> None:
-        self._settings = settings
-        self._namespace = namespace
-        self._status = status
-        self._emitter = emitter
-        self._ledger = ledger
+        self._parts = parts
+        self._controls = controls
         self._drain = drain
-        self._startd = startd
-        self._record = record
-        self._worker = worker
-        self._tasks = tasks
-        self._counters = counters
-        self._on_record_hint = on_record_hint
-        self._listening = listening
-        self._site = settings.site
-        self._drone = settings.drone
+        self._watch = watch
         self._release_recorded: asyncio.Event | None = None
 
     async def serve(self) -> None:
         """Subscribe to the command subject and to writes of the own record"""
-        publisher = self._emitter.publisher
+        parts = self._parts
+        publisher = parts.emitter.publisher
         assert publisher is not None
         await publisher.connected.wait()
         nc = publisher.nc
         assert nc is not None
-        await nc.subscribe(self._namespace.command(self._site, self._drone), cb=self._on_command)
+        await nc.subscribe(parts.namespace.command(parts.site, parts.drone), cb=self._on_command)
         # A core subscription on the key's subject sees every write attempt, also ones the
         # stream refused, so it is only a hint to re-read the record; the client replays
         # it after a reconnect. (A KV watch would need the consumer API.)
-        subject = self._namespace.record_subject(self._site, self._drone)
+        subject = parts.namespace.record_subject(parts.site, parts.drone)
         await nc.subscribe(subject, cb=self._on_hint)
         while True:  # the server has the subscriptions once a flush returns
             try:
                 await nc.flush()
                 break
             except (nats.errors.Error, TimeoutError) as err:
-                log.debug("subscriptions not flushed yet: %r", err, extra={"drone": self._drone})
-                await asyncio.sleep(self._settings.reconnect_wait_s)
-        self._listening.set()
+                log.debug("subscriptions not flushed yet: %r", err, extra=parts.extra)
+                await asyncio.sleep(parts.settings.reconnect_wait_s)
+        self._watch.listening.set()
 
     async def _on_hint(self, msg: Msg) -> None:
-        self._on_record_hint()
+        self._watch.hint()
 
     async def _on_command(self, msg: Msg) -> None:
         try:
             await self._command(msg)
         except Exception:
-            self._counters["internal_errors"] += 1
-            log.exception("command handling failed", extra={"drone": self._drone})
+            self._parts.counters["internal_errors"] += 1
+            log.exception("command handling failed", extra=self._parts.extra)
 
     async def _command(self, msg: Msg) -> None:
+        parts = self._parts
         if not msg.reply:
-            self._counters["command_errors"] += 1
-            log.warning("a command without reply subject; ignored", extra={"drone": self._drone})
+            parts.counters["command_errors"] += 1
+            log.warning("a command without reply subject; ignored", extra=parts.extra)
             return
         try:
             command = decode_command(msg.data)
         except SchemaError as err:
             await self._reject(msg.reply, str(err), "")
             return
-        if (command.site, command.drone) != (self._site, self._drone):
+        if (command.site, command.drone) != (parts.site, parts.drone):
             await self._reject(
                 msg.reply,
                 f"command for {command.site}/{command.drone} reached the agent of "
-                f"{self._site}/{self._drone}",
+                f"{parts.site}/{parts.drone}",
                 command.request_id,
             )
             return
@@ -151,14 +124,14 @@ class CommandServer:
             outcome, detail = await self._release_if_idle()
         else:
             outcome, detail = self._execute(command)
-        self._counters["commands"] += 1
+        parts.counters["commands"] += 1
         log.info(
             "%s %s: %s (%s)",
             kind_of(type(command)),
             command.request_id,
             outcome,
             detail,
-            extra={"drone": self._drone, "request_id": command.request_id},
+            extra={"drone": parts.drone, "request_id": command.request_id},
         )
         recorded = self._release_recorded
         if outcome is Outcome.RELEASED and recorded is not None:
@@ -166,23 +139,23 @@ class CommandServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(recorded.wait(), _REPLY_RECORD_WAIT_S)
         reply = Reply(
-            site=self._site,
-            drone=self._drone,
+            site=parts.site,
+            drone=parts.drone,
             request_id=cut(command.request_id, MAX_REQUEST_ID),
             outcome=outcome,
             detail=cut(detail, MAX_TEXT),
-            snapshot=self._status.snapshot(),
+            snapshot=parts.status.snapshot(),
         )
         await self._send_reply(msg.reply, encode(reply))
 
     async def _reject(self, reply_to: str, error: str, request_id: str) -> None:
-        self._counters["command_errors"] += 1
-        log.warning("rejected a command: %s", error, extra={"drone": self._drone})
+        self._parts.counters["command_errors"] += 1
+        log.warning("rejected a command: %s", error, extra=self._parts.extra)
         reply = ErrorReply(error=cut(error, MAX_TEXT), request_id=cut(request_id, MAX_REQUEST_ID))
         await self._send_reply(reply_to, encode(reply))
 
     async def _send_reply(self, reply_to: str, data: bytes) -> None:
-        publisher = self._emitter.publisher
+        publisher = self._parts.emitter.publisher
         assert publisher is not None
         nc = publisher.nc
         if nc is None:
@@ -192,7 +165,7 @@ class CommandServer:
             # (nats.py nats/aio/msg.py: respond publishes with headers=self.headers)
             await nc.publish(reply_to, data)
         except (nats.errors.Error, OSError) as err:
-            log.warning("cannot send a reply: %r", err, extra={"drone": self._drone})
+            log.warning("cannot send a reply: %r", err, extra=self._parts.extra)
 
     def _execute(self, command: DrainCommand | StatusCommand) -> tuple[Outcome, str]:
         """Carry out a command at once (no await), so it is ordered with the gate"""
@@ -205,11 +178,12 @@ class CommandServer:
             )
             return self._drain.accept(bounded_intent(intent), write_intent=True)
         assert isinstance(command, StatusCommand)
-        return Outcome.STATUS, f"{self._status.state}, {len(self._status.payloads)} payload(s)"
+        status = self._parts.status
+        return Outcome.STATUS, f"{status.state}, {len(status.payloads)} payload(s)"
 
     def _release_known(self) -> tuple[Outcome, str] | None:
         """The answer to release-if-idle that needs no look at the startd, if any"""
-        status = self._status
+        status = self._parts.status
         if status.released:
             return Outcome.RELEASED, "released by the manager before the agent came up"
         if status.payloads:
@@ -231,13 +205,13 @@ class CommandServer:
         known = self._release_known()
         if known is not None:
             return known
-        admitted = self._ledger.admitted
-        busy = await self._startd.busy()
+        admitted = self._controls.ledger.admitted
+        busy = await self._controls.startd.busy()
         # ---- from here to the return nothing awaits
         known = self._release_known()
         if known is not None:
             return known
-        if self._ledger.admitted != admitted:
+        if self._controls.ledger.admitted != admitted:
             return Outcome.BUSY, "a payload started meanwhile; nothing changed"
         if busy is None:
             return Outcome.BUSY, "the startd does not answer and the worker runs; nothing changed"
@@ -249,7 +223,7 @@ class CommandServer:
             return Outcome.BUSY, cut(
                 f"the startd lists {len(busy)} busy slot(s): {listed}; nothing changed", MAX_TEXT
             )
-        status = self._status
+        status = self._parts.status
         if status.drain is not None or status.ending is not None:
             return Outcome.RELEASED, "idle, gate closed; the drone is ending its job"
         if status.state is S.EXITING:
@@ -257,14 +231,14 @@ class CommandServer:
         was_open = status.seal_gate()
         status.move(S.DRAINED)
         if was_open:
-            self._emitter.emit(GateClosed, reason="release if idle")
-        self._emitter.emit(Drained)
+            self._parts.emitter.emit(GateClosed, reason="release if idle")
+        self._parts.emitter.emit(Drained)
         self._release_recorded = asyncio.Event()
-        self._tasks.spawn(self._end_after_release(self._release_recorded), "release")
+        self._parts.tasks.spawn(self._end_after_release(self._release_recorded), "release")
         return Outcome.RELEASED, "idle; gate closed, the drone is ending its job"
 
     async def _end_after_release(self, recorded: asyncio.Event) -> None:
-        await self._record.finish(RecordPhase.DRAINED, "released while idle")
+        await self._controls.record.finish(RecordPhase.DRAINED, "released while idle")
         recorded.set()
-        await self._startd.stop("released while idle")
-        await self._worker.end_job("released while idle")
+        await self._controls.startd.stop("released while idle")
+        await self._controls.worker.end_job("released while idle")

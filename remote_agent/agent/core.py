@@ -26,8 +26,10 @@ from collections.abc import Mapping
 from remote_agent import __version__
 from remote_agent.agent.bounds import bounded_command, cut
 from remote_agent.agent.commands import CommandServer
+from remote_agent.agent.controls import Controls
 from remote_agent.agent.drain import Drain
 from remote_agent.agent.emission import Emitter
+from remote_agent.agent.parts import Parts
 from remote_agent.agent.payloads import PayloadLedger
 from remote_agent.agent.record import RecordClient
 from remote_agent.agent.startd import StartdObserver
@@ -85,59 +87,29 @@ class Agent:
             raise ValueError("settings.startd is set but no Startd was given")
         self.settings = settings
         self.startd = startd if settings.startd else None
-        self.namespace = Namespace(settings.prefix)
+        self.namespace = namespace = Namespace(settings.prefix)
         #: this run of the agent; a restarted agent has another one
-        self.incarnation = uuid.uuid4().hex[:12]
+        self.incarnation = incarnation = uuid.uuid4().hex[:12]
         #: things counted for operators: refused payloads, bad commands, ...
-        self.counters: Counter[str] = Counter()
+        self.counters = counters = Counter[str]()
         #: the drone's lifecycle, gate, flags and payloads
         self.status = status = DroneStatus(settings.slots, utcnow())
-        counters, drone = self.counters, settings.drone
-        self.emitter = emitter = Emitter(
-            settings, self.namespace, self.incarnation, status, counters
+        self.emitter = Emitter(settings, namespace, incarnation, status, counters)
+        self._tasks = tasks = Tasks(status, counters, settings.drone)
+        self._parts = parts = Parts(
+            settings, namespace, incarnation, status, counters, self.emitter, tasks
         )
-        self._tasks = tasks = Tasks(status, counters, drone)
-        self._ledger = ledger = PayloadLedger(status, emitter, counters, drone, settings.poll_s)
+        self._ledger = ledger = PayloadLedger(parts)
         env = dict(worker_env or {})
-        self._worker = worker = Worker(settings, status, startd=self.startd is not None, env=env)
+        self._worker = worker = Worker(parts, startd=self.startd is not None, env=env)
         self._claimable = claimable = asyncio.Event()
-        listening = asyncio.Event()  # the command and record-hint subscriptions are in
-        self._startd = startd_ = StartdObserver(
-            settings, self.startd, status, ledger, emitter, tasks, claimable
-        )
+        self._startd = startd_ = StartdObserver(parts, self.startd, ledger, claimable)
         status.on_gate_change(startd_.sync_accepting)
-        self._record = record = RecordClient(
-            settings, self.namespace, self.incarnation, status, emitter
-        )
-        drain = Drain(settings, status, emitter, ledger, record, startd_, worker, tasks)
-        self._watch = watch = RecordWatch(
-            settings,
-            self.incarnation,
-            status,
-            emitter,
-            record,
-            drain,
-            worker,
-            tasks,
-            counters,
-            claimable=claimable,
-            listening=listening,
-        )
-        self._commands = CommandServer(
-            settings,
-            self.namespace,
-            status,
-            emitter,
-            ledger,
-            drain,
-            startd_,
-            record,
-            worker,
-            tasks,
-            counters,
-            on_record_hint=watch.hint,
-            listening=listening,
-        )
+        self._record = record = RecordClient(parts)
+        controls = Controls(ledger, record, startd_, worker)
+        drain = Drain(parts, controls)
+        self._watch = watch = RecordWatch(parts, controls, drain, claimable=claimable)
+        self._commands = CommandServer(parts, controls, drain, watch)
 
     # ================================================================== queries
 
@@ -252,7 +224,7 @@ class Agent:
                             "exiting with %d events unpublished (broker unreachable for %.0fs)",
                             len(spool),
                             settings.exit_flush_s,
-                            extra={"drone": drone},
+                            extra=self._parts.extra,
                         )
                 finally:
                     # however the agent ends (also cancelled while it flushes its last
@@ -261,7 +233,7 @@ class Agent:
                     # keep the group, and so the agent, from ever ending
                     await stop_tasks([bus, *self._tasks.running])
                     await publisher.close()
-            log.info("agent exits with %d", code, extra={"drone": drone})
+            log.info("agent exits with %d", code, extra=self._parts.extra)
             return code
         finally:
             for sig in signals:
@@ -275,9 +247,7 @@ class Agent:
         The agent exits once the worker has ended, with the worker's status.
         """
         name = signal.Signals(signum).name
-        log.info(
-            "received %s, forwarding it to the worker", name, extra={"drone": self.settings.drone}
-        )
+        log.info("received %s, forwarding it to the worker", name, extra=self._parts.extra)
         self.status.stop_signal = signum
         was_open = self.status.seal_gate()
         self.status.exiting()
@@ -312,9 +282,7 @@ class Agent:
             worker = await self._worker.start(command)
         except OSError as err:
             code = 127 if isinstance(err, FileNotFoundError) else 126
-            log.error(
-                "cannot start the worker %s: %s", command, err, extra={"drone": settings.drone}
-            )
+            log.error("cannot start the worker %s: %s", command, err, extra=self._parts.extra)
             return await self._give_up(code, f"cannot start the worker: {err}")
         if status.state is S.STARTING:  # else a signal came while it started
             status.move(S.WORKER_UP)
@@ -342,9 +310,7 @@ class Agent:
         status.winding_down = True
         await self._tasks.cancel()
         worker_status = exit_status(returncode)
-        log.info(
-            "worker %d exited with %d", pid, worker_status, extra={"drone": self.settings.drone}
-        )
+        log.info("worker %d exited with %d", pid, worker_status, extra=self._parts.extra)
         emit(
             WorkerExited,
             pid=pid,

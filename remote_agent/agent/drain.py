@@ -13,13 +13,8 @@ import datetime as dt
 import logging
 
 from remote_agent.agent.bounds import bounded_intent
-from remote_agent.agent.emission import Emitter
-from remote_agent.agent.payloads import PayloadLedger
-from remote_agent.agent.record import RecordClient
-from remote_agent.agent.startd import StartdObserver
-from remote_agent.agent.status import DroneStatus
-from remote_agent.agent.tasks import Tasks
-from remote_agent.agent.worker import Worker
+from remote_agent.agent.controls import Controls
+from remote_agent.agent.parts import Parts
 from remote_agent.protocol.events import (
     DrainAccepted,
     DrainDeadlineExpired,
@@ -34,7 +29,6 @@ from remote_agent.protocol.events import (
     RecordPhase,
     utcnow,
 )
-from remote_agent.settings import Settings
 
 log = logging.getLogger("remote_agent.agent")
 
@@ -44,26 +38,9 @@ S = DroneState
 class Drain:
     """Accepts drain intents (commands, the record, the agent itself) and carries them out"""
 
-    def __init__(
-        self,
-        settings: Settings,
-        status: DroneStatus,
-        emitter: Emitter,
-        ledger: PayloadLedger,
-        record: RecordClient,
-        startd: StartdObserver,
-        worker: Worker,
-        tasks: Tasks,
-    ) -> None:
-        self._settings = settings
-        self._status = status
-        self._emitter = emitter
-        self._ledger = ledger
-        self._record = record
-        self._startd = startd
-        self._worker = worker
-        self._tasks = tasks
-        self._drone = settings.drone
+    def __init__(self, parts: Parts, controls: Controls) -> None:
+        self._parts = parts
+        self._controls = controls
 
     def accept(self, intent: DrainIntent, *, write_intent: bool) -> tuple[Outcome, str]:
         """
@@ -72,7 +49,7 @@ class Drain:
         :param write_intent: record the intent in the handshake record (a drain
             that came as a command; one read from the record is there already)
         """
-        status, emit = self._status, self._emitter.emit
+        status, emit = self._parts.status, self._parts.emitter.emit
         state = status.state
         if status.released:
             reason = "the drone was released before its agent came up; it is ending"
@@ -104,76 +81,78 @@ class Drain:
             emit(GateClosed, reason=f"drain: {intent.reason}" if intent.reason else "drain")
         if count:
             emit(Draining, payloads=count, deadline=intent.deadline)
-        self._tasks.spawn(self._flow(intent, write_intent), "drain")
+        self._parts.tasks.spawn(self._flow(intent, write_intent), "drain")
         return Outcome.DRAIN_ACCEPTED, self.detail()
 
     def detail(self) -> str:
         """The drain's progress for a command reply"""
-        count = len(self._status.payloads)
+        count = len(self._parts.status.payloads)
         if not count:
             return "gate closed; no payload running, the drone is ending its job"
-        drain = self._status.drain
+        drain = self._parts.status.drain
         deadline = drain.deadline.isoformat() if drain else "?"
         return f"gate closed; {count} payload(s) still running, deadline {deadline}"
 
     def self_drain(self, reason: str) -> None:
         """Drain on the agent's own account, with the self-drain deadline"""
         now = utcnow()
-        deadline = now + dt.timedelta(seconds=self._settings.self_drain_deadline_s)
+        deadline = now + dt.timedelta(seconds=self._parts.settings.self_drain_deadline_s)
         intent = DrainIntent(deadline=deadline, reason=reason, requested_at=now)
         self.accept(intent, write_intent=False)
 
     async def _flow(self, intent: DrainIntent, write_intent: bool) -> None:
+        parts, controls = self._parts, self._controls
         if write_intent:
-            await self._record.request_drain(intent)
-        await self._startd.stop(intent.reason)
+            await controls.record.request_drain(intent)
+        await controls.startd.stop(intent.reason)
         expired = False
         while True:
             if not expired:
                 await self._wait_payloads(intent.deadline)
             else:
-                await self._ledger.done.wait()
-            if await self._startd.confirm_idle():
+                await controls.ledger.done.wait()
+            if await controls.startd.confirm_idle():
                 break
             if not expired and utcnow() >= intent.deadline:
                 expired = True
                 await self._deadline_expired(intent)
             # the snapshot may be empty (a JOB_EXIT, forged or early) while the startd
             # still lists jobs or claims: look again after a poll interval
-            await asyncio.sleep(self._settings.poll_s)
-        await self._record.finish(RecordPhase.DRAINED, intent.reason)
-        if self._status.state is S.DRAINING:
-            self._status.move(S.DRAINED)
-            self._emitter.emit(Drained)
-        await self._worker.end_job("drained")
+            await asyncio.sleep(parts.settings.poll_s)
+        await controls.record.finish(RecordPhase.DRAINED, intent.reason)
+        if parts.status.state is S.DRAINING:
+            parts.status.move(S.DRAINED)
+            parts.emitter.emit(Drained)
+        await controls.worker.end_job("drained")
 
     async def _deadline_expired(self, intent: DrainIntent) -> None:
-        count = max(len(self._status.payloads), self._startd.busy_slots)
-        policy = self._settings.deadline_policy
+        parts, controls = self._parts, self._controls
+        count = max(len(parts.status.payloads), controls.startd.busy_slots)
+        policy = parts.settings.deadline_policy
         log.warning(
             "drain deadline passed with %d payload(s) running; policy %s",
             count,
             policy,
-            extra={"drone": self._drone},
+            extra=parts.extra,
         )
-        self._emitter.emit(DrainDeadlineExpired, payloads=count, action=policy)
-        await self._record.finish(
+        parts.emitter.emit(DrainDeadlineExpired, payloads=count, action=policy)
+        await controls.record.finish(
             RecordPhase.DEADLINE_EXPIRED, f"{count} payload(s) running at the deadline"
         )
         if policy == "kill":
-            self._status.ending = "drain deadline expired"
+            parts.status.ending = "drain deadline expired"
             await self._kill_payloads(intent.reason)
 
     async def _wait_payloads(self, deadline: dt.datetime) -> bool:
         """Wait for the last payload to end, until ``deadline``; ``True`` if none runs"""
         remaining = (deadline - utcnow()).total_seconds()
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._ledger.done.wait(), max(remaining, 0.0))
-        return not self._status.payloads
+            await asyncio.wait_for(self._controls.ledger.done.wait(), max(remaining, 0.0))
+        return not self._parts.status.payloads
 
     async def _kill_payloads(self, reason: str) -> None:
-        if self._startd.startd is not None:
-            await self._startd.drain(reason, fast=True)
+        if self._controls.startd.startd is not None:
+            await self._controls.startd.drain(reason, fast=True)
         else:
             # without a startd the payloads are the worker's business: end the worker
-            await self._worker.terminate()
+            await self._controls.worker.terminate()

@@ -10,11 +10,9 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from collections import Counter
 
 from remote_agent.agent.bounds import cut
-from remote_agent.agent.emission import Emitter
-from remote_agent.agent.status import DroneStatus
+from remote_agent.agent.parts import Parts
 from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, JobStart, SlotInfo
 from remote_agent.protocol.events import (
     Payload,
@@ -45,19 +43,12 @@ def _remember(table: dict[str, float], job_id: str) -> None:
 class PayloadLedger:
     """The payloads in :attr:`DroneStatus.payloads` and the job ids seen around them"""
 
-    def __init__(
-        self,
-        status: DroneStatus,
-        emitter: Emitter,
-        counters: Counter[str],
-        drone: str,
-        poll_s: float,
-    ) -> None:
-        self._status = status
-        self._emitter = emitter
-        self._counters = counters
-        self._drone = drone
-        self._poll_s = poll_s
+    def __init__(self, parts: Parts) -> None:
+        self._parts = parts
+        # on the gate's path: kept at hand
+        self._status = parts.status
+        self._emitter = parts.emitter
+        self._counters = parts.counters
         #: set while no payload runs
         self.done = asyncio.Event()
         self.done.set()
@@ -106,7 +97,7 @@ class PayloadLedger:
     ) -> GateDecision:
         _remember(self._refused, job.job_id)
         self._counters["payloads_refused"] += 1
-        extra = {"drone": self._drone, "job_id": job.job_id[:MAX_JOB_ID]}
+        extra = {"drone": self._parts.drone, "job_id": job.job_id[:MAX_JOB_ID]}
         if log_level is None:
             log.info("refused payload %s: %s", job.job_id, reason, extra=extra)
         else:
@@ -122,14 +113,14 @@ class PayloadLedger:
         """JOB_EXIT: the payload ended; publish it (only a hint, see ``Agent.job_exited``)"""
         if job_id not in self._status.payloads:
             if job_id in self._finished or job_id in self._refused:
-                log.debug("job exit of %s: known already", job_id, extra={"drone": self._drone})
+                log.debug("job exit of %s: known already", job_id, extra=self._parts.extra)
                 return
             self._counters["job_exit_unknown"] += 1
             _rejections.warning(
                 "job_exit_unknown",
                 "job exit of %r, which the gate never saw; ignored",
                 job_id,
-                extra={"drone": self._drone},
+                extra=self._parts.extra,
             )
             _remember(self._finished, job_id)
             return
@@ -194,7 +185,7 @@ class PayloadLedger:
             "payload %s never passed the gate but runs (%s); counting it",
             job_id,
             why,
-            extra={"drone": self._drone, "job_id": job_id},
+            extra={"drone": self._parts.drone, "job_id": job_id},
         )
         payloads[job_id] = Payload(job_id=job_id, slot=slot, started_at=utcnow())
         self._changed()
@@ -216,14 +207,14 @@ class PayloadLedger:
             if job_id in running:
                 self._missing.pop(job_id, None)
                 continue
-            if (utcnow() - payload.started_at).total_seconds() < self._poll_s:
+            if (utcnow() - payload.started_at).total_seconds() < self._parts.settings.poll_s:
                 continue  # too young to be listed yet
             self._missing[job_id] = misses = self._missing.get(job_id, 0) + 1
             if misses >= 2:
                 log.warning(
                     "payload %s vanished without a JOB_EXIT hook",
                     job_id,
-                    extra={"drone": self._drone, "job_id": job_id},
+                    extra={"drone": self._parts.drone, "job_id": job_id},
                 )
                 self.finish(job_id, PayloadEnd.UNKNOWN, None, None)
         unknown = self.unknown_jobs(slots)

@@ -10,8 +10,7 @@ from collections.abc import Awaitable, Callable
 import nats.errors
 from nats.js.kv import KeyValue
 
-from remote_agent.agent.emission import Emitter
-from remote_agent.agent.status import DroneStatus
+from remote_agent.agent.parts import Parts
 from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.errors import HandshakeError
 from remote_agent.protocol.events import (
@@ -20,8 +19,7 @@ from remote_agent.protocol.events import (
     RecordPhase,
 )
 from remote_agent.protocol.handshake import RecordStore, Versioned
-from remote_agent.protocol.names import Namespace, kv_stream, kv_subjects
-from remote_agent.settings import Settings
+from remote_agent.protocol.names import kv_stream, kv_subjects
 
 log = logging.getLogger("remote_agent.agent")
 
@@ -31,43 +29,32 @@ S = DroneState
 class RecordClient:
     """The drone's calls on its handshake record, retried while the broker is away"""
 
-    def __init__(
-        self,
-        settings: Settings,
-        namespace: Namespace,
-        incarnation: str,
-        status: DroneStatus,
-        emitter: Emitter,
-    ) -> None:
-        self._namespace = namespace
-        self._incarnation = incarnation
-        self._status = status
-        self._emitter = emitter
-        self._site = settings.site
-        self._drone = settings.drone
-        self._domain = settings.domain
+    def __init__(self, parts: Parts) -> None:
+        self._parts = parts
         self._store: RecordStore | None = None
 
     @property
     def bucket(self) -> str:
         """The handshake bucket's name"""
-        return self._namespace.record_bucket
+        return self._parts.namespace.record_bucket
 
     async def store(self) -> RecordStore:
         """The handshake bucket, once connected"""
-        publisher = self._emitter.publisher
+        parts = self._parts
+        publisher = parts.emitter.publisher
         assert publisher is not None
         await publisher.connected.wait()
         if self._store is None:
             js = publisher.js
             assert js is not None
-            bucket = self._namespace.record_bucket
+            bucket = parts.namespace.record_bucket
             # bound without STREAM.INFO: a drone needs only a direct get and publishes
             # to its own key, no other JetStream API (docs/agent.md, permissions)
             kv = KeyValue(
                 name=bucket, stream=kv_stream(bucket), pre=kv_subjects(bucket), js=js, direct=True
             )
-            self._store = RecordStore(kv, self._namespace, js=js, domain=self._domain)
+            domain = parts.settings.domain
+            self._store = RecordStore(kv, parts.namespace, js=js, domain=domain)
         return self._store
 
     async def call(
@@ -79,24 +66,25 @@ class RecordClient:
         while True:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
-                log.warning("gave up to %s for now", what, extra={"drone": self._drone})
+                log.warning("gave up to %s for now", what, extra=self._parts.extra)
                 return None
             try:
                 store = await asyncio.wait_for(self.store(), remaining)
                 return await asyncio.wait_for(op(store), remaining)
             except HandshakeError as err:
-                log.warning("cannot %s: %s", what, err, extra={"drone": self._drone})
+                log.warning("cannot %s: %s", what, err, extra=self._parts.extra)
                 return None
             except (nats.errors.Error, OSError, TimeoutError) as err:
-                log.debug("cannot %s yet: %r", what, err, extra={"drone": self._drone})
+                log.debug("cannot %s yet: %r", what, err, extra=self._parts.extra)
             await asyncio.sleep(min(backoff.delay(), max(0.0, deadline - time.monotonic())))
 
     async def finish(self, phase: RecordPhase, note: str, budget_s: float = 30.0) -> None:
         """Let the record say ``phase`` (drained, deadline expired), unless it is not ours"""
-        if self._status.released or self._status.record_lost is not None:
+        parts = self._parts
+        if parts.status.released or parts.status.record_lost is not None:
             return
         assert phase in (RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED)
-        site, drone, incarnation = self._site, self._drone, self._incarnation
+        site, drone, incarnation = parts.site, parts.drone, parts.incarnation
         await self.call(
             f"record {phase}",
             lambda store: store.finish(site, drone, incarnation, phase, note),
@@ -105,7 +93,7 @@ class RecordClient:
 
     async def request_drain(self, intent: DrainIntent) -> None:
         """Record a drain intent that came as a command"""
-        site, drone = self._site, self._drone
+        site, drone = self._parts.site, self._parts.drone
         await self.call(
             "record the drain intent",
             lambda store: store.request_drain(site, drone, intent, writer="agent"),

@@ -12,16 +12,13 @@ import logging
 import socket
 
 from remote_agent.agent.bounds import cut
-from remote_agent.agent.emission import Emitter
+from remote_agent.agent.parts import Parts
 from remote_agent.agent.payloads import PayloadLedger
-from remote_agent.agent.status import DroneStatus
-from remote_agent.agent.tasks import Tasks
 from remote_agent.errors import StartdError
 from remote_agent.interfaces import SlotInfo, Startd
 from remote_agent.protocol.events import DroneState, StartdReady
 from remote_agent.protocol.limits import MAX_NAME
 from remote_agent.protocol.ratelog import RateLimitedLog
-from remote_agent.settings import Settings
 
 log = logging.getLogger("remote_agent.agent")
 _rejections = RateLimitedLog(log)
@@ -41,22 +38,15 @@ class StartdObserver:
 
     def __init__(
         self,
-        settings: Settings,
+        parts: Parts,
         startd: Startd | None,
-        status: DroneStatus,
         ledger: PayloadLedger,
-        emitter: Emitter,
-        tasks: Tasks,
         claimable: asyncio.Event,
     ) -> None:
-        self._settings = settings
+        self._parts = parts
         self.startd = startd
-        self._status = status
         self._ledger = ledger
-        self._emitter = emitter
-        self._tasks = tasks
         self._claimable = claimable
-        self._drone = settings.drone
         self.ready = False
         #: busy slots at the last look at the startd (-1: it did not answer)
         self.busy_slots = 0
@@ -70,8 +60,8 @@ class StartdObserver:
         failures = polls = 0
         # after the startd came up, ask for readiness now and then too: that is where
         # CondorStartd notices a restarted startd and sets the gate attribute again
-        ready_every = max(1, round(_READY_CHECK_S / self._settings.poll_s))
-        while not self._status.winding_down:
+        ready_every = max(1, round(_READY_CHECK_S / self._parts.settings.poll_s))
+        while not self._parts.status.winding_down:
             try:
                 if not self.ready:
                     if await self.startd.ready():
@@ -88,24 +78,26 @@ class StartdObserver:
                     logging.WARNING if failures == 3 else logging.DEBUG,
                     "the startd does not answer: %s",
                     err,
-                    extra={"drone": self._drone},
+                    extra=self._parts.extra,
                 )
-            await asyncio.sleep(self._settings.poll_s)
+            await asyncio.sleep(self._parts.settings.poll_s)
 
     def _on_ready(self, slots: list[SlotInfo]) -> None:
         self.ready = True
-        self._status.slots = max(len(slots), self._settings.slots)
-        if self._status.state is S.WORKER_UP:
-            self._status.move(S.STARTD_READY)
+        self._parts.status.slots = max(len(slots), self._parts.settings.slots)
+        if self._parts.status.state is S.WORKER_UP:
+            self._parts.status.move(S.STARTD_READY)
         name = slots[0].name if slots else socket.gethostname()
-        self._emitter.emit(StartdReady, slots=self._status.slots, name=cut(name, MAX_NAME))
+        self._parts.emitter.emit(
+            StartdReady, slots=self._parts.status.slots, name=cut(name, MAX_NAME)
+        )
         # The gate has never been open in this incarnation (the claim waits for this
         # moment), so whatever runs now was let in before: an agent that was restarted.
         self._ledger.adopt_unknown(slots, "was running when the agent started")
         self._claimable.set()
 
     def _reconcile(self, slots: list[SlotInfo]) -> None:
-        self._status.slots = max(len(slots), self._settings.slots)
+        self._parts.status.slots = max(len(slots), self._parts.settings.slots)
         self._ledger.reconcile(slots)
 
     async def busy(self) -> list[SlotInfo] | None:
@@ -120,14 +112,14 @@ class StartdObserver:
         try:
             slots = await self.startd.slots()
         except StartdError as err:
-            if self._status.worker_ended:
+            if self._parts.status.worker_ended:
                 return []
             _rejections.log(
                 logging.INFO,
                 "startd_unanswered",
                 "the startd does not answer (%s); not calling the drone idle",
                 err,
-                extra={"drone": self._drone},
+                extra=self._parts.extra,
             )
             return None
         busy = [slot for slot in slots if slot.busy]
@@ -144,17 +136,17 @@ class StartdObserver:
         """
         busy = await self.busy()
         self.busy_slots = -1 if busy is None else len(busy)
-        return busy is not None and not busy and not self._status.payloads
+        return busy is not None and not busy and not self._parts.status.payloads
 
     def sync_accepting(self) -> None:
         """Make the startd's START attribute follow the gate (in order, last wins)"""
         if self.startd is not None:
-            self._tasks.spawn(self._apply_accepting(), "startd-accepting")
+            self._parts.tasks.spawn(self._apply_accepting(), "startd-accepting")
 
     async def _apply_accepting(self) -> None:
         assert self.startd is not None
         async with self._accepting_lock:
-            wanted = self._status.gate_open
+            wanted = self._parts.status.gate_open
             if wanted == self._accepting:
                 return
             try:
@@ -165,7 +157,7 @@ class StartdObserver:
                     "still refuses payloads",
                     wanted,
                     err,
-                    extra={"drone": self._drone},
+                    extra=self._parts.extra,
                 )
                 return
             self._accepting = wanted
@@ -183,7 +175,7 @@ class StartdObserver:
         try:
             result = await self.startd.drain(reason or "cobald-remote drain", fast=fast)
         except StartdError as err:
-            log.warning("condor_drain failed: %s", err, extra={"drone": self._drone})
+            log.warning("condor_drain failed: %s", err, extra=self._parts.extra)
             return
         if not result.accepted:
-            log.warning("condor_drain refused: %s", result.detail, extra={"drone": self._drone})
+            log.warning("condor_drain refused: %s", result.detail, extra=self._parts.extra)

@@ -12,18 +12,14 @@ import asyncio
 import contextlib
 import datetime as dt
 import logging
-from collections import Counter
 
 import msgspec
 import nats.errors
 
 from remote_agent.agent.bounds import bounded_intent
+from remote_agent.agent.controls import Controls
 from remote_agent.agent.drain import Drain
-from remote_agent.agent.emission import Emitter
-from remote_agent.agent.record import RecordClient
-from remote_agent.agent.status import DroneStatus
-from remote_agent.agent.tasks import Tasks
-from remote_agent.agent.worker import Worker
+from remote_agent.agent.parts import Parts
 from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.errors import HandshakeError
 from remote_agent.protocol.events import (
@@ -37,7 +33,6 @@ from remote_agent.protocol.events import (
     utcnow,
 )
 from remote_agent.protocol.phases import CLOSED_PHASES
-from remote_agent.settings import Settings
 
 log = logging.getLogger("remote_agent.agent")
 
@@ -53,42 +48,28 @@ class RecordWatch:
     Claims the record before the gate may open, then acts on what it says
 
     :param claimable: set once the claim may start (the startd is ready)
-    :param listening: set once the command and record-hint subscriptions are in
     """
 
     def __init__(
         self,
-        settings: Settings,
-        incarnation: str,
-        status: DroneStatus,
-        emitter: Emitter,
-        record: RecordClient,
+        parts: Parts,
+        controls: Controls,
         drain: Drain,
-        worker: Worker,
-        tasks: Tasks,
-        counters: Counter[str],
         *,
         claimable: asyncio.Event,
-        listening: asyncio.Event,
     ) -> None:
-        self._settings = settings
-        self._incarnation = incarnation
-        self._status = status
-        self._emitter = emitter
-        self._record = record
+        self._parts = parts
+        self._record = controls.record
+        self._worker = controls.worker
         self._drain = drain
-        self._worker = worker
-        self._tasks = tasks
-        self._counters = counters
         self._claimable = claimable
-        self._listening = listening
-        self._site = settings.site
-        self._drone = settings.drone
+        #: set once the command and record-hint subscriptions are in (by the command server)
+        self.listening = asyncio.Event()
         self._recheck = asyncio.Event()
         #: the record's revision as last read (``None`` before the claim)
         self._revision: int | None = None
         #: the incarnation of the record this agent claimed (an earlier one's drain)
-        self._claimed_incarnation = incarnation
+        self._claimed_incarnation = parts.incarnation
 
     def hint(self) -> None:
         """The record may have changed: read it again"""
@@ -98,13 +79,14 @@ class RecordWatch:
         """Claim the record before the gate may open; act on what it says"""
         await self._claimable.wait()
         # subscribed first: every write to the record after the claim's read is a hint
-        await self._listening.wait()
+        await self.listening.wait()
+        parts = self._parts
         backoff = Backoff(first=0.2, most=5.0)
         failures = 0
-        while not self._status.sealed:
+        while not parts.status.sealed:
             store = await self._record.store()
             try:
-                versioned = await store.claim(self._site, self._drone, self._incarnation)
+                versioned = await store.claim(parts.site, parts.drone, parts.incarnation)
             except (HandshakeError, nats.errors.Error, OSError, TimeoutError) as err:
                 failures += 1
                 log.log(
@@ -112,7 +94,7 @@ class RecordWatch:
                     "cannot claim the handshake record yet (bucket %s provisioned?): %r",
                     self._record.bucket,
                     err,
-                    extra={"drone": self._drone},
+                    extra=parts.extra,
                 )
                 await asyncio.sleep(backoff.delay())
                 continue
@@ -122,14 +104,14 @@ class RecordWatch:
 
     def _apply_claim(self, record: DroneRecord) -> None:
         phase = record.phase
-        status = self._status
-        if phase is RecordPhase.UP and record.incarnation == self._incarnation:
+        status = self._parts.status
+        if phase is RecordPhase.UP and record.incarnation == self._parts.incarnation:
             status.claimed = True
             if status.sealed:
-                log.info("claimed, but the gate is shut already", extra={"drone": self._drone})
+                log.info("claimed, but the gate is shut already", extra=self._parts.extra)
                 return
             status.open_gate()
-            self._emitter.emit(GateOpened, reason="handshake record claimed")
+            self._parts.emitter.emit(GateOpened, reason="handshake record claimed")
         elif phase is RecordPhase.RELEASED:
             self._on_released(record)
         elif phase in CLOSED_PHASES:  # not released (above): told to drain
@@ -143,10 +125,10 @@ class RecordWatch:
             )
             self._drain.accept(self._record_intent(intent), write_intent=False)
         else:
-            log.error("unexpected claim result %s", record, extra={"drone": self._drone})
+            log.error("unexpected claim result %s", record, extra=self._parts.extra)
 
     def _on_released(self, record: DroneRecord) -> None:
-        status = self._status
+        status = self._parts.status
         if status.released:
             return
         status.released = True
@@ -154,13 +136,13 @@ class RecordWatch:
         if status.state is not S.EXITING:
             status.move(S.RELEASED)
         reason = record.note or "released by the manager before the agent came up"
-        self._emitter.emit(Released, reason=reason)
-        log.warning("drone released: %s; ending the job", reason, extra={"drone": self._drone})
-        self._tasks.spawn(self._worker.end_job("released"), "end-job")
+        self._parts.emitter.emit(Released, reason=reason)
+        log.warning("drone released: %s; ending the job", reason, extra=self._parts.extra)
+        self._parts.tasks.spawn(self._worker.end_job("released"), "end-job")
 
     async def watch(self) -> None:
         """Re-read the record on every hint, reconnect and heartbeat, and act on it"""
-        status = self._status
+        status = self._parts.status
         settle = Backoff(first=0.05, most=1.0)
         unchanged = 0
         wait: float | None = None  # for the next hint; else until a settling re-read
@@ -173,13 +155,13 @@ class RecordWatch:
                 continue
             try:
                 store = await self._record.store()
-                current = await store.read(self._site, self._drone)
+                current = await store.read(self._parts.site, self._parts.drone)
             except HandshakeError as err:  # a value that is no valid record
                 self._on_record_lost(f"the record does not decode ({err})")
                 continue
             except (nats.errors.Error, OSError, TimeoutError) as err:
-                log.debug("cannot read the record: %r", err, extra={"drone": self._drone})
-                await asyncio.sleep(self._settings.reconnect_wait_s)
+                log.debug("cannot read the record: %r", err, extra=self._parts.extra)
+                await asyncio.sleep(self._parts.settings.reconnect_wait_s)
                 self._recheck.set()  # the hint is not lost with the failed read
                 continue
             if current is None:
@@ -199,23 +181,23 @@ class RecordWatch:
         phase = record.phase
         if phase is RecordPhase.RELEASED:
             self._on_record_lost(f"the record says released (writer {record.writer})")
-        elif record.incarnation not in (self._incarnation, self._claimed_incarnation):
+        elif record.incarnation not in (self._parts.incarnation, self._claimed_incarnation):
             self._on_record_lost(
                 f"the record says {phase} for another incarnation ({record.incarnation!r})"
             )
         elif phase is RecordPhase.DRAINING and record.drain is not None:
-            if self._status.drain is None:
-                log.info("the record asks for a drain", extra={"drone": self._drone})
+            if self._parts.status.drain is None:
+                log.info("the record asks for a drain", extra=self._parts.extra)
                 self._drain.accept(self._record_intent(record.drain), write_intent=False)
         elif (
             phase is not RecordPhase.UP
-            and self._status.drain is None
-            and self._status.state not in (S.DRAINED, S.EXITING)
+            and self._parts.status.drain is None
+            and self._parts.status.state not in (S.DRAINED, S.EXITING)
         ):
             log.warning(
                 "the record says %s although no drain was accepted; draining",
                 phase,
-                extra={"drone": self._drone},
+                extra=self._parts.extra,
             )
             self._drain.self_drain(f"handshake record is {phase}")
 
@@ -227,19 +209,19 @@ class RecordWatch:
         deadline, ``--self-drain-deadline``) and ends the job as a drain does.
         The agent never writes the record again: it is not the agent's any more.
         """
-        status = self._status
+        status = self._parts.status
         if status.record_lost is not None:
             return
         status.record_lost = why
-        self._counters["record_lost"] += 1
+        self._parts.counters["record_lost"] += 1
         was_open = status.seal_gate()
         log.warning(
             "handshake record lost while up: %s; gate closed, draining",
             why,
-            extra={"drone": self._drone},
+            extra=self._parts.extra,
         )
         if was_open:
-            self._emitter.emit(GateClosed, reason=f"record lost: {why}")
+            self._parts.emitter.emit(GateClosed, reason=f"record lost: {why}")
         if status.drain is None and status.state not in (S.DRAINED, S.EXITING):
             self._drain.self_drain(f"record lost: {why}")
 
@@ -254,7 +236,7 @@ class RecordWatch:
         in the drone's removal, counts at once only when it comes as a command,
         which only the manager can send.
         """
-        earliest = utcnow() + dt.timedelta(seconds=self._settings.self_drain_deadline_s)
+        earliest = utcnow() + dt.timedelta(seconds=self._parts.settings.self_drain_deadline_s)
         if intent.deadline >= earliest:
             return bounded_intent(intent)
         return bounded_intent(msgspec.structs.replace(intent, deadline=earliest))

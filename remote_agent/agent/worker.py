@@ -9,9 +9,9 @@ import os
 import signal
 from collections.abc import Sequence
 
+from remote_agent.agent.parts import Parts
 from remote_agent.agent.status import DroneStatus
 from remote_agent.interfaces import SELF_EXIT_STATUSES
-from remote_agent.settings import Settings
 
 log = logging.getLogger("remote_agent.agent")
 
@@ -29,13 +29,9 @@ class Worker:
     :param env: extra environment of the worker, e.g. where the gate socket is
     """
 
-    def __init__(
-        self, settings: Settings, status: DroneStatus, *, startd: bool, env: dict[str, str]
-    ) -> None:
-        self._settings = settings
-        self._status = status
+    def __init__(self, parts: Parts, *, startd: bool, env: dict[str, str]) -> None:
+        self._parts = parts
         self._startd = startd
-        self._drone = settings.drone
         self.env = env
 
     async def start(self, command: Sequence[str]) -> asyncio.subprocess.Process:
@@ -51,53 +47,53 @@ class Worker:
             # its own process group: a Ctrl-C reaches it once, through the agent
             start_new_session=True,
         )
-        self._status.worker = worker
+        self._parts.status.worker = worker
         return worker
 
     def forward(self, signum: int) -> None:
         """Pass ``signum`` on to the worker, if it runs"""
-        worker = self._status.worker
+        worker = self._parts.status.worker
         if worker is not None and worker.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 worker.send_signal(signum)
 
     async def end_job(self, reason: str) -> None:
         """End the drone's batch job: the worker ends by itself or is terminated"""
-        self._status.ending = reason
-        worker = self._status.worker
+        self._parts.status.ending = reason
+        worker = self._parts.status.worker
         if worker is None or worker.returncode is not None:
             return
         if self._startd and reason != "released":
             # the startd drained with -exit-on-completion; give the worker time to follow
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(worker.wait(), self._settings.end_grace_s)
+                await asyncio.wait_for(worker.wait(), self._parts.settings.end_grace_s)
         if worker.returncode is None:
-            log.info("ending the worker (%s)", reason, extra={"drone": self._drone})
+            log.info("ending the worker (%s)", reason, extra=self._parts.extra)
             await self.terminate()
 
     async def terminate(self) -> None:
         """SIGTERM, then SIGKILL to its process group after ``kill_after_s``"""
-        worker = self._status.worker
+        worker = self._parts.status.worker
         if worker is None or worker.returncode is not None:
             return
-        self._status.terminated = True
+        self._parts.status.terminated = True
         with contextlib.suppress(ProcessLookupError):
             worker.terminate()
         try:
-            await asyncio.wait_for(worker.wait(), self._settings.kill_after_s)
+            await asyncio.wait_for(worker.wait(), self._parts.settings.kill_after_s)
         except TimeoutError:
             log.warning(
                 "worker %d ignored SIGTERM for %.0fs, killing it",
                 worker.pid,
-                self._settings.kill_after_s,
-                extra={"drone": self._drone},
+                self._parts.settings.kill_after_s,
+                extra=self._parts.extra,
             )
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(worker.pid, signal.SIGKILL)
 
     async def kill(self) -> None:
         """The agent itself is failing: do not leave the worker behind"""
-        worker = self._status.worker
+        worker = self._parts.status.worker
         if worker is None or worker.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError):
