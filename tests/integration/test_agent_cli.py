@@ -8,8 +8,8 @@ import os
 import sys
 from pathlib import Path
 
-from agent_support import kinds, read_events
 from nats.js import JetStreamContext
+from support.agent import kinds, read_events
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision

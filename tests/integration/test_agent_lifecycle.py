@@ -7,7 +7,9 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from agent_support import (
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from support.agent import (
     NS,
     SITE,
     FakeStartd,
@@ -21,9 +23,7 @@ from agent_support import (
     status,
     wait_for,
 )
-from helpers import pid_exists
-from nats.aio.client import Client
-from nats.js import JetStreamContext
+from support.processes import pid_exists
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision

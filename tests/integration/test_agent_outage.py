@@ -12,17 +12,10 @@ from pathlib import Path
 
 import nats
 import pytest
-from agent_support import (
-    NS,
-    SITE,
-    TcpProxy,
-    read_events,
-    running,
-    settings,
-    wait_for,
-)
-from helpers import pid_exists
 from nats.js import JetStreamContext
+from support.agent import NS, SITE, read_events, running, settings, wait_for
+from support.processes import pid_exists
+from support.servers import TcpProxy
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision

@@ -8,9 +8,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats.errors
-from agent_support import NS, SITE, command, drain, read_events, running, settings, wait_for
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from support.agent import NS, SITE, command, drain, read_events, running, settings, wait_for
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision

@@ -15,9 +15,9 @@ from typing import Any
 import nats
 import nats.errors
 import pytest
-from agent_support import SITE, drone_life, wait_for
-from agent_support import settings as agent_settings
-from helpers import drone_creds, hub_and_leaf, secured_server
+from support.agent import SITE, drone_life, wait_for
+from support.agent import settings as agent_settings
+from support.servers import drone_creds, hub_and_leaf, secured_server
 
 from broker.cli import main
 from broker.manager.service import ManagerService, ManagerSettings

@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import nats
-from helpers import pid_exists
-from vectors import EXAMPLES, example
+from support.processes import pid_exists
+from support.vectors import EXAMPLES, example
 
 from remote_agent.protocol import events as ev
 

@@ -15,10 +15,10 @@ from typing import Any
 
 import htcondor2
 import pytest
-from agent_support import read_events
 from cobald.composite.factory import FactoryPool
 from cobald.daemon.core.config import load
 from nats.js import JetStreamContext
+from support.agent import read_events
 from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
 from tardis.adapters.sites.htcondor import HTCondorAdapter as HTCondorSiteAdapter
 from tardis.configuration.configuration import Configuration

@@ -12,9 +12,10 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from agent_support import drone_life
-from agent_support import settings as agent_settings
-from helpers import free_ports, hub_and_leaf
+from support.agent import drone_life
+from support.agent import settings as agent_settings
+from support.processes import free_ports
+from support.servers import hub_and_leaf
 
 from broker.errors import ProvisioningError
 from broker.manager.service import ManagerService, ManagerSettings

@@ -17,7 +17,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from agent_support import (
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from support.agent import (
     NS,
     SITE,
     FakeStartd,
@@ -29,8 +31,6 @@ from agent_support import (
     settings,
     wait_for,
 )
-from nats.aio.client import Client
-from nats.js import JetStreamContext
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision

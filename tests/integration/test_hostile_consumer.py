@@ -21,11 +21,11 @@ from typing import Any
 
 import msgspec
 import pytest
-from fake_drones import FakeDrone, eventually, publish
-from helpers import running_manager
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
+from support.drones import FakeDrone, eventually, publish
+from support.manager import running_manager
 
 from broker.jetstream.messages import ConsumerStats, Disposition, PullSettings
 from broker.jetstream.pull import PullConsumer

@@ -18,13 +18,14 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import pytest
-from fake_drones import FakeDrone, eventually
-from helpers import drone_creds, running_manager, secured_server
 from nats.aio.client import Client
+from support.drones import FakeDrone, eventually
+from support.manager import running_manager
+from support.servers import drone_creds, secured_server
+from support.tardis import FakeSite, attributes
 from tardis.agents.siteagent import SiteAgent
 from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
 from tardis.interfaces.siteadapter import ResourceStatus
-from tardis_support import FakeSite, attributes
 
 from broker.manager.outcomes import ReleaseOutcome
 from broker.manager.rebuild import rebuild

@@ -21,10 +21,10 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from agent_support import SITE, wait_for
-from fake_drones import FakeDrone
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
+from support.agent import SITE, wait_for
+from support.drones import FakeDrone
 
 from broker.server.auth import (
     Authority,

@@ -44,7 +44,8 @@ from pathlib import Path
 
 import nats.errors
 import pytest
-from agent_support import FakeStartd, TcpProxy, read_events, settings, wait_for
+from support.agent import FakeStartd, read_events, settings, wait_for
+from support.servers import TcpProxy
 
 from broker.manager.control import Control
 from broker.manager.outcomes import DrainOutcome, ReleaseOutcome
@@ -477,7 +478,7 @@ async def run_schedule(number: int, tmp_path: Path) -> int:
 
 
 # A broker restart while the agent's proxy accepts a connection ends that connection before
-# the server's INFO, and nats-py then never closes its socket (see agent_support.TcpProxy.cut).
+# the server's INFO, and nats-py then never closes its socket (see support.servers.TcpProxy.cut).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.timeout(max(600, SCHEDULES * 60))
 async def test_no_schedule_breaks_the_handshake(tmp_path: Path) -> None:

@@ -7,9 +7,9 @@ import json
 import sys
 
 import pytest
-from fake_drones import FakeDrone, answer_commands, publish
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from support.drones import FakeDrone, answer_commands, publish
 
 from broker.cli import main
 from broker.commands.ops import EXIT_UNCONFIRMED

@@ -7,12 +7,12 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from fake_drones import FakeDrone, eventually, publish
-from helpers import running_manager
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 from nats.protocol.parser import Parser
+from support.drones import FakeDrone, eventually, publish
+from support.manager import running_manager
 
 from broker.errors import ConsumerError
 from broker.jetstream.fastpath import FastParser

@@ -9,11 +9,11 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from fake_drones import FakeDrone, answer_commands, eventually, publish
-from helpers import running_manager
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from support.drones import FakeDrone, answer_commands, eventually, publish
+from support.manager import running_manager
 
 from broker.jetstream.messages import PullSettings
 from broker.manager.control import Control

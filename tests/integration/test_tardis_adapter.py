@@ -18,10 +18,11 @@ from typing import Any
 
 import nats
 import pytest
-from fake_drones import FakeDrone, eventually, publish
-from helpers import pid_exists
 from nats.js import JetStreamContext
 from prometheus_client.parser import text_string_to_metric_families
+from support.drones import FakeDrone, eventually, publish
+from support.processes import pid_exists
+from support.tardis import SITE, FakeOverlay, FakeSite, attributes
 from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
 from tardis.adapters.sites.htcondor import HTCondorAdapter as HTCondorSiteAdapter
 from tardis.agents.batchsystemagent import BatchSystemAgent
@@ -32,7 +33,6 @@ from tardis.interfaces.batchsystemadapter import MachineStatus
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.resources.drone import Drone
 from tardis.utilities.attributedict import AttributeDict
-from tardis_support import SITE, FakeOverlay, FakeSite, attributes
 
 from broker.emulation.execution_point import install_fake_condor
 from broker.emulation.groundtruth import GroundTruth, read_ground_truth

@@ -13,8 +13,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_drones import eventually
 from nats.js import JetStreamContext
+from support.drones import eventually
 
 from broker.emulation.demo.run import run_mode
 from broker.emulation.demo.scenario import Scenario

@@ -21,7 +21,7 @@ from typing import Any
 import msgpack
 import msgspec
 import pytest
-import vectors
+from support import vectors
 
 from broker import cli
 from remote_agent.protocol import events as ev
