@@ -15,9 +15,10 @@ from typing import Any
 import nats
 import nats.errors
 import pytest
-from support.agent import SITE, drone_life, wait_for
+from support.agent import SITE, drone_life
 from support.agent import settings as agent_settings
 from support.servers import drone_creds, hub_and_leaf, secured_server
+from support.waiting import wait_until
 
 from broker.cli import main
 from broker.manager.service import ManagerService, ManagerSettings
@@ -73,7 +74,7 @@ async def refused_for_another(url: str, creds: Path, domain: str | None = None) 
         await spoof.publish(f"{api}.{NS.record_bucket}.{SITE}.{OTHER}", b"x")
         await spoof.subscribe(NS.command(SITE, OTHER))
         await spoof.flush()
-        await wait_for(lambda: len(errors) >= 3, 10, "three permission violations")
+        await wait_until(lambda: len(errors) >= 3, 10, "three permission violations")
     finally:
         await spoof.close()
     assert all("permissions violation" in error for error in errors), errors

@@ -24,8 +24,9 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
-from support.drones import FakeDrone, eventually, publish
+from support.drones import FakeDrone, publish
 from support.manager import running_manager
+from support.waiting import wait_until
 
 from broker.jetstream.messages import ConsumerStats, Disposition, PullSettings
 from broker.jetstream.pull import PullConsumer
@@ -126,12 +127,12 @@ async def test_deeply_nested_events_are_termed_and_valid_ones_applied(
             (d.site, d.drone): d.seq - (d.drone in {drones[1].drone, drones[3].drone})
             for d in drones
         }
-        await eventually(
+        await wait_until(
             lambda: {k: s for k, (s, _) in _state(service.registry).items()} == expected,
             what="every valid event applied",
         )
         stats = service.consumer_stats
-        await eventually(lambda: stats.termed >= poison, what="the poison termed")
+        await wait_until(lambda: stats.termed >= poison, what="the poison termed")
         await asyncio.sleep(1.5)  # longer than ack_wait: nothing comes back
         await _settled(stream, service.settings.durable)
         assert stats.acked + stats.termed == stats.delivered
@@ -176,7 +177,7 @@ async def test_a_handler_that_raises_terms_and_counts(
     stop = asyncio.Event()
     task = asyncio.create_task(pull.run(stop))
     try:
-        await eventually(lambda: pull.stats.delivered >= total, what="everything delivered")
+        await wait_until(lambda: pull.stats.delivered >= total, what="everything delivered")
         await asyncio.sleep(1.5)  # longer than ack_wait: nothing is redelivered
         await _settled(stream, name)
     finally:
@@ -220,12 +221,12 @@ async def test_a_bug_in_the_registry_does_not_stop_the_manager(
             for drone in [*honest, buggy]:
                 await _publish_story(stream, drone, 2)
         expected = {(d.site, d.drone): d.seq for d in honest}
-        await eventually(
+        await wait_until(
             lambda: {k: s for k, (s, _) in _state(service.registry).items()} == expected,
             what="the other drones' events applied",
         )
         stats = service.consumer_stats
-        await eventually(lambda: stats.handler_errors == 3 * 4, what="every buggy event counted")
+        await wait_until(lambda: stats.handler_errors == 3 * 4, what="every buggy event counted")
         await asyncio.sleep(1.5)  # longer than ack_wait
         await _settled(stream, service.settings.durable)
         assert stats.handler_error_types == {"RuntimeError": 12}
@@ -273,7 +274,7 @@ async def test_a_message_never_answered_stops_after_max_deliver(
     stop = asyncio.Event()
     task = asyncio.create_task(pull.run(stop))
     try:
-        await eventually(lambda: pull.stats.nacked >= 2, what="redelivered")
+        await wait_until(lambda: pull.stats.nacked >= 2, what="redelivered")
         await asyncio.sleep(2.0)  # a nak is redelivered at once: enough for any bound
         deliveries = seen[NS.event(SITE, hopeless.drone, "heartbeat")]
         await asyncio.sleep(1.5)  # longer than ack_wait: it stopped
@@ -379,11 +380,11 @@ async def test_a_subject_that_is_not_utf8_is_termed(
         for drone in drones:
             await _publish_story(stream, drone, 2)
         expected = {(d.site, d.drone): d.seq for d in drones}
-        await eventually(
+        await wait_until(
             lambda: {k: s for k, (s, _) in _state(service.registry).items()} == expected,
             what="the events after it applied",
         )
-        await eventually(lambda: service.consumer_stats.termed == 1, what="termed")
+        await wait_until(lambda: service.consumer_stats.termed == 1, what="termed")
         await _settled(stream, service.settings.durable)
         assert service.failures == 0
     # and the rebuild reads past it

@@ -19,10 +19,11 @@ import nats.errors
 import nats.js.errors
 import pytest
 from nats.aio.client import Client
-from support.drones import FakeDrone, eventually
+from support.drones import FakeDrone
 from support.manager import running_manager
 from support.servers import drone_creds, secured_server
 from support.tardis import FakeSite, attributes
+from support.waiting import wait_until
 from tardis.agents.siteagent import SiteAgent
 from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
 from tardis.interfaces.siteadapter import ResourceStatus
@@ -119,7 +120,7 @@ async def test_a_drone_writing_the_managers_release_is_not_removable(
         manager(server.url, tmp_path / "manager.creds") as service,
     ):
         await busy_and_up(nc)
-        await eventually(lambda: _busy(service), what="busy drone with a record")
+        await wait_until(lambda: _busy(service), what="busy drone with a record")
         forged = ev.DroneRecord(
             site=SITE,
             drone=DRONE,
@@ -129,7 +130,7 @@ async def test_a_drone_writing_the_managers_release_is_not_removable(
             proof=b"\x00" * 32,
         )
         await write_record(nc, RECORD_SUBJECT, ev.encode(forged))
-        await eventually(
+        await wait_until(
             lambda: (
                 (view := service.registry.view(SITE, DRONE)) is not None
                 and view.phase is ev.RecordPhase.RELEASED
@@ -159,9 +160,9 @@ async def test_a_drone_deleting_its_record_is_never_released_over_it(
     async with as_drone(server.url, creds) as nc:
         async with manager(server.url, tmp_path / "manager.creds") as service:
             await busy_and_up(nc)
-            await eventually(lambda: _busy(service), what="busy drone with a record")
+            await wait_until(lambda: _busy(service), what="busy drone with a record")
             await nc.jetstream().publish(RECORD_SUBJECT, b"", headers={"KV-Operation": operation})
-            await eventually(
+            await wait_until(
                 lambda: (
                     (view := service.registry.view(SITE, DRONE)) is not None
                     and view.record is not None
@@ -201,7 +202,7 @@ async def test_a_forged_future_seq_hides_no_later_event(
         restarted = FakeDrone(SITE, DRONE, incarnation="inc2", seq=10)
         await publish(nc, restarted.started())
         await publish(nc, restarted.ready())
-        await eventually(
+        await wait_until(
             lambda: (
                 (view := service.registry.view(SITE, DRONE)) is not None
                 and view.incarnation == "inc2"
@@ -253,7 +254,7 @@ async def test_live_rebuilt_and_timeline_agree_on_a_hostile_stream(
             except SchemaError:
                 headers = None
             await js.publish(subject, data, headers=headers)
-        await eventually(
+        await wait_until(
             lambda: service.consumer_stats.acked + service.consumer_stats.termed >= len(stream),
             what="every message handled",
         )
@@ -301,7 +302,7 @@ async def test_a_drone_cannot_read_the_managers_proof_key(
             )
         await nc.subscribe(f"$KV.{bucket}.>")
         await nc.flush()
-        await eventually(lambda: len(errors) >= 2, what="two permission violations")
+        await wait_until(lambda: len(errors) >= 2, what="two permission violations")
     finally:
         await nc.close()
     assert all("permissions violation" in error.lower() for error in errors), errors
@@ -334,7 +335,7 @@ async def test_tardis_never_removes_a_busy_drone_that_forged_its_record(
                 await write_record(nc, RECORD_SUBJECT, ev.encode(forged))
             else:
                 await nc.jetstream().publish(RECORD_SUBJECT, b"", headers={"KV-Operation": "DEL"})
-            await eventually(
+            await wait_until(
                 lambda: (
                     (view := bus.registry.view(SITE, DRONE)) is not None
                     and len(view.payloads) == 2
@@ -411,7 +412,7 @@ async def test_a_drone_cannot_have_the_server_relay_its_words_onto_another_drone
             await write_record(victim_nc, OTHER_RECORD, ev.encode(up))
         finally:
             await victim_nc.close()
-        await eventually(
+        await wait_until(
             lambda: (
                 (view := service.registry.view(SITE, OTHER)) is not None
                 and len(view.payloads) == 2
@@ -432,11 +433,11 @@ async def test_a_drone_cannot_have_the_server_relay_its_words_onto_another_drone
         await nc.jetstream().publish(RECORD_SUBJECT, b"x")
         await nc.publish(NS.event(SITE, DRONE, "heartbeat"), b"x", reply=OTHER_RECORD)
         await nc.flush()
-        await eventually(
+        await wait_until(
             lambda: service.registry.metrics().rejected["relayed"] >= 4,
             what="the relays rejected",
         )
-        await eventually(
+        await wait_until(
             lambda: service.consumer_stats.acked + service.consumer_stats.termed >= 7,
             what="every event handled",
         )

@@ -44,8 +44,9 @@ from pathlib import Path
 
 import nats.errors
 import pytest
-from support.agent import FakeStartd, read_events, settings, wait_for
+from support.agent import FakeStartd, read_events, settings
 from support.servers import TcpProxy
+from support.waiting import wait_until
 
 from broker.manager.control import Control
 from broker.manager.outcomes import DrainOutcome, ReleaseOutcome
@@ -317,14 +318,14 @@ class World:
             if time.monotonic() > give_up:
                 raise Violation(f"{drone.name}: never announced itself ({drone.log})")
             await asyncio.sleep(0.05)
-        await wait_for(lambda: not drone.alive, 60, f"{drone.name} to end ({drone.log})")
+        await wait_until(lambda: not drone.alive, 60, f"{drone.name} to end ({drone.log})")
         assert drone.task is not None
         code = drone.task.result()  # not drone.exit_code: its done-callback may still be due
         if code != 0:
             raise Violation(f"{drone.name}: agent exited {code} ({drone.log})")
         if drone.gate is not None:
             await drone.gate.close()
-        await wait_for(
+        await wait_until(
             lambda: bool(control.may_remove(SITE, drone.name, lbs_running=True)),
             30,
             f"{drone.name} to be removable ({drone.log})",

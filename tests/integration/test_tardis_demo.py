@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from nats.js import JetStreamContext
-from support.drones import eventually
+from support.waiting import wait_until
 
 from broker.emulation.demo.run import run_mode
 from broker.emulation.demo.scenario import Scenario
@@ -107,7 +107,7 @@ async def test_stock_tardis_kills_payloads_and_the_decorators_kill_none(
     # every process of both runs was stopped (a killed orphan may be a zombie for a moment,
     # until init reaps it)
     pids = _pids(tmp_path / "stock") + _pids(tmp_path / "remote")
-    await eventually(lambda: not [p for p in pids if _running(p)], 30, "all processes stopped")
+    await wait_until(lambda: not [p for p in pids if _running(p)], 30, "all processes stopped")
 
     # the operator's timeline of a drone: its agent's events beside TARDIS's states, from
     # Request to Down (drones still shutting down when the run ended don't qualify)

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from remote_agent.interfaces import DrainResult, SlotInfo
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 from remote_agent.settings import Settings
+from support.waiting import wait_until
 
 NS = Namespace()
 SITE = "site1"
@@ -125,17 +125,6 @@ async def running(agent: Agent) -> AsyncIterator[Running]:
                     await run.task
 
 
-async def wait_for(
-    condition: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition"
-) -> None:
-    """Poll ``condition`` until it holds (generous timeouts: loaded CI machines)"""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 async def drone_life(
     service: ManagerService,
     agent: Agent,
@@ -153,7 +142,7 @@ async def drone_life(
     site, drone = agent.settings.site, agent.settings.drone
     await asyncio.wait_for(service.ready.wait(), 30)
     async with running(agent) as run:
-        await wait_for(
+        await wait_until(
             lambda: (
                 (view := service.registry.view(site, drone)) is not None
                 and view.phase is ev.RecordPhase.UP
@@ -170,7 +159,7 @@ async def drone_life(
         assert drained.command is not None, drained  # the command reached the agent
         assert drained.outcome in ("accepted", "drained"), drained
         assert await run.exit_code(60) == 0
-    await wait_for(
+    await wait_until(
         lambda: (
             (view := service.registry.view(site, drone)) is not None
             and view.phase is ev.RecordPhase.DRAINED
