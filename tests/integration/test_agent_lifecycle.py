@@ -10,7 +10,6 @@ import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from support.agent import (
-    NS,
     SITE,
     FakeStartd,
     command,
@@ -26,19 +25,12 @@ from support.processes import pid_exists
 from support.waiting import wait_until
 
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from remote_agent.agent import Agent
 from remote_agent.interfaces import GATE_CLOSED_STATUS, JobStart, SlotInfo
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
 
 DRONE = "site1-0123456789"
-
-
-@pytest.fixture
-async def store(js: JetStreamContext) -> RecordStore:
-    await provision(js)
-    return await RecordStore.open(js, NS)
 
 
 async def test_lifecycle_publishes_the_right_events_in_order(

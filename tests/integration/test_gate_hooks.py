@@ -10,11 +10,11 @@ import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from test_gate import FakeAgent
+from support.gate import FakeAgent, GateFactory
 
 from broker.emulation.execution_point import DEPLOY_DIR
 from remote_agent.classad import parse_ad
@@ -57,12 +57,8 @@ def hook_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-async def gate(tmp_path: Path) -> AsyncIterator[tuple[GateServer, FakeAgent]]:
-    agent = FakeAgent()
-    server = GateServer(tmp_path / "gate.sock", agent)
-    await server.start()
-    yield server, agent
-    await server.close()
+async def gate(start_gate: GateFactory) -> tuple[GateServer, FakeAgent]:
+    return await start_gate()
 
 
 @pytest.mark.parametrize(

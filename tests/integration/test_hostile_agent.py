@@ -33,7 +33,6 @@ from support.agent import (
 from support.waiting import wait_until
 
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from remote_agent.agent import Agent
 from remote_agent.gate import (
     GateDecisionReply,
@@ -67,12 +66,6 @@ class Drone:
     agent: Agent
     gate: GateServer
     startd: FakeStartd
-
-
-@pytest.fixture
-async def store(js: JetStreamContext) -> RecordStore:
-    await provision(js)
-    return await RecordStore.open(js, NS)
 
 
 @pytest.fixture

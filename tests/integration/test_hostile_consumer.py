@@ -35,7 +35,6 @@ from broker.manager.registry import Registry
 from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.durable import durable_config, ensure_consumer
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 
@@ -43,12 +42,6 @@ NS = Namespace()
 SITE = "site1"
 FAST = PullSettings(batch=50, expires_s=2.0, idle_heartbeat_s=0.5)
 CLI = [sys.executable, "-m", "broker.cli"]
-
-
-@pytest.fixture
-async def stream(js: JetStreamContext) -> JetStreamContext:
-    await provision(js)
-    return js
 
 
 def deeply_nested(event: ev.Event, depth: int = 1_000) -> bytes:

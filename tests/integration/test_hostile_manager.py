@@ -21,7 +21,7 @@ import pytest
 from nats.aio.client import Client
 from support.drones import FakeDrone
 from support.manager import running_manager
-from support.servers import drone_creds, secured_server
+from support.servers import drone_creds
 from support.tardis import FakeSite, attributes
 from support.waiting import wait_until
 from tardis.agents.siteagent import SiteAgent
@@ -47,12 +47,6 @@ NS = Namespace()
 SITE = "site1"
 DRONE = "site1-00000000aa"
 RECORD_SUBJECT = f"$KV.{NS.record_bucket}.{NS.record_key(SITE, DRONE)}"
-
-
-@pytest.fixture
-async def secured(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedServer, Path]]:
-    async with secured_server(tmp_path) as (server, authority_file):
-        yield server, authority_file
 
 
 @contextlib.asynccontextmanager

@@ -14,7 +14,6 @@ from support.drones import FakeDrone, answer_commands, publish
 from broker.cli import main
 from broker.commands.ops import EXIT_UNCONFIRMED
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.environment import site_of
 from remote_agent.protocol.handshake import RecordStore
@@ -32,12 +31,6 @@ async def _run(*args: str) -> tuple[int, str, str]:
     out, err = await asyncio.wait_for(proc.communicate(), 60)
     assert proc.returncode is not None
     return proc.returncode, out.decode(), err.decode()
-
-
-@pytest.fixture
-async def store(js: JetStreamContext) -> RecordStore:
-    await provision(js)
-    return await RecordStore.open(js, NS)
 
 
 def test_site_of_tardis_uuids(capsys: pytest.CaptureFixture[str]) -> None:

@@ -27,7 +27,6 @@ from broker.manager.validity import Rejection
 from broker.manager.views import DroneView
 from broker.server.durable import durable_config, ensure_consumer
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.names import Namespace
@@ -35,12 +34,6 @@ from remote_agent.protocol.names import Namespace
 NS = Namespace()
 SITE = "site1"
 FAST = PullSettings(batch=50, expires_s=2.0, idle_heartbeat_s=0.5)
-
-
-@pytest.fixture
-async def stream(js: JetStreamContext) -> JetStreamContext:
-    await provision(js)
-    return js
 
 
 def _fleet(count: int, prefix: str = "site1-") -> list[FakeDrone]:

@@ -23,19 +23,12 @@ from broker.manager.registry import Registry
 from broker.manager.service import ManagerService, ManagerSettings
 from broker.manager.verdict import Removal
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.names import Namespace
 
 NS = Namespace()
 SITE = "site1"
-
-
-@pytest.fixture
-async def store(js: JetStreamContext) -> RecordStore:
-    await provision(js)
-    return await RecordStore.open(js, NS)
 
 
 @pytest.fixture
