@@ -7,14 +7,13 @@ import contextlib
 import datetime as dt
 import os
 import signal
-import sys
 from pathlib import Path
 
 import nats
 import pytest
 from nats.js import JetStreamContext
 from support.agent import NS, SITE, read_events, running, settings
-from support.processes import pid_exists
+from support.processes import CLI, pid_exists, start_process
 from support.servers import TcpProxy
 from support.waiting import wait_until
 
@@ -129,10 +128,8 @@ async def _agent_process(
     url: str, spool: Path, pid_file: Path, heartbeat_s: float
 ) -> asyncio.subprocess.Process:
     worker = f"echo $$ > {pid_file}; exec sleep 1000"
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "broker.cli",
+    return await start_process(
+        *CLI,
         "agent",
         "run",
         "--no-startd",
@@ -151,7 +148,6 @@ async def _agent_process(
         "-c",
         worker,
         env={**os.environ, "COBALD_REMOTE_RECONNECT_WAIT_S": "0.1"},
-        stdin=asyncio.subprocess.DEVNULL,
     )
 
 

@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
@@ -26,6 +25,7 @@ from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 from support.drones import FakeDrone, publish
 from support.manager import running_manager
+from support.processes import CLI, run_process
 from support.waiting import wait_until
 
 from broker.jetstream.messages import ConsumerStats, Disposition, PullSettings
@@ -41,7 +41,6 @@ from remote_agent.protocol.names import Namespace
 NS = Namespace()
 SITE = "site1"
 FAST = PullSettings(batch=50, expires_s=2.0, idle_heartbeat_s=0.5)
-CLI = [sys.executable, "-m", "broker.cli"]
 
 
 def deeply_nested(event: ev.Event, depth: int = 1_000) -> bytes:
@@ -314,22 +313,6 @@ async def test_read_all_reads_past_poison(nc: Client, stream: JetStreamContext) 
     assert await stream.consumers_info(NS.event_stream) == []
 
 
-async def _cli(*args: str, timeout_s: float) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *CLI, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise AssertionError(
-            f"cobald-remote {args[0]} did not answer within {timeout_s:.0f}s"
-        ) from None
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 @pytest.mark.timeout(45)
 async def test_status_answers_on_a_quiet_bus_holding_one_poison_message(
     nats_server: EmbeddedServer, stream: JetStreamContext
@@ -338,7 +321,7 @@ async def test_status_answers_on_a_quiet_bus_holding_one_poison_message(
     await _publish_story(stream, drone, 3)
     await _poison(stream, drone)  # its newest heartbeat
     started = time.monotonic()
-    code, out, err = await _cli("status", "--server", nats_server.url, timeout_s=20)
+    code, out, err = await run_process(*CLI, "status", "--server", nats_server.url, timeout_s=20)
     assert time.monotonic() - started < 20
     assert code == 0, err
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
@@ -381,6 +364,6 @@ async def test_a_subject_that_is_not_utf8_is_termed(
         await _settled(stream, service.settings.durable)
         assert service.failures == 0
     # and the rebuild reads past it
-    code, out, err = await _cli("status", "--server", nats_server.url, timeout_s=20)
+    code, out, err = await run_process(*CLI, "status", "--server", nats_server.url, timeout_s=20)
     assert code == 0, err
     assert {line.split()[0] for line in out.splitlines()[1:]} == {d.drone for d in drones}

@@ -21,7 +21,7 @@ import pytest
 from nats.js import JetStreamContext
 from prometheus_client.parser import text_string_to_metric_families
 from support.drones import FakeDrone, publish
-from support.processes import pid_exists
+from support.processes import CLI, pid_exists, start_process
 from support.tardis import SITE, FakeOverlay, FakeSite, attributes
 from support.waiting import wait_until
 from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
@@ -88,10 +88,8 @@ class Agent:
     @classmethod
     async def start(cls, tmp_path: Path, url: str, drone: str) -> Agent:
         log = (tmp_path / f"agent-{drone}.log").open("wb")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "broker.cli",
+        proc = await start_process(
+            *CLI,
             "agent",
             "run",
             "--no-startd",
@@ -104,7 +102,6 @@ class Agent:
             "--",
             "sleep",
             "300",
-            stdin=asyncio.subprocess.DEVNULL,
             stdout=log,
             stderr=log,
         )
