@@ -17,11 +17,11 @@ Then, against baselines measured in the same run:
   registry allocated and still holds, divided by the drones); baseline: a plain
   dict ``{(site, drone): <copy of the newest raw msgpack bytes>}``. The resident
   memory growth over the rebuild is shown beside it (coarser: allocator reuse).
-* **rebuild after a restart**: :func:`broker.manager.service.rebuild` into an empty
+* **rebuild after a restart**: :func:`broker.manager.rebuild.rebuild` into an empty
   registry (heartbeats ``LAST_PER_SUBJECT``, then the replay, then the handshake
   bucket); baselines: nats-py alone reading the same messages with an ordered
   push consumer (AckNone, same delivery policies and start sequence), and the
-  project's own reader (:func:`broker.jetstream.consumer.read_all`) with a handler that
+  project's own reader (:func:`broker.jetstream.reads.read_all`) with a handler that
   does nothing, which separates reading from decoding and applying.
 * **handshake operations per second** (one server, ``--inflight`` concurrent
   operations on distinct drones): :meth:`RecordStore.release` and

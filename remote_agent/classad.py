@@ -1,16 +1,9 @@
 """
-Reading and writing HTCondor's long-form ClassAds (``Attr = value`` lines)
+Reading and writing HTCondor's long-form ClassAds (``Attr = value`` lines, old syntax)
 
-HTCondor hands ads to job hooks on stdin and prints them with ``-long``: one
-``Attr = value`` line per attribute, ads separated by blank lines. This module
-reads exactly that, leniently (a line that is not an assignment is skipped, a
-value that is not a literal is kept as its expression text), and quotes
-strings for the lines a hook prints back. It evaluates nothing. Strings follow
-old ClassAd syntax, as those lines do; ``tests/unit/test_htcondor_library.py``
-checks both directions against HTCondor's own parser.
-
-It is deliberately small and free of heavy imports: the job hooks import it on
-every payload start (see ``docs/htcondor.md``).
+Lenient and evaluating nothing: a line that is not an assignment is skipped, a value that
+is not a literal is kept as its expression text. Free of heavy imports: the job hooks
+import it on every payload start.
 """
 
 from __future__ import annotations

@@ -82,7 +82,7 @@ def run_agent(args: argparse.Namespace) -> int:
 async def serve(settings: Settings) -> int:
     """Run the agent with the real startd (unless ``--no-startd``) and the gate socket"""
     from remote_agent.agent import Agent
-    from remote_agent.gate import GateServer
+    from remote_agent.gate.server import GateServer
 
     startd: Startd | None = None
     if settings.startd:

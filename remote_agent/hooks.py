@@ -1,30 +1,10 @@
 """
-HTCondor starter job hooks that ask the agent's gate
+HTCondor starter job hooks that ask the agent's gate (``docs/htcondor.md``, "The hooks")
 
-``cobald-remote agent hook prepare-job`` is ``HOOK_PREPARE_JOB``: it reads the
-job ad on stdin, asks the agent over the gate socket (:mod:`remote_agent.gate`)
-and then either prints nothing and exits 0 (the payload starts), or prints ::
-
-    HookStatusCode = 390
-    HookStatusMessage = "..."
-
-and exits 0, which sends the job back to *idle* in the overlay pool. It never
-exits non-zero on purpose: a plain non-zero exit, or a code from 1 to 299, puts
-the user's job on **hold** (``docs/htcondor.md``).
-
-If the agent cannot be asked (no socket, nobody listening, no answer within
-``--timeout``, a reply that makes no sense), the hook refuses with
-:data:`~remote_agent.interfaces.AGENT_UNREACHABLE_STATUS`: the job goes back to
-idle and runs elsewhere. Allowing instead would start a payload that the agent
-does not know about and cannot protect in a drain.
-
-``cobald-remote agent hook job-exit REASON`` is ``HOOK_JOB_EXIT``: it tells the
-agent how the payload ended and always exits 0 (HTCondor ignores its status).
-
-The same commands run as ``python -m remote_agent.hooks prepare-job`` and
-``python -m remote_agent.hooks job-exit REASON``, which import only this module,
-the gate protocol and msgspec; the deploy wrappers use that form because the
-full ``cobald-remote`` command line takes ~0.4 s to import.
+``prepare-job`` never exits non-zero and never prints a refusal code below 300: either
+would put the user's job on hold. An agent it cannot ask is a refusal
+(:data:`~remote_agent.interfaces.AGENT_UNREACHABLE_STATUS`). ``python -m remote_agent.hooks``
+runs the same commands without importing the rest of the command line.
 """
 
 from __future__ import annotations
@@ -39,15 +19,16 @@ from typing import BinaryIO, Final, TextIO
 
 from remote_agent.classad import ClassAd, parse_ad, quote
 from remote_agent.errors import GateUnavailable
-from remote_agent.gate import (
+from remote_agent.gate.client import ask
+from remote_agent.gate.messages import (
+    MAX_REQUEST_NAME,
     GateAck,
     GateDecisionReply,
     GateErrorReply,
     JobExitRequest,
     PrepareJobRequest,
-    ask,
-    find_gate_path,
 )
+from remote_agent.gate.paths import find_gate_path
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS
 from remote_agent.protocol.events import PayloadEnd
 
@@ -116,8 +97,8 @@ def prepare_job(
         return _refusal(AGENT_UNREACHABLE_STATUS, "cobald-remote agent not found; job back to idle")
     request = PrepareJobRequest(
         job_id=job_id,
-        slot=(ad.string("RemoteHost") or "")[:256],
-        owner=(ad.string("Owner") or ad.string("User") or "")[:256],
+        slot=(ad.string("RemoteHost") or "")[:MAX_REQUEST_NAME],
+        owner=(ad.string("Owner") or ad.string("User") or "")[:MAX_REQUEST_NAME],
     )
     try:
         reply = ask(path, request, timeout_s)

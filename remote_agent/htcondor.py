@@ -1,28 +1,8 @@
 """
-The local HTCondor startd, asked through its command-line tools
+The local HTCondor startd, asked through its command-line tools (``docs/htcondor.md``)
 
-:class:`CondorStartd` implements :class:`~remote_agent.interfaces.Startd` and is
-the only code in the agent that runs ``condor_*`` executables. It finds them on
-``PATH`` (tests put fake ones there, ``emulation/``) and talks only to the
-daemons of this drone; no central manager is involved.
-
-=========================  ==============================================================
-``ready()``                ``condor_who -wait-for-ready:0 'STARTD_State =?= "Ready"'``: the
-                           master's readiness ad (``STARTD_State``, ``STARTD_PID``,
-                           ``STARTD_Addr``)
-``slots()``                ``condor_who -long``: the slot ads of the slots that run a job
-``set_accepting(b)``       ``condor_update_machine_ad`` with ``DroneGateOpen = True|False``
-``drain(reason, fast)``    ``condor_drain -graceful|-fast -exit-on-completion -reason R <addr>``
-=========================  ==============================================================
-
-Why ``condor_update_machine_ad`` for the gate attribute (``docs/htcondor.md``):
-it returns only after the startd has merged the attribute into its slot ads
-and pushed them to the collector, so when ``set_accepting(False)`` returns, the
-startd refuses new claims *now*; a STARTD_CRON publisher would take effect at
-some later point the agent cannot observe. The attribute is lost when the
-startd restarts; ``START`` requires ``DroneGateOpen =?= True``, so that fails
-closed, and :meth:`CondorStartd.ready` re-applies the wanted value when it sees
-a new startd PID.
+:class:`CondorStartd` is the only code in the agent that runs ``condor_*`` executables;
+it finds them on ``PATH`` and talks only to the daemons of this drone.
 """
 
 from __future__ import annotations

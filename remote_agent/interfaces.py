@@ -1,14 +1,8 @@
 """
-The narrow seams inside the agent
+The narrow seams inside the agent: the startd it supervises and the gate's handler
 
-* :class:`Startd` is everything the agent asks of the local HTCondor startd.
-  The real implementation runs ``condor_*`` executables found on ``PATH``
-  (``remote_agent/htcondor.py``); tests put fake executables there that print
-  what the real tools print.
-* :class:`GateHandler` is what the gate socket (``remote_agent/gate.py``) asks
-  of the agent when a starter hook runs. Its methods are **synchronous** on
-  purpose: they run in the agent's event loop without awaiting, so a payload
-  start and a drain can never interleave; one of them happens first.
+:class:`GateHandler` methods are synchronous on purpose: they run in the agent's event
+loop without awaiting, so a payload start and a drain never interleave.
 """
 
 from __future__ import annotations

@@ -1,20 +1,8 @@
 """
-The agent's connection to NATS and its single, ordered event publisher
+The agent's connection to NATS and its single, ordered event publisher (``docs/agent.md``)
 
-One task publishes the spool's events oldest first, one at a time, each with
-``Nats-Msg-Id`` set to the event's id, and removes an event from the spool
-only after JetStream acknowledged it. When the broker is unreachable the task
-waits for the connection to come back and retries the same event with the
-same id: if an earlier attempt was stored after all, JetStream answers
-``duplicate`` and stores nothing (nats-server ``server/stream.go``,
-``processJetStreamMsg``: a repeated ``Nats-Msg-Id`` inside the duplicate window
-is answered ``"duplicate": true`` and not stored). So events
-reach the stream in order, none is lost while the agent lives, and none is
-stored twice within the stream's dedupe window.
-
-The connection retries forever (``max_reconnect_attempts=-1``), also for the
-first connect, so an agent started while the broker is down catches up once
-it is reachable.
+One task publishes the spool's events oldest first, each with ``Nats-Msg-Id`` set to its id,
+and removes an event only after JetStream acknowledged it; the connection retries forever.
 """
 
 from __future__ import annotations
@@ -233,6 +221,8 @@ class Publisher:
         self.spool.remove(entry.id)
         self.published += 1
         if ack.duplicate:
+            # a resend within the stream's dedupe window: stored once (nats-server
+            # server/stream.go, processJetStreamMsg)
             self.duplicates += 1
             log.debug("%s seq %d was stored already", entry.kind, entry.seq)
         return True

@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any, Final, Literal
 
 from remote_agent.errors import SettingsError
-from remote_agent.gate import MAX_SOCKET_PATH
+from remote_agent.gate.paths import GATE_ENV, MAX_SOCKET_PATH
 from remote_agent.protocol.environment import (
     TARDIS_CORES_ENV,
     TARDIS_SETTINGS_ENV,
@@ -238,7 +238,7 @@ _ENV: Final = {
     "deadline_policy": "COBALD_REMOTE_DEADLINE_POLICY",
     "startd": "COBALD_REMOTE_STARTD",
     "slots": "COBALD_REMOTE_SLOTS",
-    "gate_socket": "COBALD_REMOTE_GATE",  # the same variable the hooks read
+    "gate_socket": GATE_ENV,  # the same variable the hooks read
     "end_grace_s": "COBALD_REMOTE_END_GRACE_S",
     "kill_after_s": "COBALD_REMOTE_KILL_AFTER_S",
     "self_drain_deadline_s": "COBALD_REMOTE_SELF_DRAIN_DEADLINE_S",

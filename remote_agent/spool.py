@@ -1,32 +1,11 @@
 """
-A bounded, ordered, crash-safe buffer of events on disk
+A bounded, ordered, crash-safe buffer of events on disk (``docs/agent.md``, "the spool")
 
-The agent appends every event here before it tries to publish it, and removes
-it only after JetStream acknowledged it, so an event survives a broker outage
-and a restart of the agent (the spool lives in the drone's scratch directory).
-The spool also remembers the highest sequence number it ever held, so that a
-restarted agent continues above it.
-
-**File format.** ``events.spool`` starts with :data:`MAGIC`, followed by records
-``<type:1><length:4><crc32:4><payload>`` (big-endian):
-
-* ``E``: an event (msgpack of :class:`SpooledEvent`),
-* ``X``: the event with this id (UTF-8) left the spool (acknowledged or dropped),
-* ``S``: the highest sequence number so far (8 bytes), written on compaction.
-
-Each record is written with one ``write(2)`` on an unbuffered file, so a killed
-agent leaves at most one torn record at the end; it fails its CRC and is cut
-off when the spool is opened again. There is no ``fsync`` per event: the spool
-protects against the agent dying, not the machine (a machine crash ends the
-drone's batch job and its scratch directory anyway). When nothing is pending,
-or the file has grown well past what is pending, the file is rewritten
-(compacted) into a temporary file that replaces it atomically.
-
-**When the spool is full** (``max_events``), appending drops one older event:
-the oldest heartbeat if there is one, else the oldest event that is not one of
-:data:`FINAL_KINDS`, else the oldest event. Every event carries the drone's
-whole snapshot, so the newest event still tells the truth: a full spool loses
-history, never the current state. Drops are counted in :attr:`Spool.dropped`.
+An event leaves the spool only once JetStream acknowledged it. ``events.spool`` is
+:data:`MAGIC`, then records ``<type:1><length:4><crc32:4><payload>`` (big-endian): ``E`` an
+event (msgpack of :class:`SpooledEvent`), ``X`` the id of an event that left the spool,
+``S`` the highest sequence number so far (8 bytes, written on compaction). Each record is
+one ``write(2)``; a torn or damaged tail fails its CRC and is cut off on opening.
 """
 
 from __future__ import annotations
@@ -35,7 +14,6 @@ import contextlib
 import fcntl
 import logging
 import os
-import stat
 import struct
 import time
 import zlib
@@ -48,6 +26,7 @@ from typing import Final, Self
 import msgspec
 
 from remote_agent.errors import SpoolError
+from remote_agent.private_dir import private_directory
 
 log = logging.getLogger(__name__)
 
@@ -68,44 +47,6 @@ FINAL_KINDS: Final = frozenset(
         "agent_exiting",
     }
 )
-
-
-def private_directory(path: Path) -> None:
-    """
-    Make ``path`` a directory only the agent's user can use
-
-    Missing directories (``path`` and its missing parents) are created with
-    ``os.mkdir(..., 0o700)``, never wider, not even for a moment. An existing
-    ``path`` must belong to the agent's user and be writable by nobody else;
-    read or search access for others is then removed (mode 0700).
-
-    :raises PermissionError: ``path`` belongs to another user, or others may
-        write to it
-    :raises OSError: ``path`` is not a directory or cannot be created
-    """
-    missing: list[Path] = []
-    current = path
-    while not os.path.lexists(current) and current.parent != current:
-        missing.append(current)
-        current = current.parent
-    for directory in reversed(missing):
-        with contextlib.suppress(FileExistsError):
-            os.mkdir(directory, 0o700)
-    info = os.stat(path)
-    if not stat.S_ISDIR(info.st_mode):
-        raise NotADirectoryError(f"{path} is not a directory")
-    me = os.geteuid()
-    if info.st_uid != me:
-        raise PermissionError(
-            f"directory {path} belongs to uid {info.st_uid}, not to the agent's uid {me}"
-        )
-    mode = stat.S_IMODE(info.st_mode)
-    if mode & 0o022:
-        raise PermissionError(
-            f"directory {path} is writable by group or others (mode {mode:04o}); refusing it"
-        )
-    if mode & 0o077:
-        os.chmod(path, mode & 0o700)
 
 
 class SpooledEvent(msgspec.Struct, frozen=True, array_like=True):

@@ -2,7 +2,7 @@
 Operator commands: ``cobald-remote drain``, ``release`` and ``status``
 
 They use the same control API as the TARDIS integration (:mod:`broker.manager.control`)
-and the same registry rebuild as the manager service (:func:`broker.manager.service.rebuild`),
+and the same registry rebuild as the manager service (:func:`broker.manager.rebuild.rebuild`),
 so what an operator sees and does is what the manager sees and does.
 """
 
@@ -214,8 +214,8 @@ async def status(args: argparse.Namespace) -> int:
     from broker.manager.rebuild import rebuild
     from broker.manager.registry import Registry
     from remote_agent.protocol.errors import HandshakeError
-    from remote_agent.protocol.handshake import load_proof_key
     from remote_agent.protocol.names import api_prefix
+    from remote_agent.protocol.proof import load_proof_key
 
     namespace = Namespace(args.prefix)
     registry = Registry(namespace, lost_after_s=args.lost_after)

@@ -5,7 +5,8 @@ from __future__ import annotations
 import argparse
 import sys
 
-from remote_agent.protocol.events import DEFAULT_MAX_SIZE, decode, to_json
+from remote_agent.protocol.events import decode, to_json
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 
 
 def _decode(args: argparse.Namespace) -> int:

@@ -36,9 +36,9 @@ class FastParser(nats_parser.Parser):
     nats-py's protocol parser with a shorter way through ``MSG`` and ``HMSG``
 
     nats-py tries two regular expressions on every control line and keeps
-    each message's arguments in a dict between two passes of its loop; for
-    the small messages of the event stream that is about half of what
-    receiving one costs (``bench/ingest.py``). This parser reads a message
+    each message's arguments in a dict between two passes of its loop, a large
+    part of receiving the event stream's small messages (``bench/ingest.py``
+    measures it). This parser reads a message
     only once all of it is in the buffer, splits its control line at the
     spaces, and hands it to ``Client._process_msg`` exactly as nats-py does
     (``HMSG``: headers as bytes; ``MSG``: ``None``). Everything else (``PING``,
@@ -61,20 +61,8 @@ class FastParser(nats_parser.Parser):
         stats = nc.stats
         while buf:
             if self.state == nats_parser.AWAITING_MSG_PAYLOAD:
-                # a message nats-py's parser began: finish it from its state
-                needed = self.needed
-                if len(buf) < needed + 2:
+                if not await self._finish_begun():
                     return
-                begun = self.msg_arg
-                header_needed = self.header_needed
-                headers = bytes(buf[:header_needed]) if header_needed > 0 else None
-                payload = bytes(buf[header_needed:needed])
-                del buf[: needed + 2]
-                self.header_needed = 0
-                self.state = nats_parser.AWAITING_CONTROL_LINE
-                await nc._process_msg(
-                    begun["sid"], begun["subject"], begun["reply"], payload, headers
-                )
             elif buf.startswith(b"HMSG ") or buf.startswith(b"MSG "):
                 with_headers = buf[0] == _H
                 end = buf.find(b"\r\n")
@@ -117,6 +105,22 @@ class FastParser(nats_parser.Parser):
             if self.buf is not buf:
                 return  # reset by a reconnect while the message was handled
 
+    async def _finish_begun(self) -> bool:
+        """Finish a message nats-py's parser began, from its state; whether it was all there"""
+        buf = self.buf
+        needed = self.needed
+        if len(buf) < needed + 2:
+            return False
+        begun = self.msg_arg
+        header_needed = self.header_needed
+        headers = bytes(buf[:header_needed]) if header_needed > 0 else None
+        payload = bytes(buf[header_needed:needed])
+        del buf[: needed + 2]
+        self.header_needed = 0
+        self.state = nats_parser.AWAITING_CONTROL_LINE
+        await self.nc._process_msg(begun["sid"], begun["subject"], begun["reply"], payload, headers)
+        return True
+
 
 class Direct:
     """
@@ -124,7 +128,7 @@ class Direct:
 
     nats-py turns every message into a ``Msg`` (parsing its headers with a
     Python loop), queues it, and wakes the subscription's task; for stream
-    messages, which all carry ``Nats-Msg-Id``, that is half the cost of
+    messages, which all carry ``Nats-Msg-Id``, that is much of the cost of
     receiving one. The parser hands each message to ``Client._process_msg(sid,
     subject, reply, data, headers)``; wrapping that method on this client lets
     the pull loop take its own inbox's messages as raw bytes, in order, inside

@@ -45,8 +45,9 @@ from remote_agent.protocol.events import (
     encode,
     utcnow,
 )
-from remote_agent.protocol.handshake import RecordStore, Versioned, load_proof_key
+from remote_agent.protocol.handshake import RecordStore, Versioned
 from remote_agent.protocol.names import Namespace
+from remote_agent.protocol.proof import load_proof_key
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("broker.control")

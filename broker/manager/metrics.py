@@ -1,16 +1,9 @@
 """
-Prometheus metrics of the manager: what the registry, the consumer and TARDIS's side did
+Prometheus metrics of the manager, rendered from the counters its parts keep
 
-:func:`render` writes the Prometheus text exposition format (version 0.0.4)
-from the counters the parts already keep; :class:`MetricsServer` serves it on
-``GET /metrics`` from the manager's own event loop (enable it with
-``bus.metrics`` in the COBalD configuration, see ``docs/operations.md``).
-Nothing here keeps state of its own: a scrape reads the current counters, so
-a manager that restarts starts its counters at zero, as Prometheus expects.
-
-The server speaks just enough HTTP/1.1 for a scraper (one request per
-connection, ``Connection: close``); it never raises into the manager, and a
-slow or broken client is cut off after :data:`CLIENT_TIMEOUT_S`.
+Nothing here keeps state of its own. :class:`MetricsServer` serves ``GET
+/metrics`` (``bus.metrics``, ``docs/operations.md``) with just enough HTTP/1.1
+for a scraper, and never raises into the manager.
 """
 
 from __future__ import annotations

@@ -33,7 +33,6 @@ from broker.manager.validity import (
 from broker.manager.views import DroneView, Metrics, RecordView
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
-    DEFAULT_MAX_SIZE,
     EVENT_KINDS,
     AnyEvent,
     DroneRecord,
@@ -41,8 +40,9 @@ from remote_agent.protocol.events import (
     decode_record,
     encode,
 )
-from remote_agent.protocol.handshake import proven
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace, is_token
+from remote_agent.protocol.proof import proven
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("broker.registry")

@@ -1,18 +1,10 @@
 """
-One drone's life as a table: its agent's events beside TARDIS's state
+One drone's life: its agent's events beside TARDIS's state, read from the event stream
 
-``cobald-remote timeline DRONE --server URL`` reads the drone's subjects of
-the event stream, ``<prefix>.<site>.<drone>.evt.>`` (what the agent reported)
-and ``<prefix>.<site>.<drone>.mgr.>`` (TARDIS's state transitions, published by
-the TARDIS integration), and prints them in one time order: the table the
-report that started this project had to piece together from three logs.
-
-Rows are in the order the stream stored them (the writers' clocks may be
-off by minutes), and only what the registry accepts is shown: an event must
-pass :func:`broker.manager.registry.check_event`, a note must speak for the drone and
-kind of its subject. So the drone state of the last agent row is the state the
-manager's registry holds. Read-only: an ephemeral consumer, deleted afterwards.
-Without ``--site`` the drone's site is a wildcard, since drone uuids are unique.
+Rows are in the order the stream stored them (the writers' clocks may be off),
+and only what the registry accepts is shown (an event must pass
+:func:`broker.manager.validity.check_event`, a note must speak for the drone
+and kind of its subject), so the last agent row is the state the registry holds.
 """
 
 from __future__ import annotations
@@ -113,7 +105,7 @@ def check_message(
     """
     The event or manager note in ``data`` if the registry would accept it on ``subject``
 
-    :param headers: as for :func:`broker.manager.registry.check_event`
+    :param headers: as for :func:`broker.manager.validity.check_event`
     :raises Rejected: otherwise
     """
     if ".mgr." not in subject:

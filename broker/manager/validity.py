@@ -15,12 +15,8 @@ from typing import Final
 
 from broker.errors import Rejected
 from remote_agent.protocol.errors import SchemaError
-from remote_agent.protocol.events import (
-    DEFAULT_MAX_SIZE,
-    AnyEvent,
-    decode_event,
-    sender_mismatch,
-)
+from remote_agent.protocol.events import AnyEvent, decode_event, sender_mismatch
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import MSG_ID, RELAY_HEADERS
 
 

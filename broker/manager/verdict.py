@@ -61,6 +61,15 @@ class Verdict:
         return self.allowed
 
 
+def _no(reason: Removal, detail: str) -> Verdict:
+    return Verdict(False, reason, detail)
+
+
+def _yes(reason: Removal, detail: str) -> Verdict:
+    assert reason in SAFE_REMOVALS
+    return Verdict(True, reason, detail)
+
+
 def removal_verdict(
     view: DroneView | None,
     lbs_running: bool | None,
@@ -77,67 +86,71 @@ def removal_verdict(
     :param lost_after_s: seconds without a sign of life after which the agent
         counts as lost
     """
-
-    def no(reason: Removal, detail: str) -> Verdict:
-        return Verdict(False, reason, detail)
-
-    def yes(reason: Removal, detail: str) -> Verdict:
-        assert reason in SAFE_REMOVALS
-        return Verdict(True, reason, detail)
-
     if view is None:
-        return no(Removal.UNKNOWN_DRONE, "nothing is known about this drone: release it first")
+        return _no(Removal.UNKNOWN_DRONE, "nothing is known about this drone: release it first")
+    said = _by_record(view)
+    if isinstance(said, Verdict):
+        return said
+    if view.is_lost(now, lost_after_s):
+        return _when_lost(view, lbs_running, now)
+    if said is not None:  # a final phase not to be trusted
+        return _no(*said)
     record = view.record
-    odd: tuple[Removal, str] | None = None  # a final phase not to be trusted
-    if record is not None:
-        phase, writer = record.phase, record.writer
-        if phase is RecordPhase.RELEASED:
-            if record.proven:
-                return yes(
-                    Removal.RELEASED_BY_MANAGER,
-                    "released before its agent came up: no payload can ever start",
-                )
-            odd = (Removal.UNPROVEN_RELEASE, "record released without the manager's proof")
-        elif phase is RecordPhase.DRAINED and writer == "agent":
-            if not view.payloads:
-                return yes(Removal.DRAINED_BY_AGENT, "the agent is idle and has closed its gate")
-            odd = (
-                Removal.DRAINED_BUT_BUSY,
-                f"record drained, but the agent's newest event lists "
-                f"{len(view.payloads)} payload(s)",
-            )
-        elif phase is RecordPhase.DEADLINE_EXPIRED and writer == "agent":
-            return yes(Removal.DEADLINE_EXPIRED, "the agent's drain deadline expired")
-        elif phase in (RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED):
-            odd = (Removal.UNEXPECTED_WRITER, f"record {phase!s} written by the {writer}")
-        elif phase is None:
-            odd = (Removal.RECORD_TAMPERED, f"the record is tampered: {record.tampered}")
-    lost = view.is_lost(now, lost_after_s)
-    if lost:
-        seen = view.last_seen
-        silent = f"no sign of life for {now - seen:.0f}s" if seen is not None else "never seen"
-        if lbs_running is False:
-            return yes(
-                Removal.LOST_AND_NOT_RUNNING,
-                f"agent lost ({silent}) and the batch system says the job is not running",
-            )
-        if lbs_running is None:
-            return no(
-                Removal.LOST_LBS_UNKNOWN,
-                f"agent lost ({silent}), but the batch system's view is unknown",
-            )
-        return no(
-            Removal.LOST_BUT_RUNNING,
-            f"agent lost ({silent}), but the batch system says the job runs",
-        )
-    if odd is not None:
-        return no(*odd)
     if record is None:
-        return no(
+        return _no(
             Removal.NOT_ANNOUNCED,
             "no handshake record: the agent may be about to claim; release it first",
         )
     if record.phase is RecordPhase.DRAINING:
         deadline = record.drain.deadline.isoformat() if record.drain else "?"
-        return no(Removal.DRAINING, f"draining until {deadline}; wait for drained")
-    return no(Removal.AGENT_UP, "the agent is up and may run payloads: drain it")
+        return _no(Removal.DRAINING, f"draining until {deadline}; wait for drained")
+    return _no(Removal.AGENT_UP, "the agent is up and may run payloads: drain it")
+
+
+def _by_record(view: DroneView) -> Verdict | tuple[Removal, str] | None:
+    """A safe case the record proves, a final phase not to be trusted, or nothing"""
+    record = view.record
+    if record is None:
+        return None
+    phase, writer = record.phase, record.writer
+    if phase is RecordPhase.RELEASED:
+        if record.proven:
+            return _yes(
+                Removal.RELEASED_BY_MANAGER,
+                "released before its agent came up: no payload can ever start",
+            )
+        return (Removal.UNPROVEN_RELEASE, "record released without the manager's proof")
+    if phase is RecordPhase.DRAINED and writer == "agent":
+        if not view.payloads:
+            return _yes(Removal.DRAINED_BY_AGENT, "the agent is idle and has closed its gate")
+        return (
+            Removal.DRAINED_BUT_BUSY,
+            f"record drained, but the agent's newest event lists {len(view.payloads)} payload(s)",
+        )
+    if phase is RecordPhase.DEADLINE_EXPIRED and writer == "agent":
+        return _yes(Removal.DEADLINE_EXPIRED, "the agent's drain deadline expired")
+    if phase in (RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED):
+        return (Removal.UNEXPECTED_WRITER, f"record {phase!s} written by the {writer}")
+    if phase is None:
+        return (Removal.RECORD_TAMPERED, f"the record is tampered: {record.tampered}")
+    return None
+
+
+def _when_lost(view: DroneView, lbs_running: bool | None, now: float) -> Verdict:
+    """A lost agent: removable only if the batch system says the job is not running"""
+    seen = view.last_seen
+    silent = f"no sign of life for {now - seen:.0f}s" if seen is not None else "never seen"
+    if lbs_running is False:
+        return _yes(
+            Removal.LOST_AND_NOT_RUNNING,
+            f"agent lost ({silent}) and the batch system says the job is not running",
+        )
+    if lbs_running is None:
+        return _no(
+            Removal.LOST_LBS_UNKNOWN,
+            f"agent lost ({silent}), but the batch system's view is unknown",
+        )
+    return _no(
+        Removal.LOST_BUT_RUNNING,
+        f"agent lost ({silent}), but the batch system says the job runs",
+    )

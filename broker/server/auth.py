@@ -42,7 +42,8 @@ from typing import Any, Final
 import nkeys
 
 from broker.errors import BrokerError
-from remote_agent.protocol.events import DEFAULT_MAX_SIZE, EVENT_TYPES, kind_of
+from remote_agent.protocol.events import EVENT_TYPES, kind_of
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import (
     Namespace,
     check_token,

@@ -22,9 +22,9 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 
 from broker.errors import ProvisioningError
 from remote_agent.protocol.errors import HandshakeError
-from remote_agent.protocol.events import DEFAULT_MAX_SIZE
-from remote_agent.protocol.handshake import load_proof_key
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace, kv_stream, kv_subjects
+from remote_agent.protocol.proof import load_proof_key
 
 log = logging.getLogger("broker.provision")
 

@@ -28,8 +28,6 @@ from remote_agent.agent.tasks import Tasks
 from remote_agent.agent.worker import Worker
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
-    MAX_REQUEST_ID,
-    MAX_TEXT,
     DrainCommand,
     Drained,
     DrainIntent,
@@ -45,6 +43,7 @@ from remote_agent.protocol.events import (
     encode,
     kind_of,
 )
+from remote_agent.protocol.limits import MAX_REQUEST_ID, MAX_TEXT
 from remote_agent.protocol.names import Namespace
 from remote_agent.settings import Settings
 

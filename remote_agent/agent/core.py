@@ -38,7 +38,6 @@ from remote_agent.agent.watch import RecordWatch
 from remote_agent.agent.worker import Worker, exit_decision, exit_status
 from remote_agent.interfaces import SELF_EXIT_STATUSES, GateDecision, JobStart, Startd
 from remote_agent.protocol.events import (
-    MAX_NAME,
     AgentExiting,
     AgentStarted,
     Drained,
@@ -53,6 +52,7 @@ from remote_agent.protocol.events import (
     WorkerStarted,
     utcnow,
 )
+from remote_agent.protocol.limits import MAX_NAME
 from remote_agent.protocol.names import Namespace, inbox_prefix
 from remote_agent.publisher import Publisher
 from remote_agent.settings import Settings

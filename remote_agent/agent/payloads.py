@@ -17,15 +17,13 @@ from remote_agent.agent.emission import Emitter
 from remote_agent.agent.status import DroneStatus
 from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, JobStart, SlotInfo
 from remote_agent.protocol.events import (
-    MAX_JOB_ID,
-    MAX_NAME,
-    MAX_PAYLOADS,
     Payload,
     PayloadEnd,
     PayloadFinished,
     PayloadStarted,
     utcnow,
 )
+from remote_agent.protocol.limits import MAX_JOB_ID, MAX_NAME, MAX_PAYLOADS
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("remote_agent.agent")

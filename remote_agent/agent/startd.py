@@ -18,7 +18,8 @@ from remote_agent.agent.status import DroneStatus
 from remote_agent.agent.tasks import Tasks
 from remote_agent.errors import StartdError
 from remote_agent.interfaces import SlotInfo, Startd
-from remote_agent.protocol.events import MAX_NAME, DroneState, StartdReady
+from remote_agent.protocol.events import DroneState, StartdReady
+from remote_agent.protocol.limits import MAX_NAME
 from remote_agent.protocol.ratelog import RateLimitedLog
 from remote_agent.settings import Settings
 

@@ -36,7 +36,7 @@ from remote_agent.protocol.events import (
     Released,
     utcnow,
 )
-from remote_agent.protocol.handshake import CLOSED_PHASES
+from remote_agent.protocol.phases import CLOSED_PHASES
 from remote_agent.settings import Settings
 
 log = logging.getLogger("remote_agent.agent")

@@ -1,14 +1,8 @@
 """
-Connecting to NATS without leaving a socket behind
+Connecting to NATS without leaving a socket behind: every connection goes through :func:`connect`
 
-``nats.connect`` creates its client inside the call, so a caller whose
-connect fails or is cancelled never gets the client to close. nats-py closes
-the socket of a failed attempt only when it goes on retrying: with
-``allow_reconnect=False`` a refused CONNECT (bad credentials) leaves the
-socket open, and a connect cancelled while the server's INFO is awaited (an
-agent stopped during a broker outage) leaves it open too. Every connection of
-this project goes through :func:`connect`, which closes the client in both
-cases.
+``nats.connect`` creates its client inside the call, so a caller whose connect fails or is
+cancelled never gets the client to close; nats-py leaves the socket open then.
 """
 
 from __future__ import annotations

@@ -1,75 +1,24 @@
 """
-The wire contract between drone agents and the central side
+The wire contract: every message on the bus as a tagged msgspec struct, and its typed decoders
 
-Every message on the bus is one of the tagged msgspec structs below, encoded as
-MessagePack. The ``kind`` field selects the type; ``v`` is the *major* schema
-version. Both sides import this module, and nothing else defines wire types.
-
-Rules (see ``docs/protocol.md``):
-
-* A new optional field gets a default and keeps ``v``; unknown fields are
-  ignored on decode, so older readers accept newer writers.
-* A new message type gets a new ``kind`` tag; a tag is never reused.
-* Anything else (renaming, retyping, removing a field) bumps ``v``; readers
-  reject a ``v`` they do not speak with :class:`SchemaError`.
+Both sides import this module, and nothing else defines wire types; the ``kind`` field
+selects the type, ``v`` is the major schema version. How the schema may change is in
+``docs/protocol.md`` ("Versioning rules").
 """
 
 from __future__ import annotations
 
 import datetime as dt
 import enum
-from typing import Annotated, Any, Final, Generic, Literal, TypeVar
+from typing import Annotated, Final, Literal
 
 import msgspec
 
+from remote_agent.protocol.codec import SCHEMA_VERSION, Codec
 from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.fields import NonNegative, Seconds, Token, UtcTime, check_tokens
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE, MAX_PAYLOADS
 from remote_agent.protocol.names import TOKEN_CHARS, Namespace
-
-#: major version of the wire schema written by this code and the only one it reads
-SCHEMA_VERSION: Final = 1
-
-#: default limit on the size of one encoded message, in bytes
-DEFAULT_MAX_SIZE: Final = 64 * 1024
-
-# Snapshot limits: an agent keeps its events within them, so that the largest event
-# it can encode stays well below DEFAULT_MAX_SIZE and the stream never rejects one
-# (tests/unit/test_agent_limits.py builds the worst case). Readers enforce the first.
-#: payloads in a snapshot at most, whatever the number of slots
-MAX_PAYLOADS: Final = 256
-#: the longest job id a payload may have; the agent's gate refuses a longer one (390)
-MAX_JOB_ID: Final = 64
-#: the longest slot name or hostname an agent keeps; longer ones are cut
-MAX_NAME: Final = 64
-#: the longest free text (reasons, notes, details) an agent keeps; longer text is cut
-MAX_TEXT: Final = 1024
-#: the most characters of the worker command line in an event, all arguments together
-MAX_COMMAND: Final = 4096
-#: request ids are cut to this many characters
-MAX_REQUEST_ID: Final = 128
-
-#: a subject token: site names, drone uuids, prefixes (no dots, wildcards or whitespace).
-#: msgspec checks the length; the characters are checked by ``__post_init__`` of every
-#: message that carries tokens (:func:`_check_tokens`): ``str.strip`` of the allowed
-#: characters leaves nothing of a token. That costs a fifth of msgspec's own
-#: ``pattern`` check, which calls Python's ``re`` once per field, and decoding an event
-#: is what the manager does most (``bench/ingest.py``).
-Token = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
-
-
-def _check_tokens(message: object, names: tuple[str, ...]) -> None:
-    """Raise the error for the first of ``names`` that is no token (msgspec reports it)"""
-    for name in names:
-        value = getattr(message, name)
-        if value.strip(TOKEN_CHARS):
-            raise ValueError(
-                f"`{name}` must be a subject token (1-128 of A-Z a-z 0-9 _ -), not {value!r}"
-            )
-
-
-#: a timezone-aware point in time; encoded as the MessagePack timestamp extension (-1)
-UtcTime = Annotated[dt.datetime, msgspec.Meta(tz=True)]
-NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-Seconds = Annotated[float, msgspec.Meta(ge=0)]
 
 
 def utcnow() -> dt.datetime:
@@ -131,10 +80,8 @@ class RecordPhase(enum.StrEnum):
 
 # --------------------------------------------------------------------------- parts
 #
-# Every wire struct is ``gc=False``: frozen, holding only scalars, strings and
-# lists of other wire structs, a message cannot be part of a reference cycle,
-# so the garbage collector need not track the many that are decoded and freed
-# again (cheaper to decode, and no collections triggered by them).
+# Every wire struct is ``gc=False``: frozen and holding only scalars, strings and other
+# wire structs, a message cannot be part of a reference cycle.
 
 
 class Payload(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -195,7 +142,7 @@ class Event(Message, frozen=True, kw_only=True):
     def __post_init__(self) -> None:
         chars = TOKEN_CHARS  # inlined: this runs for every event the manager reads
         if self.site.strip(chars) or self.drone.strip(chars) or self.incarnation.strip(chars):
-            _check_tokens(self, ("site", "drone", "incarnation"))
+            check_tokens(self, ("site", "drone", "incarnation"))
 
 
 class AgentStarted(Event, frozen=True, kw_only=True, tag="agent_started"):
@@ -295,7 +242,7 @@ class Command(Message, frozen=True, kw_only=True):
     at: UtcTime
 
     def __post_init__(self) -> None:
-        _check_tokens(self, _SITE_DRONE)
+        check_tokens(self, _SITE_DRONE)
 
 
 class DrainCommand(Command, frozen=True, kw_only=True, tag="drain"):
@@ -322,7 +269,7 @@ class Reply(Message, frozen=True, kw_only=True, tag="reply"):
     snapshot: Snapshot
 
     def __post_init__(self) -> None:
-        _check_tokens(self, _SITE_DRONE)
+        check_tokens(self, _SITE_DRONE)
 
 
 class ErrorReply(Message, frozen=True, kw_only=True, tag="error"):
@@ -350,11 +297,11 @@ class DroneRecord(Message, frozen=True, kw_only=True, tag="record"):
     note: str = ""
     #: the manager's HMAC-SHA256 of this record (with an empty ``proof``) under a
     #: key that drones cannot read; set on the phases only the manager writes
-    #: (:func:`remote_agent.protocol.handshake.record_proof`); drones write none and ignore it
+    #: (:func:`remote_agent.protocol.proof.record_proof`); drones write none and ignore it
     proof: bytes = b""
 
     def __post_init__(self) -> None:
-        _check_tokens(self, _SITE_DRONE)
+        check_tokens(self, _SITE_DRONE)
 
 
 class TardisState(Message, frozen=True, kw_only=True, tag="tardis_state"):
@@ -378,7 +325,7 @@ class TardisState(Message, frozen=True, kw_only=True, tag="tardis_state"):
     id: str = ""
 
     def __post_init__(self) -> None:
-        _check_tokens(self, _SITE_DRONE)
+        check_tokens(self, _SITE_DRONE)
 
 
 AnyEvent = (
@@ -439,79 +386,12 @@ def encode(message: Message) -> bytes:
     return _encoder.encode(message)
 
 
-class _Header(msgspec.Struct):
-    """The fields needed to say *why* a message was rejected"""
-
-    v: int = SCHEMA_VERSION
-    kind: str = ""
-
-
-_header_decoder = msgspec.msgpack.Decoder(_Header)
-
-
-T = TypeVar("T", bound=Message)
-
-
-class _Codec(Generic[T]):
-    """A reusable strict decoder for one family of messages"""
-
-    def __init__(self, target: Any, what: str) -> None:  # a type or a union of types
-        self._decoder: msgspec.msgpack.Decoder[T] = msgspec.msgpack.Decoder(target)
-        self.what = what
-
-    def decode(self, data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> T:
-        if len(data) > max_size:
-            raise SchemaError(
-                f"{self.what} of {len(data)} bytes exceeds the limit of {max_size} bytes"
-            )
-        try:
-            message = self._decoder.decode(data)
-        except msgspec.ValidationError as err:
-            _raise_version_error(data)
-            raise SchemaError(f"invalid {self.what}: {err}") from None
-        except msgspec.DecodeError as err:
-            raise SchemaError(f"malformed {self.what}: {err}") from None
-        except Exception as err:  # e.g. RecursionError for deeply nested unknown fields
-            raise SchemaError(f"malformed {self.what}: {describe_error(err)}") from None
-        version = message.v
-        if version != SCHEMA_VERSION:
-            raise SchemaError(_version_text(self.what, version))
-        return message
-
-
-def _version_text(what: str, version: object) -> str:
-    return f"unsupported {what} schema version {version!r} (this side speaks {SCHEMA_VERSION})"
-
-
-def describe_error(err: BaseException) -> str:
-    """
-    What went wrong in decoding, for a rejection: never the input itself
-
-    msgspec raises its own errors for what it understands, and Python's for
-    the rest (``RecursionError`` past about a thousand levels of nesting,
-    ``MemoryError``); every one of them is a rejection of the input.
-    """
-    if isinstance(err, RecursionError):
-        return "nested too deeply"
-    return f"{type(err).__name__}: {err}"[:200]
-
-
-def _raise_version_error(data: bytes) -> None:
-    """Prefer "unknown version" over a field error when the version is the cause"""
-    try:
-        header = _header_decoder.decode(data)
-    except Exception:  # the caller reports the field error instead
-        return
-    if header.v != SCHEMA_VERSION:
-        raise SchemaError(_version_text("message", header.v))
-
-
-_any = _Codec[AnyMessage](AnyMessage, "message")
-_events = _Codec[AnyEvent](AnyEvent, "event")
-_commands = _Codec[AnyCommand](AnyCommand, "command")
-_replies = _Codec[AnyReply](AnyReply, "reply")
-_records = _Codec[DroneRecord](DroneRecord, "drone record")
-_notes = _Codec[AnyNote](AnyNote, "manager note")
+_any = Codec[AnyMessage](AnyMessage, "message")
+_events = Codec[AnyEvent](AnyEvent, "event")
+_commands = Codec[AnyCommand](AnyCommand, "command")
+_replies = Codec[AnyReply](AnyReply, "reply")
+_records = Codec[DroneRecord](DroneRecord, "drone record")
+_notes = Codec[AnyNote](AnyNote, "manager note")
 
 
 def decode(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> AnyMessage:

@@ -1,47 +1,17 @@
 """
-The race-free release handshake on JetStream KV compare-and-set
+The release handshake: compare-and-set access to each drone's record in the KV bucket
 
-One record per drone (key ``<site>.<drone>`` in the bucket of
-:attr:`~remote_agent.protocol.events.Namespace.record_bucket`), written only with
-create-if-absent or update-with-expected-revision. JetStream serialises both
-through the stream leader, so of "agent: I am up" and "manager: released, it
-never came up" exactly one wins. Both sides use the operations below; nothing
-else writes the bucket. The rules are in ``docs/handshake.md``.
-
-Writes are JetStream publishes to the key's subject with the header
-``Nats-Expected-Last-Subject-Sequence`` (``0``: the key must not exist), the
-same compare-and-set nats-py's ``KeyValue.create``/``update`` send. With a
-JetStream *domain* (a drone behind a site's leaf node) the subject is
-``$JS.<domain>.API.$KV.<bucket>.<key>``, which the hub maps onto the bucket:
-a plain ``$KV.<bucket>.<key>`` publish does not cross the leaf connection
-(``docs/deployment.md``).
-
-The manager's phases (``released``, and ``draining`` when the manager writes
-it) carry a proof (:func:`record_proof`): an HMAC under a key that only the
-manager can read (:func:`load_proof_key`). The server lets a drone write any
-value to its own key; the proof is what tells the manager's writes from a
-drone's. A ``released`` record without a valid proof releases nothing.
-
-Phase transitions that cooperating clients keep to (anything else is refused
-by :func:`_allowed`; a drone can still write any value to its own key)::
-
-    (absent) --agent claim--> UP --drain--> DRAINING --agent--> DRAINED
-    (absent) --manager release--> RELEASED          \\--agent--> DEADLINE_EXPIRED
-    UP --agent claim (new incarnation)--> UP
-    UP --agent, idle release--> DRAINED
+Of "agent: I am up" and "manager: released, it never came up" exactly one wins; both
+sides write the bucket only through :class:`RecordStore` (``docs/handshake.md``).
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import hashlib
-import hmac
 import logging
-import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Final, Literal
+from typing import Literal
 
 import msgspec
 import nats.errors
@@ -50,6 +20,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from remote_agent.protocol.backoff import Backoff
+from remote_agent.protocol.buckets import bind_bucket
 from remote_agent.protocol.errors import HandshakeError, RecordTampered, SchemaError
 from remote_agent.protocol.events import (
     DrainIntent,
@@ -60,70 +31,16 @@ from remote_agent.protocol.events import (
     utcnow,
 )
 from remote_agent.protocol.names import EXPECTED_LAST, Namespace, kv_write_prefix
+from remote_agent.protocol.phases import FINAL_PHASES, allowed
+from remote_agent.protocol.proof import proven, record_proof
 
 log = logging.getLogger("remote_agent.handshake")
 
 Writer = Literal["agent", "manager"]
 _Decide = Callable[["Versioned | None"], DroneRecord | None]
 
-#: phases in which no payload may start and nothing will ever open the gate again
-CLOSED_PHASES: Final = frozenset(
-    {RecordPhase.RELEASED, RecordPhase.DRAINING, RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED}
-)
-
-
 #: JetStream's error codes for "the subject's last sequence is not the expected one"
 _WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
-
-
-#: key of the record proof key in :attr:`~remote_agent.protocol.events.Namespace.manager_bucket`
-PROOF_KEY: Final = "record-proof-key"
-#: bytes of a proof key
-_PROOF_KEY_BYTES: Final = 32
-
-
-def record_proof(key: bytes, record: DroneRecord) -> bytes:
-    """The manager's proof of ``record``: HMAC-SHA256 of its encoding without a proof"""
-    unsigned = msgspec.structs.replace(record, proof=b"")
-    return hmac.new(key, encode(unsigned), hashlib.sha256).digest()
-
-
-def proven(key: bytes | None, record: DroneRecord) -> bool:
-    """Whether ``record`` carries the manager's valid proof under ``key``"""
-    if key is None or not record.proof:
-        return False
-    return hmac.compare_digest(record.proof, record_proof(key, record))
-
-
-async def load_proof_key(js: JetStreamContext, namespace: Namespace) -> bytes:
-    """
-    The manager's record proof key, made on first use (create-if-absent: every
-    manager of the bus agrees on the first one made)
-
-    :raises HandshakeError: if the manager bucket does not exist or cannot be read
-    """
-    try:
-        kv = await js.key_value(namespace.manager_bucket)
-    except nats.js.errors.BucketNotFoundError as err:
-        raise HandshakeError(
-            f"manager bucket {namespace.manager_bucket!r} does not exist: "
-            "run 'cobald-remote broker init'"
-        ) from err
-    for _ in range(3):
-        try:
-            entry = await kv.get(PROOF_KEY)
-        except nats.js.errors.KeyNotFoundError:
-            # another manager may make it first: then read that one
-            with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
-                await kv.create(PROOF_KEY, os.urandom(_PROOF_KEY_BYTES))
-            continue
-        if entry.value is None or len(entry.value) != _PROOF_KEY_BYTES:
-            raise HandshakeError(
-                f"{PROOF_KEY!r} in {namespace.manager_bucket!r} is not a key of "
-                f"{_PROOF_KEY_BYTES} bytes"
-            )
-        return entry.value
-    raise HandshakeError(f"cannot read or make {PROOF_KEY!r} in {namespace.manager_bucket!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -180,13 +97,7 @@ class RecordStore:
         :param proof_key: the manager's proof key; needed to release and to tell
             the manager's records from forgeries
         """
-        try:
-            kv = await js.key_value(namespace.record_bucket)
-        except nats.js.errors.BucketNotFoundError as err:
-            raise HandshakeError(
-                f"handshake bucket {namespace.record_bucket!r} does not exist: "
-                "run 'cobald-remote broker init'"
-            ) from err
+        kv = await bind_bucket(js, namespace.record_bucket, "handshake")
         return cls(kv, namespace, js=js, domain=domain, proof_key=proof_key)
 
     def key(self, site: str, drone: str) -> str:
@@ -304,7 +215,7 @@ class RecordStore:
                 if current is None:
                     raise HandshakeError(f"no record for {site}/{drone} and nothing to write")
                 return current
-            if current is not None and not _allowed(current.record.phase, wanted.phase):
+            if current is not None and not allowed(current.record.phase, wanted.phase):
                 raise HandshakeError(
                     f"refusing {current.record.phase} -> {wanted.phase} for {site}/{drone}"
                 )
@@ -362,10 +273,8 @@ class RecordStore:
         """
 
         def decide(current: Versioned | None) -> DroneRecord | None:
-            if current is not None and current.record.phase in (
-                RecordPhase.RELEASED,
-                RecordPhase.DRAINED,
-                phase,
+            if current is not None and (
+                current.record.phase in FINAL_PHASES or current.record.phase == phase
             ):
                 return None
             return DroneRecord(
@@ -444,21 +353,3 @@ class RecordStore:
             return self._signed(record) if writer == "manager" else record
 
         return await self._transition(site, drone, decide)
-
-
-_TRANSITIONS = {
-    RecordPhase.UP: {
-        RecordPhase.UP,
-        RecordPhase.DRAINING,
-        RecordPhase.DRAINED,
-        RecordPhase.DEADLINE_EXPIRED,
-    },
-    RecordPhase.DRAINING: {RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED},
-    RecordPhase.DEADLINE_EXPIRED: {RecordPhase.DRAINED},
-    RecordPhase.RELEASED: set(),
-    RecordPhase.DRAINED: set(),
-}
-
-
-def _allowed(old: RecordPhase, new: RecordPhase) -> bool:
-    return new in _TRANSITIONS[old]

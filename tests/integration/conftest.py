@@ -15,7 +15,7 @@ from support.servers import secured_server
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
-from remote_agent.gate import GateServer
+from remote_agent.gate.server import GateServer
 from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.names import Namespace
 

@@ -29,6 +29,7 @@ from remote_agent.agent import Agent
 from remote_agent.interfaces import GATE_CLOSED_STATUS, JobStart, SlotInfo
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 
 DRONE = "site1-0123456789"
 
@@ -204,7 +205,7 @@ async def test_garbage_on_the_command_subject_changes_nothing(
             (b"\x81\xa4kind\xa3foo", "invalid command"),
             (ev.encode(before[0][1]), "invalid command"),  # an event, not a command
             (ev.encode(other), "reached the agent of site1/site1-0123456789"),
-            (b"\x90" * (ev.DEFAULT_MAX_SIZE + 1), "exceeds the limit"),
+            (b"\x90" * (DEFAULT_MAX_SIZE + 1), "exceeds the limit"),
         ]
         for data, error in garbage:
             reply = await command(nc, data, drone=DRONE)

@@ -18,6 +18,7 @@ from broker.errors import ProvisioningError, ServerStartError
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import Topology, provision
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace
 
 NS = Namespace()
@@ -186,7 +187,7 @@ async def test_server_without_jetstream_is_a_clear_error(tmp_path: Path) -> None
 async def test_streams_refuse_oversized_messages(js: JetStreamContext, nc: Client) -> None:
     await provision(js)
     with pytest.raises(nats.js.errors.APIError, match="message size exceeds maximum"):
-        await js.publish(NS.event("s", "d", "heartbeat"), os.urandom(ev.DEFAULT_MAX_SIZE + 1))
+        await js.publish(NS.event("s", "d", "heartbeat"), os.urandom(DEFAULT_MAX_SIZE + 1))
 
 
 async def test_sync_always_fsyncs_every_write_and_keeps_data(tmp_path: Path) -> None:

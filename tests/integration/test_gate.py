@@ -13,19 +13,18 @@ import pytest
 from support.gate import FakeAgent, GateFactory
 
 from remote_agent.errors import GateError, GateUnavailable
-from remote_agent.gate import (
-    GATE_ENV,
+from remote_agent.gate.client import ask
+from remote_agent.gate.messages import (
     MAX_REQUEST_BYTES,
     GateAck,
     GateDecisionReply,
     GateErrorReply,
-    GateServer,
     JobExitRequest,
     PrepareJobRequest,
-    ask,
     encode,
-    find_gate_path,
 )
+from remote_agent.gate.paths import GATE_ENV, find_gate_path
+from remote_agent.gate.server import GateServer
 from remote_agent.interfaces import GATE_CLOSED_STATUS, JobStart
 from remote_agent.protocol.events import PayloadEnd
 

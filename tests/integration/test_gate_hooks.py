@@ -19,7 +19,8 @@ from support.processes import CLI, run_process
 
 from broker.emulation.execution_point import DEPLOY_DIR
 from remote_agent.classad import parse_ad
-from remote_agent.gate import GATE_ENV, PYTHON_ENV, GateServer
+from remote_agent.gate.paths import GATE_ENV, PYTHON_ENV
+from remote_agent.gate.server import GateServer
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS, GATE_CLOSED_STATUS, JobStart
 from remote_agent.protocol.events import PayloadEnd
 

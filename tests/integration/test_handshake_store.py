@@ -15,8 +15,9 @@ from broker.server.provision import provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import HandshakeError, RecordTampered
 from remote_agent.protocol.events import DrainIntent, RecordPhase, encode, utcnow
-from remote_agent.protocol.handshake import RecordStore, load_proof_key, proven
+from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.names import Namespace
+from remote_agent.protocol.proof import load_proof_key, proven
 
 NS = Namespace()
 SITE = "site1"

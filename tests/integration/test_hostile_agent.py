@@ -34,16 +34,13 @@ from support.waiting import wait_until
 
 from broker.server.embedded import EmbeddedServer
 from remote_agent.agent import Agent
-from remote_agent.gate import (
-    GateDecisionReply,
-    GateServer,
-    PrepareJobRequest,
-    ask,
-)
+from remote_agent.gate.client import ask
+from remote_agent.gate.messages import GateDecisionReply, PrepareJobRequest
+from remote_agent.gate.server import GateServer
 from remote_agent.interfaces import GATE_CLOSED_STATUS, SlotInfo
 from remote_agent.protocol import events as ev
-from remote_agent.protocol.events import MAX_JOB_ID
 from remote_agent.protocol.handshake import RecordStore
+from remote_agent.protocol.limits import MAX_JOB_ID
 
 DRONE = "site1-0123456789"
 ROOT = Path(__file__).resolve().parents[2]
@@ -54,7 +51,8 @@ _FORGER = """
 import sys
 from pathlib import Path
 from remote_agent.protocol.events import PayloadEnd
-from remote_agent.gate import GateAck, JobExitRequest, ask
+from remote_agent.gate.client import ask
+from remote_agent.gate.messages import GateAck, JobExitRequest
 for job_id in sys.argv[2:]:
     reply = ask(Path(sys.argv[1]), JobExitRequest(job_id=job_id, how=PayloadEnd.EXIT), 10.0)
     assert isinstance(reply, GateAck), reply

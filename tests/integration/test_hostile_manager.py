@@ -39,8 +39,8 @@ from broker.tardis_adapter import BusConfig, RemoteBus, RemoteSiteAdapter
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.connect import connect
 from remote_agent.protocol.errors import SchemaError
-from remote_agent.protocol.handshake import PROOF_KEY
 from remote_agent.protocol.names import EXPECTED_LAST, Namespace
+from remote_agent.protocol.proof import PROOF_KEY
 
 pytestmark = pytest.mark.timeout(120)
 NS = Namespace()

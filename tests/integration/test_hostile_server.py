@@ -39,6 +39,7 @@ from broker.server.embedded import EmbeddedServer
 from broker.server.provision import Topology, provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.connect import connect
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace
 
 pytestmark = pytest.mark.timeout(120)
@@ -312,7 +313,7 @@ def test_the_account_and_the_drones_carry_limits() -> None:
     assert (limits["conn"], limits["leaf"]) == (50_000, 256)
     assert limits["subs"] == limits["payload"] == -1  # per connection: the manager's too
     drone = creds_claims(drone_credentials(authority, NS, SITE, HONEST))["nats"]
-    assert (drone["subs"], drone["payload"]) == (16, ev.DEFAULT_MAX_SIZE + 4096)
+    assert (drone["subs"], drone["payload"]) == (16, DEFAULT_MAX_SIZE + 4096)
     assert drone["allowed_connection_types"] == ["STANDARD"]
     events = {s for s in drone["pub"]["allow"] if ".evt." in s}
     assert events == {NS.event(SITE, HONEST, ev.kind_of(kind)) for kind in ev.EVENT_TYPES}

@@ -55,7 +55,9 @@ from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from remote_agent.agent import Agent
 from remote_agent.errors import GateUnavailable
-from remote_agent.gate import GateDecisionReply, GateServer, JobExitRequest, PrepareJobRequest, ask
+from remote_agent.gate.client import ask
+from remote_agent.gate.messages import GateDecisionReply, JobExitRequest, PrepareJobRequest
+from remote_agent.gate.server import GateServer
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import HandshakeError
 

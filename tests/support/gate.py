@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from collections.abc import Awaitable, Callable
 
-from remote_agent.gate import GateServer
+from remote_agent.gate.server import GateServer
 from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, JobStart
 from remote_agent.protocol.events import PayloadEnd
 

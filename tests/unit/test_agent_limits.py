@@ -10,7 +10,8 @@ from typing import Any
 from remote_agent.agent import Agent
 from remote_agent.agent.bounds import bounded_command, bounded_intent
 from remote_agent.protocol import events as ev
-from remote_agent.protocol.events import (
+from remote_agent.protocol.limits import (
+    DEFAULT_MAX_SIZE,
     MAX_COMMAND,
     MAX_JOB_ID,
     MAX_NAME,
@@ -21,7 +22,7 @@ from remote_agent.protocol.events import (
 from remote_agent.settings import Settings
 from remote_agent.spool import SpooledEvent
 
-LONGEST_TOKEN = 128  # events.Token
+LONGEST_TOKEN = 128  # fields.Token
 HUGE = "x" * 100_000
 
 
@@ -119,9 +120,9 @@ def test_the_worst_case_event_of_every_kind_fits(tmp_path: Path) -> None:
         agent.emitter.emit(kind, **values)
     sizes = {entry.kind: len(entry.data) for entry in capture.entries}
     assert len(sizes) == len(fields)
-    assert max(sizes.values()) <= ev.DEFAULT_MAX_SIZE, sizes
+    assert max(sizes.values()) <= DEFAULT_MAX_SIZE, sizes
     # with room to spare (44 KB today): a tenth of the limit is left
-    assert max(sizes.values()) <= ev.DEFAULT_MAX_SIZE * 0.9, sizes
+    assert max(sizes.values()) <= DEFAULT_MAX_SIZE * 0.9, sizes
     for entry in capture.entries:
         decoded = ev.decode_event(entry.data)
         assert len(decoded.snapshot.payloads) == MAX_PAYLOADS
@@ -134,4 +135,4 @@ def test_the_worst_case_event_of_every_kind_fits(tmp_path: Path) -> None:
         detail="d" * MAX_TEXT,
         snapshot=agent.snapshot(),
     )
-    assert len(ev.encode(reply)) <= ev.DEFAULT_MAX_SIZE * 0.9
+    assert len(ev.encode(reply)) <= DEFAULT_MAX_SIZE * 0.9

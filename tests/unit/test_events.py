@@ -15,6 +15,7 @@ from support.vectors import DRONE, EXAMPLES, SITE, T0, example
 
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE, MAX_PAYLOADS
 from remote_agent.protocol.names import Namespace, check_token
 
 
@@ -121,7 +122,7 @@ _ANY = st.recursive(
 )
 
 
-def _decode_or_schema_error(data: bytes, max_size: int = ev.DEFAULT_MAX_SIZE) -> None:
+def _decode_or_schema_error(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> None:
     try:
         message = ev.decode(data, max_size=max_size)
     except SchemaError as err:
@@ -255,7 +256,7 @@ def test_deep_nesting_is_a_schema_error(decoder: Callable[[bytes], object], dept
 
 def test_a_snapshot_lists_at_most_max_payloads() -> None:
     now = ev.utcnow()
-    payloads = [ev.Payload(job_id=f"{n}.0", started_at=now) for n in range(ev.MAX_PAYLOADS + 1)]
+    payloads = [ev.Payload(job_id=f"{n}.0", started_at=now) for n in range(MAX_PAYLOADS + 1)]
     snapshot = ev.Snapshot(
         state=ev.DroneState.BUSY, since=now, gate_open=True, payloads=payloads, started_at=now
     )

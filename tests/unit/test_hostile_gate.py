@@ -13,20 +13,21 @@ import msgspec
 import pytest
 
 from remote_agent.errors import GateError, SpoolError
-from remote_agent.gate import (
+from remote_agent.gate.client import ask
+from remote_agent.gate.messages import (
     MAX_REQUEST_BYTES,
     GateAck,
     GateDecisionReply,
     GateErrorReply,
-    GateServer,
     JobExitRequest,
     PrepareJobRequest,
-    ask,
     encode,
 )
+from remote_agent.gate.server import GateServer
 from remote_agent.interfaces import GateDecision, JobStart
+from remote_agent.private_dir import private_directory
 from remote_agent.protocol.events import PayloadEnd
-from remote_agent.spool import Spool, private_directory
+from remote_agent.spool import Spool
 
 NOBODY = 65534
 

@@ -16,7 +16,7 @@ from broker.cli import build_parser
 from broker.emulation.execution_point import DEPLOY_CONFIG, DEPLOY_DIR
 from broker.emulation.execution_point import classad as emu
 from broker.emulation.execution_point.config import Config
-from remote_agent.gate import GATE_ENV, PYTHON_ENV
+from remote_agent.gate.paths import GATE_ENV, PYTHON_ENV
 from remote_agent.hooks import HOOK_KEYWORD
 from remote_agent.htcondor import GATE_ATTRIBUTE
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS

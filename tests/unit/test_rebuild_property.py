@@ -22,6 +22,7 @@ from broker.manager.registry import Registry
 from broker.manager.timeline import build, check_message
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace
 
 NS = Namespace()
@@ -86,7 +87,7 @@ def _body(draw: st.DrawFn) -> tuple[str, bytes]:
         return subject, ev.encode(_event(drone, other_kind, seq, incarnation))
     event = _event(drone, kind, seq, incarnation)
     if how == "big":
-        event = msgspec.structs.replace(event, id="x" * ev.DEFAULT_MAX_SIZE)
+        event = msgspec.structs.replace(event, id="x" * DEFAULT_MAX_SIZE)
     return subject, ev.encode(event)
 
 

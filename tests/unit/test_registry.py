@@ -17,8 +17,8 @@ from broker.manager.verdict import SAFE_REMOVALS, Removal, removal_verdict
 from broker.manager.views import DroneView
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
-from remote_agent.protocol.handshake import record_proof
 from remote_agent.protocol.names import Namespace
+from remote_agent.protocol.proof import record_proof
 
 NS = Namespace()
 SITE = "site1"

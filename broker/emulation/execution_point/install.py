@@ -42,7 +42,7 @@ def install_fake_condor(
 
     :return: an environment for the emulated master and the tools: ``PATH``
         with ``bin_dir`` first, ``CONDOR_CONFIG``, and ``COBALD_REMOTE_PYTHON``
-        (the agent exports that in production, see ``remote_agent/gate.py``)
+        (the agent exports that in production, see ``remote_agent/gate/paths.py``)
     """
     bin_dir = Path(bin_dir).resolve()
     state_dir = Path(state_dir).resolve()

@@ -53,7 +53,7 @@ from broker.emulation.execution_point.drain import COMPLETION, DRAIN_HOW
 from broker.emulation.execution_point.paths import MASTER_EXIT_FILE
 from broker.emulation.execution_point.settings import Settings
 from broker.emulation.rpc import serve
-from remote_agent.spool import private_directory
+from remote_agent.private_dir import private_directory
 
 log = logging.getLogger("emulation.startd")
 

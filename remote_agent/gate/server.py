@@ -1,34 +1,8 @@
 """
-The local gate: a Unix socket on which the agent answers HTCondor's job hooks
+The agent's side of the gate: an asyncio server on a private Unix socket
 
-The starter runs ``HOOK_PREPARE_JOB`` before every payload and ``HOOK_JOB_EXIT``
-after it (``deploy/htcondor/``). Both hooks are short-lived processes
-(:mod:`remote_agent.hooks`) that ask the agent over this socket. The agent
-answers in its own event loop, with the *synchronous* :class:`GateHandler`
-methods, so a payload start and a drain are serialized: one of them happens
-first (``remote_agent/interfaces.py``).
-
-Wire format (local IPC between the hook and the agent of one installation, not
-bus schema): the hook connects, writes **one** MessagePack map, half-closes
-(``shutdown(SHUT_WR)``) and reads **one** map back. Requests and replies are the
-msgspec structs below, tagged by ``op``. A request larger than
-:data:`MAX_REQUEST_BYTES`, one that does not decode, or one of an unknown
-version gets a :class:`GateErrorReply`, is logged and counted in
-:attr:`GateServer.counts`, and reaches no handler.
-
-How a hook finds the socket (``docs/htcondor.md``): ``--socket PATH`` on the
-hook's command line, else the environment variable :data:`GATE_ENV`, which the
-agent exports to its worker (``condor_master``); the master's daemons, the
-starters and their hooks inherit it. There is no fallback in a shared directory:
-a hook that finds neither refuses the payload.
-
-Who may connect: the socket file is mode 0600 in a 0700 directory of the
-agent's user, and every connection's ``SO_PEERCRED`` is checked: only the
-agent's own uid and root get an answer; any other peer gets a
-:class:`GateErrorReply`, is counted and logged (rate-limited).
-
-The hook side (:func:`ask`) uses only blocking sockets: importing asyncio would
-add ~50 ms to every payload start, so the server imports it lazily.
+Only the agent's own uid and root get an answer (``SO_PEERCRED``); bad input gets a
+:class:`~remote_agent.gate.messages.GateErrorReply`, is counted and reaches no handler.
 """
 
 from __future__ import annotations
@@ -40,206 +14,43 @@ import os
 import socket
 import stat
 import sys
-import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Final
+from typing import TYPE_CHECKING, Final
 
-import msgspec
-
-from remote_agent.errors import GateError, GateUnavailable
+from remote_agent.errors import GateError
+from remote_agent.gate.messages import (
+    MAX_REQUEST_BYTES,
+    AnyGateReply,
+    AnyGateRequest,
+    GateAck,
+    GateDecisionReply,
+    GateErrorReply,
+    PrepareJobRequest,
+    decode_request,
+    encode,
+)
+from remote_agent.gate.paths import MAX_SOCKET_PATH, worker_environment
 from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, GateHandler, JobStart
-from remote_agent.protocol.events import PayloadEnd
+from remote_agent.private_dir import private_directory
 from remote_agent.protocol.ratelog import RateLimitedLog
-from remote_agent.spool import private_directory
 
 if TYPE_CHECKING:
     import asyncio
 
-log = logging.getLogger(__name__)
+log = logging.getLogger("remote_agent.gate")
 _rejections = RateLimitedLog(log)
 
-#: environment variable naming the gate socket; exported by the agent to its worker
-GATE_ENV: Final = "COBALD_REMOTE_GATE"
-#: environment variable naming the Python that runs the hooks (the agent's own)
-PYTHON_ENV: Final = "COBALD_REMOTE_PYTHON"
-#: version of the request/reply format below
-GATE_PROTOCOL_VERSION: Final = 1
-#: the largest request the server reads, in bytes (a request is ~100 bytes)
-MAX_REQUEST_BYTES: Final = 4096
-#: the largest reply the hook reads, in bytes
-MAX_REPLY_BYTES: Final = 4096
 #: how long the server waits for a connected hook to send its request, in seconds
 REQUEST_TIMEOUT_S: Final = 5.0
 #: mode of the socket file: the agent's user only (root passes any mode)
 SOCKET_MODE: Final = 0o600
-#: the longest job id, slot name and owner a request may carry, in characters
-MAX_JOB_ID: Final = 128
-MAX_NAME: Final = 256
-#: longest path ``AF_UNIX`` accepts on Linux (``sun_path`` is 108 bytes with the NUL)
-MAX_SOCKET_PATH: Final = 107
-
-# \A...\Z, not ^...$: "$" also matches before a trailing newline
-JobIdText = Annotated[
-    str, msgspec.Meta(min_length=1, max_length=MAX_JOB_ID, pattern=r"\A[^\x00-\x1f\x7f]+\Z")
-]
-NameText = Annotated[str, msgspec.Meta(max_length=MAX_NAME, pattern=r"\A[^\x00-\x1f\x7f]*\Z")]
-ShortText = Annotated[str, msgspec.Meta(max_length=256)]
-Seconds = Annotated[float, msgspec.Meta(ge=0)]
-
-
-# --------------------------------------------------------------------------- protocol
-
-
-class GateRequest(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
-    """What a hook asks; ``v`` is :data:`GATE_PROTOCOL_VERSION`"""
-
-    v: int = GATE_PROTOCOL_VERSION
-
-
-class PrepareJobRequest(GateRequest, frozen=True, kw_only=True, tag="prepare_job"):
-    """HOOK_PREPARE_JOB: may this payload start?"""
-
-    job_id: JobIdText
-    slot: NameText = ""
-    owner: NameText = ""
-
-
-class JobExitRequest(GateRequest, frozen=True, kw_only=True, tag="job_exit"):
-    """HOOK_JOB_EXIT: this payload ended"""
-
-    job_id: JobIdText
-    how: PayloadEnd
-    #: the payload's exit code; negative: killed by that signal; None: unknown
-    exit_code: int | None = None
-    duration_s: Seconds | None = None
-
-
-class GateReply(msgspec.Struct, frozen=True, kw_only=True, tag_field="op"):
-    """What the agent answers"""
-
-
-class GateDecisionReply(GateReply, frozen=True, kw_only=True, tag="decision"):
-    """The answer to :class:`PrepareJobRequest`"""
-
-    allow: bool
-    #: for a refusal: the ``HookStatusCode`` to print (always >= 300)
-    status_code: int = 0
-    message: ShortText = ""
-
-
-class GateAck(GateReply, frozen=True, kw_only=True, tag="ack"):
-    """The answer to :class:`JobExitRequest`"""
-
-
-class GateErrorReply(GateReply, frozen=True, kw_only=True, tag="error"):
-    """The request was not acted upon"""
-
-    error: ShortText
-
-
-AnyGateRequest = PrepareJobRequest | JobExitRequest
-AnyGateReply = GateDecisionReply | GateAck | GateErrorReply
-
-_encoder = msgspec.msgpack.Encoder()
-_request_decoder = msgspec.msgpack.Decoder(AnyGateRequest)
-_reply_decoder = msgspec.msgpack.Decoder(AnyGateReply)
-
-
-def encode(message: AnyGateRequest | AnyGateReply) -> bytes:
-    """One request or reply as MessagePack"""
-    return _encoder.encode(message)
-
-
-def decode_request(data: bytes) -> AnyGateRequest:
-    """
-    A request from the wire, strictly
-
-    :raises msgspec.DecodeError: not MessagePack, or not a valid request
-    :raises ValueError: a version this code does not speak
-    """
-    request = _request_decoder.decode(data)
-    if request.v != GATE_PROTOCOL_VERSION:
-        raise ValueError(f"unsupported gate protocol version {request.v}")
-    return request
-
-
-def decode_reply(data: bytes) -> AnyGateReply:
-    """
-    A reply from the wire
-
-    :raises msgspec.DecodeError: not MessagePack, or not a valid reply
-    """
-    return _reply_decoder.decode(data)
 
 
 def _short(text: str, limit: int = 200) -> str:
     """One line of at most ``limit`` characters, for messages that travel on"""
     line = " ".join(text.split())
     return line if len(line) <= limit else line[: limit - 3] + "..."
-
-
-# --------------------------------------------------------------------------- finding the socket
-
-
-def worker_environment(path: Path) -> dict[str, str]:
-    """The variables the agent adds to its worker's environment so that hooks find it"""
-    return {GATE_ENV: str(path), PYTHON_ENV: sys.executable}
-
-
-def find_gate_path(environ: Mapping[str, str] = os.environ) -> Path | None:
-    """Where the agent's gate socket is, as seen by a hook (:data:`GATE_ENV`); ``None`` if unset"""
-    named = environ.get(GATE_ENV, "").strip()
-    return Path(named) if named else None
-
-
-# --------------------------------------------------------------------------- hook side
-
-
-def ask(path: Path, request: AnyGateRequest, timeout_s: float) -> AnyGateReply:
-    """
-    Send one request to the gate at ``path`` and wait at most ``timeout_s`` for the reply
-
-    Blocking on purpose (see the module doc).
-
-    :raises GateUnavailable: no socket, nobody listening, timeout, or a reply
-        that does not decode
-    """
-    deadline = time.monotonic() + timeout_s
-
-    def remaining() -> float:
-        left = deadline - time.monotonic()
-        if left <= 0:
-            raise TimeoutError(f"no answer within {timeout_s:g}s")
-        return left
-
-    try:
-        with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as sock:
-            sock.settimeout(remaining())
-            sock.connect(os.fspath(path))
-            sock.settimeout(remaining())
-            sock.sendall(encode(request))
-            sock.shutdown(socket.SHUT_WR)
-            chunks: list[bytes] = []
-            size = 0
-            while True:
-                sock.settimeout(remaining())
-                chunk = sock.recv(MAX_REPLY_BYTES + 1)
-                if not chunk:
-                    break
-                chunks.append(chunk)
-                size += len(chunk)
-                if size > MAX_REPLY_BYTES:
-                    raise GateUnavailable(f"reply from {path} larger than {MAX_REPLY_BYTES} bytes")
-    except (OSError, TimeoutError) as err:
-        raise GateUnavailable(f"cannot ask the agent at {path}: {err}") from err
-    try:
-        return decode_reply(b"".join(chunks))
-    except (msgspec.DecodeError, RecursionError) as err:
-        raise GateUnavailable(f"invalid reply from {path}: {err}") from err
-
-
-# --------------------------------------------------------------------------- agent side
 
 
 def _peer(writer: asyncio.StreamWriter) -> dict[str, int]:
