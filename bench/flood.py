@@ -6,7 +6,7 @@ Run from the repository root::
     python bench/flood.py                 # 20 s baseline, 10 s flood, 20 s after; < 2 min
     python bench/flood.py --quick         # 8 s, 10 s, 8 s
 
-A real nats-server in operator mode (``broker/server/auth.py``: every drone on its own
+A real nats-server in operator mode (``broker/server/auth/``: every drone on its own
 credentials, the account and drone limits of ``docs/deployment.md#limits``),
 the streams as ``broker init`` makes them (per-subject cap, size cap), and the
 real :class:`~broker.manager.service.ManagerService` in this process. ``--drones``
@@ -49,7 +49,8 @@ from _common import percentiles
 from nats.aio.client import Client
 
 from broker.manager.service import ManagerService, ManagerSettings
-from broker.server.auth import create_authority, drone_credentials, manager_credentials
+from broker.server.auth.authority import create_authority
+from broker.server.auth.credentials import drone_credentials, manager_credentials
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from remote_agent.protocol import events as ev

@@ -1,1 +1,1 @@
-"""The central side of cobald-remote: broker, provisioning, registry and TARDIS glue"""
+"""The central side of cobald-remote: server, JetStream layer, manager, TARDIS glue, commands"""

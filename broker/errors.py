@@ -1,18 +1,22 @@
 """
 Errors that ``broker/`` raises on purpose
 
-The tree (classes defined elsewhere name their module)::
+Every exception class of ``broker/``; the commands print a ``BrokerError`` in one
+line and exit 1 (``broker/commands/failures.py``). The tree::
 
     BrokerError
     ├── ServerStartError        the embedded nats-server did not start
     ├── ProvisioningError       a stream or bucket could not be provisioned
     ├── ConsumerError           a consumer could not be created, or differs
     ├── ConsumerGone            a consumer was deleted on the server
+    ├── ConnectError            a command could not reach the broker
+    ├── AuthError               keys or credentials cannot be made or read
     ├── Rejected                a message that is not valid (counted, never applied)
-    ├── ConnectError            broker.server.connection
-    ├── AuthError               broker.server.auth
-    ├── TimelineError           broker.manager.timeline
-    └── OperatorError           broker.commands.ops
+    ├── TimelineError           a drone's timeline cannot be read
+    ├── OperatorError           an operator command cannot be carried out
+    └── CliError                any other failure of a command
+
+The emulators' exceptions are in ``broker/emulation/errors.py``.
 """
 
 from __future__ import annotations
@@ -48,6 +52,14 @@ class ConsumerGone(BrokerError):
     """The consumer was deleted on the server (or lost with a restart)"""
 
 
+class ConnectError(BrokerError):
+    """The broker could not be reached"""
+
+
+class AuthError(BrokerError):
+    """Keys or credentials cannot be made or read"""
+
+
 class Rejected(BrokerError):
     """A message that is not valid; nothing of it may change any state"""
 
@@ -55,3 +67,15 @@ class Rejected(BrokerError):
         super().__init__(f"{reason}: {detail}")
         self.reason = reason
         self.detail = detail
+
+
+class TimelineError(BrokerError):
+    """The timeline cannot be read (printed in one line, exit 1)"""
+
+
+class OperatorError(BrokerError):
+    """An operator command that cannot be carried out (printed in one line, exit 1)"""
+
+
+class CliError(BrokerError):
+    """A failure to report in one line and exit 1"""

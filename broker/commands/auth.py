@@ -14,11 +14,11 @@ from remote_agent.protocol.environment import site_of
 from remote_agent.protocol.names import Namespace
 
 if TYPE_CHECKING:
-    from broker.server.auth import AccountLimits
+    from broker.server.auth.authority import AccountLimits
 
 
 def _write_secret(text: str, out: str | None) -> None:
-    from broker.server.auth import AuthError
+    from broker.errors import AuthError
 
     if out is None or out == "-":
         sys.stdout.write(text)
@@ -45,7 +45,7 @@ def _size(text: str) -> int:
 
 
 def _account_limits(args: argparse.Namespace) -> AccountLimits:
-    from broker.server.auth import AccountLimits
+    from broker.server.auth.authority import AccountLimits
 
     return AccountLimits(
         disk_bytes=args.max_disk,
@@ -58,7 +58,7 @@ def _account_limits(args: argparse.Namespace) -> AccountLimits:
 
 
 def _auth_init(args: argparse.Namespace) -> int:
-    from broker.server.auth import create_authority, save_authority
+    from broker.server.auth.authority import create_authority, save_authority
 
     authority = create_authority(args.name, _account_limits(args))
     save_authority(authority, Path(args.authority))
@@ -73,7 +73,9 @@ def _auth_init(args: argparse.Namespace) -> int:
 
 
 def _auth_drone(args: argparse.Namespace) -> int:
-    from broker.server.auth import AuthError, DroneLimits, drone_credentials, load_authority
+    from broker.errors import AuthError
+    from broker.server.auth.authority import load_authority
+    from broker.server.auth.credentials import DroneLimits, drone_credentials
 
     site = args.site or site_of(args.drone)
     if not site:
@@ -93,21 +95,23 @@ def _auth_drone(args: argparse.Namespace) -> int:
 
 def _issue(args: argparse.Namespace, creds: str) -> None:
     """Write the credentials where asked, and note the user as issued"""
-    from broker.server.auth import note_issued
+    from broker.server.auth.revocation import note_issued
 
     note_issued(Path(args.authority), creds)
     _write_secret(creds, args.out)
 
 
 def _auth_manager(args: argparse.Namespace) -> int:
-    from broker.server.auth import load_authority, manager_credentials
+    from broker.server.auth.authority import load_authority
+    from broker.server.auth.credentials import manager_credentials
 
     _issue(args, manager_credentials(load_authority(Path(args.authority)), args.name))
     return 0
 
 
 def _auth_leaf(args: argparse.Namespace) -> int:
-    from broker.server.auth import leaf_credentials, load_authority
+    from broker.server.auth.authority import load_authority
+    from broker.server.auth.credentials import leaf_credentials
 
     authority = load_authority(Path(args.authority))
     _issue(args, leaf_credentials(authority, args.site))
@@ -121,15 +125,9 @@ def _auth_leaf(args: argparse.Namespace) -> int:
 
 
 def _auth_revoke(args: argparse.Namespace) -> int:
-    from broker.server.auth import (
-        AuthError,
-        expired_users,
-        issued_log,
-        issued_users,
-        load_authority,
-        revoke,
-        update_authority,
-    )
+    from broker.errors import AuthError
+    from broker.server.auth.authority import load_authority, update_authority
+    from broker.server.auth.revocation import expired_users, issued_log, issued_users, revoke
 
     path = Path(args.authority)
     users = list(args.user or [])
@@ -155,7 +153,8 @@ def _auth_revoke(args: argparse.Namespace) -> int:
 
 def add_commands(auth: argparse.ArgumentParser) -> None:
     """Add the ``auth`` group's commands"""
-    from broker.server.auth import DEFAULT_DRONE_VALIDITY_S, AccountLimits, DroneLimits
+    from broker.server.auth.authority import AccountLimits
+    from broker.server.auth.credentials import DEFAULT_DRONE_VALIDITY_S, DroneLimits
 
     commands = auth.add_subparsers(dest="command", required=True, metavar="COMMAND")
     init = commands.add_parser(

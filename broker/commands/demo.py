@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import argparse
 
-from broker.commands.failures import CliError
+from broker.errors import CliError
 
 
 def _demo(args: argparse.Namespace) -> int:

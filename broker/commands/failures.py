@@ -11,16 +11,12 @@ from typing import Final
 EXIT_FAILURE: Final = 1
 
 
-class CliError(Exception):
-    """A failure to report in one line and exit 1"""
-
-
 def _reported() -> tuple[type[Exception], ...]:
     """The failures a command reports in one line (imported once one has happened)"""
     from broker.errors import BrokerError
     from remote_agent.protocol.errors import HandshakeError, SchemaError
 
-    return CliError, BrokerError, SchemaError, HandshakeError
+    return BrokerError, SchemaError, HandshakeError
 
 
 def run(args: argparse.Namespace) -> int:

@@ -17,7 +17,7 @@ from typing import TYPE_CHECKING, Any
 from broker.commands.failures import EXIT_FAILURE
 from broker.commands.options import add_connection, add_json, connect
 from broker.commands.table import format_table, write_json
-from broker.errors import BrokerError
+from broker.errors import OperatorError
 from remote_agent.protocol.environment import site_of
 from remote_agent.protocol.names import Namespace, check_token
 
@@ -30,10 +30,6 @@ if TYPE_CHECKING:
 
 #: exit status when the intent is recorded but the agent did not confirm it
 EXIT_UNCONFIRMED = 3
-
-
-class OperatorError(BrokerError):
-    """An operator command that cannot be carried out (printed in one line, exit 1)"""
 
 
 def _site(drone: str) -> str:

@@ -30,7 +30,8 @@ def format_timeline(rows: Sequence[Row]) -> str:
 
 async def timeline(args: argparse.Namespace) -> int:
     """``cobald-remote timeline DRONE``"""
-    from broker.manager.timeline import TimelineError, read_timeline
+    from broker.errors import TimelineError
+    from broker.manager.timeline import read_timeline
 
     drone = check_token(args.drone, "drone uuid")
     site = check_token(args.site, "site") if args.site else None

@@ -16,9 +16,10 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from broker.emulation.errors import EmulatorUnavailable
 from broker.emulation.execution_point.paths import GROUND_TRUTH_FILE, control_socket_path
 from broker.emulation.groundtruth import read_ground_truth
-from broker.emulation.rpc import EmulatorUnavailable, request_sync
+from broker.emulation.rpc import request_sync
 
 
 def main(argv: Sequence[str] | None = None) -> int:

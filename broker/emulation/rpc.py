@@ -1,11 +1,8 @@
 """
 The emulators' RPC: one JSON object per line over a Unix socket, one reply line
 
-Every emulator serves it (the execution point's control socket, the local batch
-system, the overlay pool) and every client speaks it through this module: the
-tests, the demo, the fake ``condor_*`` tools (blocking, :func:`request_sync`) and
-the emulated TARDIS adapters. A client connects, writes one object and a
-newline, reads one object and a newline back.
+Its rule: every emulator socket and every client of one (tests, demo, fake ``condor_*``
+tools, emulated TARDIS adapters) speaks it through this module.
 """
 
 from __future__ import annotations
@@ -20,16 +17,14 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
+from broker.emulation.errors import EmulatorUnavailable
+
 log = logging.getLogger("emulation.wire")
 
 Handler = Callable[[dict[str, Any]], Awaitable[dict[str, Any]]]
 
 #: largest request or reply, in bytes
 MAX_LINE = 16 << 20
-
-
-class EmulatorUnavailable(Exception):
-    """Nobody answers on the emulator's socket"""
 
 
 async def serve(path: Path, handler: Handler, *, limit: int = MAX_LINE) -> asyncio.Server:

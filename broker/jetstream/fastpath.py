@@ -31,6 +31,26 @@ RawCallback = Callable[[bytes, bytes, bytes, "bytes | None"], "Awaitable[None] |
 _H: Final = ord("H")
 
 
+def _msg_args(line: bytes, with_headers: bool) -> tuple[bytes, int, bytes, int, int]:
+    """
+    ``(subject, sid, reply, header size, total size)`` of a control line after its verb
+
+    ``HMSG <subject> <sid> [reply] <header size> <total size>``,
+    ``MSG <subject> <sid> [reply] <size>``.
+    """
+    args = line.split()
+    try:
+        header_needed = int(args.pop(-2)) if with_headers else 0
+        if len(args) == 4:
+            subject, sid, reply, total_size = args
+        else:
+            subject, sid, total_size = args
+            reply = b""
+        return subject, int(sid), reply, header_needed, int(total_size)
+    except (ValueError, IndexError):
+        raise nats.errors.ProtocolError("nats: malformed MSG") from None
+
+
 class FastParser(nats_parser.Parser):
     """
     nats-py's protocol parser with a shorter way through ``MSG`` and ``HMSG``
@@ -70,23 +90,12 @@ class FastParser(nats_parser.Parser):
                     if len(buf) > nats_parser.MAX_CONTROL_LINE_SIZE:
                         raise nats.errors.ProtocolError("nats: control line too long")
                     return
-                # HMSG <subject> <sid> [reply] <header size> <total size>
-                # MSG <subject> <sid> [reply] <size>
-                args = bytes(buf[5 if with_headers else 4 : end]).split()
-                try:
-                    header_needed = int(args.pop(-2)) if with_headers else 0
-                    if len(args) == 4:
-                        subject, sid, reply, total_size = args
-                    else:
-                        subject, sid, total_size = args
-                        reply = b""
-                    needed = int(total_size)
-                    start = end + 2
-                    if len(buf) < start + needed + 2:
-                        return  # the rest has not arrived; the line is read again then
-                    sid_ = int(sid)
-                except (ValueError, IndexError):
-                    raise nats.errors.ProtocolError("nats: malformed MSG") from None
+                subject, sid_, reply, header_needed, needed = _msg_args(
+                    bytes(buf[5 if with_headers else 4 : end]), with_headers
+                )
+                start = end + 2
+                if len(buf) < start + needed + 2:
+                    return  # the rest has not arrived; the line is read again then
                 headers = bytes(buf[start : start + header_needed]) if with_headers else None
                 payload = bytes(buf[start + header_needed : start + needed])
                 del buf[: start + needed + 2]

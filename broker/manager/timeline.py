@@ -18,7 +18,7 @@ import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
-from broker.errors import BrokerError, Rejected
+from broker.errors import Rejected, TimelineError
 from broker.jetstream.messages import metadata
 from broker.jetstream.reads import read_all
 from broker.manager.validity import UNSTORED, Headers, Rejection, check_event, published_by_writer
@@ -47,10 +47,6 @@ from remote_agent.protocol.events import (
     kind_of,
 )
 from remote_agent.protocol.names import Namespace, api_prefix
-
-
-class TimelineError(BrokerError):
-    """The timeline cannot be read (printed in one line, exit 1)"""
 
 
 @dataclass(frozen=True, slots=True)

@@ -8,15 +8,11 @@ import nats
 import nats.errors
 from nats.aio.client import Client
 
-from broker.errors import BrokerError
+from broker.errors import ConnectError
 from remote_agent.protocol.connect import connect
 from remote_agent.protocol.environment import split_urls
 
 log = logging.getLogger("broker.connection")
-
-
-class ConnectError(BrokerError):
-    """The broker could not be reached"""
 
 
 async def connect_once(url: str, creds: str | None = None, *, name: str) -> Client:

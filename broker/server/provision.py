@@ -1,11 +1,8 @@
 """
 Idempotent provisioning of every stream and KV bucket cobald-remote needs
 
-Safe to run at every start: a missing stream is created, an existing one is
-compared field by field with what we want and updated in place only if it
-differs, and a conflict the server will not resolve (another stream already
-capturing our subjects, an immutable setting such as the storage type) is a
-:class:`ProvisioningError` that says what and where.
+Its rule: what is missing is created, what differs is updated in place, and a conflict the
+server will not resolve is a :class:`ProvisioningError` that says what and where.
 """
 
 from __future__ import annotations
@@ -119,7 +116,7 @@ class Topology:
         """
         The manager's own KV bucket (the record proof key), as ``create_key_value`` makes it
 
-        Drones have no permission to read it (``broker/server/auth.py``). Its key is written
+        Drones have no permission to read it (``broker/server/auth/``). Its key is written
         once, by :func:`provision`: the bucket refuses every later message on the
         key's subject (discard new per subject), also a server's answer that a
         drone's reply subject would send there.

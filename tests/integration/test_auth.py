@@ -1,4 +1,4 @@
-"""Per-drone credentials (broker/server/auth.py) against a real nats-server in operator mode"""
+"""Per-drone credentials (broker/server/auth/) against a real nats-server in operator mode"""
 
 from __future__ import annotations
 
@@ -21,21 +21,17 @@ from support.servers import drone_creds, hub_and_leaf
 from support.waiting import wait_until
 
 from broker.cli import main
+from broker.errors import AuthError
 from broker.manager.service import ManagerSettings
-from broker.server.auth import (
-    AuthError,
-    create_authority,
-    creds_claims,
-    decode_jwt,
-    drone_credentials,
+from broker.server.auth.authority import create_authority, load_authority, save_authority
+from broker.server.auth.credentials import drone_credentials, leaf_credentials
+from broker.server.auth.jwt import creds_claims, decode_jwt
+from broker.server.auth.revocation import (
     expired_users,
     issued_log,
     issued_users,
-    leaf_credentials,
-    load_authority,
     note_issued,
     revoke,
-    save_authority,
 )
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision

@@ -17,7 +17,7 @@ import pytest
 from support.gate import FakeAgent, GateFactory
 
 from broker.emulation.execution_point import EmulatedMaster, EmulatorControl, install_fake_condor
-from broker.emulation.site.pool import OverlayPool
+from broker.emulation.site.overlay import OverlayPool
 from remote_agent.htcondor import CondorStartd
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS, GATE_CLOSED_STATUS, JobStart
 from remote_agent.protocol.events import PayloadEnd
@@ -378,11 +378,13 @@ async def test_the_overlay_pool_places_jobs_where_the_gate_is_open(
     ]
     async with EmulatedMaster(envs[0]) as open_ep, EmulatedMaster(envs[1]) as closed_ep:
         await CondorStartd(env=envs[0]).set_accepting(True)  # the other drone's gate stays shut
-        pool = OverlayPool([open_ep, closed_ep], seed=1)
+        pool = OverlayPool(tmp_path / "obs", None, None)
+        pool.join("open", open_ep.state_dir)
+        pool.join("closed", closed_ep.state_dir)
         for n in range(3):
             pool.submit(f"20.{n}", 0.2)
         async with asyncio.timeout(60):
-            while pool.counts()["done"] < 3:
+            while pool.job_states()["done"] < 3:
                 await pool.negotiate()
                 await asyncio.sleep(0.1)
         assert {job.starts for job in pool.jobs.values()} == {1}

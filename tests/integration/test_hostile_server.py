@@ -1,7 +1,7 @@
 """
 What the server enforces against a hostile drone, with per-drone credentials
 
-A real nats-server in operator mode (``broker/server/auth.py``), the streams as
+A real nats-server in operator mode (``broker/server/auth/``), the streams as
 ``broker/server/provision.py`` makes them, and drones that use their own
 credentials for everything they may do and try what they may not: roll up
 or purge the record bucket or the event stream, publish on subjects of
@@ -27,14 +27,9 @@ from support.agent import SITE
 from support.drones import FakeDrone
 from support.waiting import wait_until
 
-from broker.server.auth import (
-    Authority,
-    create_authority,
-    creds_claims,
-    decode_jwt,
-    drone_credentials,
-    manager_credentials,
-)
+from broker.server.auth.authority import Authority, create_authority
+from broker.server.auth.credentials import drone_credentials, manager_credentials
+from broker.server.auth.jwt import creds_claims, decode_jwt
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import Topology, provision
 from remote_agent.protocol import events as ev

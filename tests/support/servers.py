@@ -9,13 +9,8 @@ from pathlib import Path
 
 import nats
 
-from broker.server.auth import (
-    create_authority,
-    drone_credentials,
-    load_authority,
-    manager_credentials,
-    save_authority,
-)
+from broker.server.auth.authority import create_authority, load_authority, save_authority
+from broker.server.auth.credentials import drone_credentials, manager_credentials
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from remote_agent.protocol.names import Namespace

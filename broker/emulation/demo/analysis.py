@@ -1,19 +1,8 @@
 """
 What really happened in one demonstration run, from the emulators' own records
 
-Sources, all written independently of TARDIS's decisions and of the bus:
-
-* the local batch system's ground truth (``lbs.jsonl``): when each drone job
-  was submitted, started, suspended, removed, ended;
-* each drone's emulated startd (``jobs/<id>/ep/ground_truth.jsonl``): every
-  payload start, end and kill;
-* TARDIS's own state transitions, recorded inside the daemon by
-  ``broker.emulation.demo.recorder`` (``tardis.jsonl``): only for what TARDIS *saw*.
-
-A payload that started and has no end while its drone's processes are gone
-was killed with the drone (the site's ``condor_rm`` leaves the startd no time
-to write anything). Everything after ``end`` (the moment the daemon was
-stopped) belongs to the teardown and is not counted.
+Its rule: only records written independently of TARDIS's decisions and of the bus count,
+and nothing after the run's end (the teardown).
 """
 
 from __future__ import annotations
@@ -36,6 +25,13 @@ def _percentile(values: list[float], share: float) -> float:
 def analyze(root: Path, end: float) -> dict[str, Any]:
     """
     The numbers of one run whose files are under ``root``
+
+    Sources: the local batch system's ground truth (``lbs.jsonl``: when each drone job was
+    submitted, started, suspended, removed, ended); each drone's emulated startd
+    (``jobs/<id>/ep/ground_truth.jsonl``: every payload start, end and kill); TARDIS's own
+    state transitions (``tardis.jsonl``, by ``broker.emulation.demo.recorder``: what TARDIS
+    *saw*). A payload that started and has no end while its drone's processes are gone was
+    killed with the drone (the site's ``condor_rm`` leaves the startd no time to write anything).
 
     :param end: epoch seconds when the run ended (later records are teardown)
     """

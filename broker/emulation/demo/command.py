@@ -1,23 +1,7 @@
 """
-``cobald-remote demo``: the report's conditions, stock TARDIS against TARDIS with cobald-remote
+``cobald-remote demo``: stock TARDIS against TARDIS with cobald-remote (docs/tardis.md section 7)
 
-One run (see ``docs/tardis.md``, "The demonstration"):
-
-1. the embedded broker (``broker.server.embedded.EmbeddedServer``), provisioned;
-2. an emulated local batch system (``lbs.py``) that starts each drone job as a
-   local process tree after the scenario's queue delay, and an emulated
-   overlay pool (``overlay.py``) that offers short payloads to every startd;
-3. the **real COBalD daemon** (``python -m cobald.daemon``) with **real TARDIS**,
-   configured from ``deploy/cobald/demo.yaml``: a schedule of strongly swinging
-   demand, TARDIS's pool built by ``!RemoteTardisPoolFactory``, adapters whose
-   views lag like a cached ``condor_q`` and ``condor_status``;
-4. each drone job runs the real agent (``cobald-remote agent run -- condor_master -f``)
-   around an emulated startd that runs payloads through the real gate hooks
-   (with cobald-remote), or the emulated startd alone (stock);
-5. at the end, the numbers from the emulators' own records (``analysis.py``).
-
-``--compare`` runs the same seeded scenario with stock TARDIS first. Every
-process started here is stopped by its PID.
+Its rule: every process started here is stopped by its PID.
 """
 
 from __future__ import annotations

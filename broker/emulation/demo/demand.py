@@ -1,17 +1,4 @@
-"""
-A COBalD controller that follows a fixed demand schedule (the demonstration's demand swings)
-
-A pipeline element like COBalD's own controllers::
-
-    pipeline:
-      - __type__: broker.emulation.demo.demand.ScheduledDemand
-        schedule: [[0, 8], [12, 0], [20, 6]]   # [seconds after start, demand]
-        start: 1767225600.0                     # epoch seconds; default: when it first runs
-        interval: 1
-      - !RemoteTardisPoolFactory {...}
-
-Before ``start`` the demand is 0; from each step on it is that step's value.
-"""
+"""A COBalD controller that follows a fixed demand schedule (the demonstration's demand swings)"""
 
 from __future__ import annotations
 
@@ -37,6 +24,19 @@ def demand_at(schedule: Sequence[Sequence[float]], elapsed_s: float) -> float:
 
 @service(flavour=trio)
 class ScheduledDemand(Controller):
+    """
+    A pipeline element like COBalD's own controllers::
+
+        pipeline:
+          - __type__: broker.emulation.demo.demand.ScheduledDemand
+            schedule: [[0, 8], [12, 0], [20, 6]]   # [seconds after start, demand]
+            start: 1767225600.0                     # epoch seconds; default: when it first runs
+            interval: 1
+          - !RemoteTardisPoolFactory {...}
+
+    Before ``start`` the demand is 0; from each step on it is that step's value.
+    """
+
     def __init__(
         self,
         target: Any,

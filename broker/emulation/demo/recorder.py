@@ -1,14 +1,8 @@
 """
 A TARDIS observer that writes every drone state transition to a JSON-lines file
 
-The demonstration's record of *TARDIS's* view, taken inside the daemon and
-independent of the bus, so both the stock and the decorated run are measured
-the same way. Loaded through ``create_composite_pool(observers=...)``::
-
-    observers: {"broker.emulation.demo.recorder:StateRecorder": {path: /run/dir/tardis.jsonl}}
-
-One object per line: ``t`` (epoch seconds), ``drone``, ``state`` (class name),
-``resource_status`` (name).
+Its rule: TARDIS's view is recorded inside the daemon, independent of the bus, so the stock
+and the decorated run are measured the same way.
 """
 
 from __future__ import annotations
@@ -26,6 +20,15 @@ log = logging.getLogger("cobald.runtime.emulation.recorder")
 
 
 class StateRecorder(Plugin):
+    """
+    Loaded through ``create_composite_pool(observers=...)``::
+
+        observers: {"broker.emulation.demo.recorder:StateRecorder": {path: /run/dir/tardis.jsonl}}
+
+    One object per line: ``t`` (epoch seconds), ``drone``, ``job_id``, ``state`` (class name),
+    ``resource_status`` (name).
+    """
+
     def __init__(self, path: str) -> None:
         self.path = Path(path)
         self.path.parent.mkdir(parents=True, exist_ok=True)

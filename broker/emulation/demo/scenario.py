@@ -1,15 +1,8 @@
 """
 The demonstration's scenario: everything random about it, drawn from one seed
 
-The same seed gives the same demand swings, the same queue delay for the
-``n``-th drone job and the same duration for the ``n``-th payload, in the
-stock run and in the run with cobald-remote, so the two can be compared.
-Timing on a loaded machine still varies a little from run to run.
-
-The defaults follow the conditions of the report (TARDIS issue #172): many
-short-lived drones because demand swings strongly, drones that start while
-TARDIS still sees them queued, short payloads that start as soon as a drone's
-startd accepts work.
+Its rule: the same seed gives the same demand swings, queue delays and payload durations
+in the stock run and in the run with cobald-remote, so the two can be compared.
 """
 
 from __future__ import annotations

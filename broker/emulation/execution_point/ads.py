@@ -5,7 +5,8 @@ from __future__ import annotations
 import contextlib
 import time
 
-from broker.emulation.execution_point.classad import Ad, ClassAdSyntaxError
+from broker.emulation.errors import ClassAdSyntaxError
+from broker.emulation.execution_point.classad import Ad
 from broker.emulation.execution_point.slots import Job, Slot
 from broker.emulation.execution_point.state import StartdState
 

@@ -109,7 +109,7 @@ class Claims(JobHooks, Draining):
         job.started_at, job.started_mono = time.time(), time.monotonic()
         job.sleeper = asyncio.get_running_loop().create_task(asyncio.sleep(duration_s))
         self.truth.record("payload_started", job_id=job_id, slot=slot.name, duration_s=duration_s)
-        self._spawn(self._run_payload(job))
+        self._tasks.spawn(self._run_payload(job))
         if self._stopping_fast():  # a shutdown may have begun while PREPARE_JOB ran
             self._kill(job, "shutdown_fast")
         elif self.drain is not None and self.drain.how == "graceful":

@@ -1,16 +1,4 @@
-"""
-Just enough of HTCondor's configuration language for the emulated tools
-
-The emulated execution point reads its configuration the way HTCondor does:
-from the file named by ``CONDOR_CONFIG``. Supported: ``NAME = value`` (names
-case-insensitive, may carry a subsystem prefix such as ``MASTER.``), comments,
-``\\`` line continuation, ``include : FILE`` (also ``include: FILE``),
-``$(NAME)``, ``$(NAME:default)`` and ``$ENV(NAME)`` references. A value that
-refers to its own name (``START = ($(START)) && X``) sees the previous value, as
-in HTCondor; every other reference is expanded when the value is looked up.
-
-This is what lets the emulator run with the real ``deploy/htcondor`` file.
-"""
+"""Just enough of HTCondor's configuration language to run the emulator with ``deploy/htcondor``"""
 
 from __future__ import annotations
 
@@ -19,17 +7,24 @@ import re
 from collections.abc import Mapping
 from pathlib import Path
 
+from broker.emulation.errors import ConfigError
+
 _REF_RE = re.compile(r"\$(ENV)?\(([A-Za-z0-9_.]+)(?::([^)]*))?\)")
 _ASSIGN_RE = re.compile(r"^\s*([A-Za-z_][A-Za-z0-9_.]*)\s*=(.*)$")
 _INCLUDE_RE = re.compile(r"^\s*include\s*:\s*(.+?)\s*$", re.IGNORECASE)
 
 
-class ConfigError(ValueError):
-    """A configuration line the emulator does not understand"""
-
-
 class Config:
-    """Configuration knobs, looked up case-insensitively with macro expansion"""
+    """
+    Configuration knobs, looked up case-insensitively with macro expansion
+
+    Read as HTCondor does, from the file named by ``CONDOR_CONFIG``. Supported: ``NAME = value``
+    (names case-insensitive, may carry a subsystem prefix such as ``MASTER.``), comments,
+    ``\\`` line continuation, ``include : FILE`` (also ``include: FILE``), ``$(NAME)``,
+    ``$(NAME:default)`` and ``$ENV(NAME)`` references. A value that refers to its own name
+    (``START = ($(START)) && X``) sees the previous value, as in HTCondor; every other
+    reference is expanded when the value is looked up.
+    """
 
     def __init__(self, environ: Mapping[str, str] | None = None) -> None:
         self.raw: dict[str, str] = {}

@@ -1,35 +1,4 @@
-"""
-Driving an emulated execution point: the control socket protocol and a client
-
-The emulated master listens on
-:func:`~broker.emulation.execution_point.paths.control_socket_path` of its state
-directory and speaks the emulators' RPC (``broker/emulation/rpc.py``): one JSON
-object per line, one reply line. Operations (``op``):
-
-==================  ===============================================  ==============================
-op                  fields                                           reply (besides ``ok``)
-==================  ===============================================  ==============================
-``offer``           ``job_id`` ("12.0"), ``duration_s``,              ``outcome``: ``started``,
-                    ``exit_code`` (0), ``owner``                      ``idle``, ``held``,
-                                                                     ``rejected`` (``reason``),
-                                                                     ``vacated``; ``slot``
-``status``                                                           slots, drain, gate extras
-``restart_startd``                                                   (only when no job runs)
-``shutdown``        ``fast`` (bool)                                  like SIGTERM / SIGQUIT
-``ready_ad``,       (used by the fake ``condor_who``,
-``slot_ads``,       ``condor_drain`` and
-``locate``,         ``condor_update_machine_ad``)
-``drain``,
-``cancel_drain``,
-``update_machine_ad``
-==================  ===============================================  ==============================
-
-An ``offer`` is answered once the PREPARE_JOB hook has decided; the payload
-then runs on in the emulator. What happened is in the ground truth file
-(``groundtruth.py``). From a shell::
-
-    python -m broker.emulation offer STATE_DIR 12.0 30
-"""
+"""Driving an emulated execution point: a client of its control socket (the emulators' RPC)"""
 
 from __future__ import annotations
 
@@ -40,13 +9,29 @@ from pathlib import Path
 from typing import Any
 
 from broker.emulation import rpc
+from broker.emulation.errors import EmulatorUnavailable
 from broker.emulation.execution_point.paths import GROUND_TRUTH_FILE, control_socket_path
 from broker.emulation.groundtruth import read_ground_truth
-from broker.emulation.rpc import EmulatorUnavailable
 
 
 class EmulatorControl:
-    """Asynchronous client of one emulated execution point, for tests and the demo"""
+    """
+    Asynchronous client of one emulated execution point, for tests and the demo
+
+    The emulated master listens on
+    :func:`~broker.emulation.execution_point.paths.control_socket_path` of its state
+    directory. Operations (``op``), each answered with ``ok`` and:
+
+    * ``offer`` (``job_id`` such as "12.0", ``duration_s``, ``exit_code`` 0, ``owner``):
+      ``outcome`` ``started``, ``idle``, ``held``, ``rejected`` (``reason``) or ``vacated``;
+      ``slot``. Answered once the PREPARE_JOB hook has decided; the payload then runs on;
+    * ``status``: slots, drain, gate extras;
+    * ``restart_startd``: only when no job runs;
+    * ``shutdown`` (``fast``, a bool): like SIGTERM / SIGQUIT;
+    * ``ready_ad``, ``slot_ads``, ``locate``, ``drain``, ``cancel_drain``,
+      ``update_machine_ad``: for the fake ``condor_who``, ``condor_drain`` and
+      ``condor_update_machine_ad``.
+    """
 
     def __init__(self, state_dir: Path) -> None:
         self.state_dir = Path(state_dir)

@@ -161,7 +161,7 @@ class Draining(StartdAds):
             self._stop_startd("drain completed (-exit-on-completion)", held=True)
         elif drain.on_completion == "restart":
             self._stop_startd("drain completed (-restart-on-completion)", held=False)
-            self._spawn(self._start_startd())
+            self._tasks.spawn(self._start_startd())
         elif drain.on_completion in ("resume", "reconfig"):
             self.drain = None
             self._resume_slots()

@@ -1,38 +1,9 @@
 """
 The emulated execution point: a ``condor_master`` with one startd, in one process
 
-It behaves like an HTCondor EP in the ways the drone agent depends on:
-
-* the startd has ``NUM_CPUS`` static slots, or one partitionable slot if
-  ``SLOT_TYPE_1_PARTITIONABLE`` is true (dynamic slots ``slot1_N`` per job);
-* an offered job is claimed only if ``START`` (from the configuration, with
-  the ``condor_update_machine_ad`` extras merged into the slot ad) is true and
-  the startd is not draining; otherwise it stays idle in the overlay pool;
-* a claimed job first runs the configured ``<KEYWORD>_HOOK_PREPARE_JOB`` (the
-  job ad on stdin, the master's environment, no timeout) and honours its
-  result as the starter does: ``HookStatusCode`` >= 300 or death by a signal
-  sends the job back to idle, 1-299 or a plain non-zero exit holds it, 0 runs it;
-* the payload is a sleep of the offered duration; then ``<KEYWORD>_HOOK_JOB_EXIT``
-  runs with the reason (``exit`` or ``evict``) and ``<KEYWORD>_HOOK_JOB_EXIT_TIMEOUT``;
-* ``condor_drain``: graceful (payloads retire within ``MaxJobRetirementTime``),
-  quick and fast (payloads are killed), ``-check``, ``-start``, ``-cancel``,
-  ``-exit-on-completion``/``-resume-on-completion``; a second drain is refused
-  with error 10001;
-* when the startd has exited, the master evaluates ``MASTER.DAEMON_SHUTDOWN``
-  every ``MASTER_UPDATE_INTERVAL`` seconds against ``STARTD_StartTime = 0`` and
-  exits with 99 when it is true, as HTCondor does;
-* SIGTERM (and SIGINT) shut down gracefully (retirement capped by
-  ``SHUTDOWN_GRACEFUL_TIMEOUT``), SIGQUIT fast; the master then exits 0.
-
-The parts: ``settings.py`` (the configuration knobs), ``slots.py`` and
-``state.py`` (what the startd tracks), ``ads.py`` (its ClassAds), ``claims.py``
-(offers and payloads), ``hooks.py`` (PREPARE_JOB, JOB_EXIT), ``drain.py``
-(retirement and ``condor_drain``); this module: the master's lifecycle and the
-control socket's operations.
-
-Everything that happens is written to the ground truth (``..groundtruth``).
-The fake tools and the tests talk to it through the control socket
-(``control.py``, ``..rpc``).
+It behaves like an HTCondor EP in the ways the drone agent depends on (``docs/htcondor.md``
+section 8), and writes everything that happens to the ground truth. This module: the master's
+lifecycle and the control socket's operations.
 """
 
 from __future__ import annotations
@@ -46,8 +17,9 @@ import signal
 import time
 from typing import Any
 
+from broker.emulation.errors import ClassAdSyntaxError
 from broker.emulation.execution_point.claims import Claims
-from broker.emulation.execution_point.classad import Ad, ClassAdSyntaxError, evaluate, literal
+from broker.emulation.execution_point.classad import Ad, evaluate, literal
 from broker.emulation.execution_point.config import Config
 from broker.emulation.execution_point.drain import COMPLETION, DRAIN_HOW
 from broker.emulation.execution_point.paths import MASTER_EXIT_FILE
@@ -83,17 +55,15 @@ class EmulatedStartd(Claims):
         loop.add_signal_handler(signal.SIGHUP, lambda: None)  # condor_reconfig: nothing to do
         private_directory(self.control_path.parent)
         server = await serve(self.control_path, self.handle, limit=MAX_CONTROL_REQUEST)
-        self._spawn(self._start_startd())
-        self._spawn(self._master_updates())
+        self._tasks.spawn(self._start_startd())
+        self._tasks.spawn(self._master_updates())
         try:
             code, why = await self._exit
         finally:
             server.close()
             with contextlib.suppress(FileNotFoundError):
                 self.control_path.unlink()
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
+            await self._tasks.cancel()
         self.truth.record("master_exiting", exit_code=code, why=why)
         (self.settings.state_dir / MASTER_EXIT_FILE).write_text(
             json.dumps({"pid": self.pid, "exit_code": code, "why": why})
@@ -110,7 +80,7 @@ class EmulatedStartd(Claims):
         if self.shutting_down == "fast" or (self.shutting_down and how == "graceful"):
             return
         self.shutting_down = how
-        self._spawn(self._shutdown(how))
+        self._tasks.spawn(self._shutdown(how))
 
     async def _master_updates(self) -> None:
         """DAEMON_SHUTDOWN is evaluated when the master publishes its ad"""
@@ -155,7 +125,7 @@ class EmulatedStartd(Claims):
         if any(slot.job for slot in self.slots):
             return {"ok": False, "error": "jobs are running"}
         self._stop_startd("restarted", held=False)
-        self._spawn(self._start_startd())
+        self._tasks.spawn(self._start_startd())
         return {"ok": True}
 
     def update_machine_ad(self, text: str) -> dict[str, Any]:

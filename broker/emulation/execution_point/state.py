@@ -5,13 +5,13 @@ from __future__ import annotations
 import asyncio
 import os
 import time
-from typing import Any
 
 from broker.emulation.execution_point.classad import Ad
 from broker.emulation.execution_point.paths import GROUND_TRUTH_FILE, control_socket_path
 from broker.emulation.execution_point.settings import Settings
 from broker.emulation.execution_point.slots import Drain, Slot
 from broker.emulation.groundtruth import GroundTruth
+from broker.emulation.service import Tasks
 
 
 class StartdState:
@@ -35,18 +35,12 @@ class StartdState:
         self.shutting_down: str | None = None
         self.jobs = 0
         self._exit: asyncio.Future[tuple[int, str]] | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._tasks = Tasks()
         self._no_jobs = asyncio.Event()  #: set whenever a job leaves its slot
 
     @property
     def startd_pid(self) -> int:
         return self.pid + self.startd_generation if self.startd_running else 0
-
-    def _spawn(self, coro: Any) -> asyncio.Task[Any]:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
-        return task
 
     async def _start_startd(self) -> None:
         await asyncio.sleep(self.settings.startd_start_delay_s)

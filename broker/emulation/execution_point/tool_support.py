@@ -6,9 +6,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from broker.emulation.execution_point.config import Config, ConfigError
+from broker.emulation.errors import ConfigError, EmulatorUnavailable
+from broker.emulation.execution_point.config import Config
 from broker.emulation.execution_point.paths import control_socket_path
-from broker.emulation.rpc import EmulatorUnavailable, request_sync
+from broker.emulation.rpc import request_sync
 
 
 def print_err(text: str) -> None:

@@ -1,19 +1,8 @@
 """
-The fake ``condor_*`` executables
+The fake ``condor_*`` executables of the execution point, in front of the emulated master
 
-Each ``main`` parses its arguments the way the real tool does (option prefixes,
-exit codes, messages), asks the emulated master over its control socket and
-prints what the real tool prints. Only the invocations the agent uses are
-emulated; anything else fails loudly with exit 1 and the words "not emulated".
-
-============================  =====================================================
-``condor_master -f``          the emulated execution point, in the foreground
-``condor_who -long``          slot ads of the slots that run a job, blank-line separated
-``condor_who -wait-for-ready[:N] EXPR``  the master's readiness ad
-``condor_drain ...``          as ``src/condor_tools/drain.cpp``: exit 0 accepted, 1 refused
-                              or unreachable or help, 2 bad arguments (``drain_tool.py``)
-``condor_update_machine_ad``  one ad from a file or stdin (blank line required), exit 0/1
-============================  =====================================================
+Its rule: only the invocations the agent uses are emulated, printed as the real tool
+prints them; anything else fails with exit 1 and the words "not emulated".
 """
 
 from __future__ import annotations
@@ -25,7 +14,8 @@ import time
 from collections.abc import Sequence
 from pathlib import Path
 
-from broker.emulation.execution_point.classad import Ad, ClassAdSyntaxError, evaluate
+from broker.emulation.errors import ClassAdSyntaxError, EmulatorUnavailable
+from broker.emulation.execution_point.classad import Ad, evaluate
 from broker.emulation.execution_point.config import Config
 from broker.emulation.execution_point.drain_tool import drain_main
 from broker.emulation.execution_point.paths import MASTER_EXIT_FILE, control_socket_path
@@ -37,12 +27,13 @@ from broker.emulation.execution_point.tool_support import (
     print_out,
     state_dir_of,
 )
-from broker.emulation.rpc import EmulatorUnavailable, request_sync
+from broker.emulation.rpc import request_sync
 
 # --------------------------------------------------------------------------- condor_master
 
 
 def master_main(argv: Sequence[str] | None = None) -> int:
+    """``condor_master -f``: the emulated execution point, in the foreground"""
     args = list(sys.argv[1:] if argv is None else argv[1:])
     foreground = False
     while args:
@@ -79,6 +70,10 @@ def _who_usage() -> int:
 
 
 def who_main(argv: Sequence[str] | None = None) -> int:
+    """
+    ``condor_who -long``: the slot ads of the slots that run a job, blank-line separated;
+    ``condor_who -wait-for-ready[:N] EXPR``: the master's readiness ad
+    """
     args = list(sys.argv[1:] if argv is None else argv[1:])
     long_form = False
     wait_timeout: int | None = None
@@ -155,6 +150,7 @@ def _who_long(config: Config) -> int:
 
 
 def update_machine_ad_main(argv: Sequence[str] | None = None) -> int:
+    """``condor_update_machine_ad``: one ad from a file or stdin (blank line required), exit 0/1"""
     args = list(sys.argv if argv is None else argv)
     name: str | None = None
     file: str | None = None

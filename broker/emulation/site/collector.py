@@ -1,30 +1,8 @@
 """
-Fake central-manager tools: ``condor_status`` and ``condor_drain``
+Fake central-manager tools, ``condor_status`` and ``condor_drain``, in front of the overlay pool
 
-They stand in for the overlay pool's collector and for draining its startds,
-in front of the emulated overlay pool (``overlay.py``), so that **TARDIS's own
-HTCondor batch-system adapter** (``tardis/adapters/batchsystems/htcondor.py``)
-can run against them through its ``ShellExecutor``:
-
-==============================================  =========================================
-``condor_status -af:t EXPR... -constraint C``   one tab-separated row per startd ad for
-                                                which ``C`` is true; each ``EXPR`` is
-                                                evaluated in the ad by HTCondor's own
-                                                ClassAd library (the ``htcondor`` wheel),
-                                                so TARDIS's ratio expressions work as
-                                                in a real pool
-``condor_status -collector -af:t Machine``      the one emulated collector
-``condor_status -master -af:t ATTR... -constraint C``  its master ad (``DaemonStartTime``)
-``condor_drain -graceful NAME``                 ``Sent request to drain NAME``; exit 1 if
-                                                the startd is not in the pool
-==============================================  =========================================
-
-A startd's ad (from the overlay pool's view of it): ``Name = "slot1@<drone>.overlay"``,
-``Machine``, ``State``, ``Activity``, ``TardisDroneUuid``, ``PartitionableSlot = true``,
-``TotalSlotCpus``/``Cpus`` and ``TotalSlotMemory``/``Memory`` (1024 per slot) with the
-busy slots taken. The collector reports that it has run for two hours, so TARDIS
-fills its cache afresh on every update (its handling of a restarted collector is
-not exercised). Anything else fails with exit 1 and the words "not emulated".
+Its rule: only the invocations TARDIS's own HTCondor batch-system adapter makes are
+emulated; anything else fails with exit 1 and the words "not emulated".
 """
 
 from __future__ import annotations
@@ -35,7 +13,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.emulation.rpc import EmulatorUnavailable, request_sync
+from broker.emulation.errors import EmulatorUnavailable
+from broker.emulation.rpc import request_sync
 from broker.emulation.site.schedd import install_socket_tools
 
 COLLECTOR = "collector.overlay"
@@ -84,6 +63,17 @@ def _format(value: Any) -> str:
 
 
 def condor_status(argv: Sequence[str], socket: Path) -> int:
+    """
+    ``condor_status -af:t EXPR... -constraint C``: one tab-separated row per startd ad for which
+    ``C`` is true, each ``EXPR`` evaluated by HTCondor's own ClassAd library (so TARDIS's ratio
+    expressions work as in a real pool); ``-collector -af:t Machine``: the one emulated
+    collector; ``-master -af:t ATTR... -constraint C``: its master ad (``DaemonStartTime``)
+
+    A startd's ad: ``Name = "slot1@<drone>.overlay"``, ``Machine``, ``State``, ``Activity``,
+    ``TardisDroneUuid``, ``PartitionableSlot = true``, ``TotalSlotCpus``/``Cpus`` and
+    ``TotalSlotMemory``/``Memory`` (1024 per slot) with the busy slots taken. The collector
+    reports that it has run for two hours, so TARDIS fills its cache afresh on every update.
+    """
     import classad2  # HTCondor's own ClassAd library: a test dependency, imported here only
 
     args = list(argv[1:])
@@ -129,6 +119,7 @@ def condor_status(argv: Sequence[str], socket: Path) -> int:
 
 
 def condor_drain(argv: Sequence[str], socket: Path) -> int:
+    """``condor_drain -graceful NAME``: ``Sent request to drain NAME``; exit 1 if no such startd"""
     args = list(argv[1:])
     if len(args) != 2 or args[0] != "-graceful":
         sys.stderr.write(f"condor_drain: invocation not emulated: {' '.join(argv[1:])}\n")

@@ -1,24 +1,9 @@
 """
 An emulated local batch system (LBS): the site that runs TARDIS's drone jobs
 
-It behaves like an HTCondor schedd and starter in the ways the demonstration
-depends on:
-
-* a submitted job waits in the queue for a delay the scenario chooses (the
-  site's scheduling latency), then starts as a local process tree in its own
-  sandbox;
-* ``q`` lists every job still in the queue with HTCondor's ``JobStatus`` codes
-  (1 idle, 2 running, 7 suspended); jobs that ended are gone from it;
-* ``rm`` removes a job as ``condor_rm`` does: an idle job just leaves the
-  queue; a running one gets SIGTERM and, after ``vacate_s``, SIGKILL for its
-  whole process family (tracked like HTCondor's procd, so descendants that
-  changed their session or lost their parent die too) — payloads included;
-* ``suspend`` stops the whole family (SIGSTOP), as ``condor_suspend`` does.
-
-What happened is written to a ground-truth file (one JSON object per line),
-independently of TARDIS and the bus: ``job_submitted``, ``job_started``,
-``job_suspended``, ``job_removed`` (``was``: idle, running, suspended),
-``job_exited`` (``returncode``, ``removed``), ``job_killed_at_teardown``.
+Its rule: a job is a local process tree in its own sandbox, tracked as a family like
+HTCondor's procd, so that ``rm`` (SIGTERM, then SIGKILL after ``vacate_s``) and ``suspend``
+reach every process it ever started, payloads included.
 """
 
 from __future__ import annotations
@@ -35,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.emulation.groundtruth import GroundTruth
-from broker.emulation.rpc import serve
+from broker.emulation.service import Service
 
 log = logging.getLogger("emulation.lbs")
 
@@ -127,6 +112,11 @@ class LocalBatchSystem:
     """
     The emulated schedd: a queue, a scheduler with a delay per job, a starter
 
+    Its socket answers ``submit``, ``q`` (every job still in the queue with HTCondor's
+    ``JobStatus``: 1 idle, 2 running, 7 suspended), ``rm`` and ``suspend``. Its ground truth:
+    ``job_submitted``, ``job_started``, ``job_suspended``, ``job_removed`` (``was``: idle,
+    running, suspended), ``job_exited`` (``returncode``, ``removed``), ``job_killed_at_teardown``.
+
     :param workdir: where job sandboxes (``jobs/<id>``) and the socket live
     :param launcher: what each job runs
     :param queue_delay: seconds the ``n``-th submitted job (from 0) waits in the queue
@@ -157,21 +147,16 @@ class LocalBatchSystem:
         self.on_end = on_end
         self.jobs: dict[str, Job] = {}
         self._cluster = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._service = Service(self.socket, self.handle)
 
     # ------------------------------------------------------------ service
 
     async def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._server = await serve(self.socket, self.handle)
-        self._spawn(self._track_families())
+        await self._service.start(self._track_families)
 
     async def close(self) -> None:
         """Stop serving and kill every job that still runs (by its process family)"""
-        if self._server is not None:
-            self._server.close()
-            self._server = None
+        self._service.stop_serving()
         for job in self.jobs.values():
             if job.status in (RUNNING, SUSPENDED) and job.family is not None:
                 job.family.refresh()
@@ -181,9 +166,7 @@ class LocalBatchSystem:
         waits = [job.proc.wait() for job in self.jobs.values() if job.proc is not None]
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(asyncio.gather(*waits), 20)
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
+        await self._service.tasks.cancel()
         families = [job.family for job in self.jobs.values() if job.family is not None]
         deadline = time.monotonic() + 10.0
         while time.monotonic() < deadline:  # stragglers that left the job's session
@@ -193,11 +176,6 @@ class LocalBatchSystem:
             for family in alive:
                 family.signal(signal.SIGKILL)
             await asyncio.sleep(0.05)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
 
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
@@ -244,7 +222,7 @@ class LocalBatchSystem:
             queue_delay_s=delay,
             **({"executable": executable} if executable else {}),
         )
-        self._spawn(self._schedule(job))
+        self._service.tasks.spawn(self._schedule(job))
         return job
 
     async def _schedule(self, job: Job) -> None:
@@ -315,7 +293,7 @@ class LocalBatchSystem:
             job.status, job.ended = REMOVED, time.time()
             return True
         job.status = REMOVED
-        self._spawn(self._kill(job))
+        self._service.tasks.spawn(self._kill(job))
         return True
 
     async def _kill(self, job: Job) -> None:

@@ -1,18 +1,9 @@
 """
 An emulated overlay batch system (OBS): collector, negotiator and a queue of payloads
 
-Every drone's emulated startd (``startd.py``) joins it when its drone job
-starts. Every ``cycle_s`` it reads each startd's state (the collector's view)
-and offers idle payloads to free slots (the negotiator and the payloads'
-schedd): there are always payloads waiting, so a drone gets work as soon as
-its startd accepts it, as in the report. A payload the startd refuses (START
-false, PREPARE_JOB refused) goes back to the queue and is offered again.
-
-The emulated TARDIS batch-system adapter (``tardis_adapters.py``) asks it
-over its socket, like ``condor_status`` and ``condor_drain``:
-
-* ``status``: one ad per startd it knows: ``State``, ``Activity``, ``slots``, ``busy``;
-* ``drain`` (``drone``): ``condor_drain -graceful`` of that drone's startd.
+Its one rule: a payload a startd does not start goes back to the front of the
+queue and is offered again. Its socket answers ``status`` (one ad per startd)
+and ``drain`` (``drone``), as ``condor_status`` and ``condor_drain`` would.
 """
 
 from __future__ import annotations
@@ -23,13 +14,14 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Coroutine
 from pathlib import Path
 from typing import Any
 
+from broker.emulation.errors import EmulatorUnavailable
 from broker.emulation.execution_point.control import EmulatorControl
 from broker.emulation.groundtruth import GroundTruth
-from broker.emulation.rpc import EmulatorUnavailable, serve
+from broker.emulation.service import Service
 
 log = logging.getLogger("emulation.overlay")
 
@@ -41,21 +33,36 @@ class Machine:
     ad: dict[str, Any] | None = None
     cycling: bool = False
     gone: bool = False
+    seen: int = 0  #: ground-truth entries of the startd already followed
+
+
+@dataclasses.dataclass(eq=False)
+class PoolJob:
+    """A payload of the queue"""
+
+    job_id: str
+    duration_s: float
+    exit_code: int = 0
+    status: str = "idle"  #: idle, running, done, killed
+    drone: str | None = None  #: the drone running it
+    starts: int = 0
+    refusals: int = 0
 
 
 class OverlayPool:
     """
     :param workdir: where the socket lives
-    :param payload_duration: seconds the ``n``-th payload (from 0) runs
-    :param truth: the ground-truth file (offers and their outcomes)
+    :param payload_duration: seconds the ``n``-th payload (from 0) runs, for an endless
+        supply of payloads behind the submitted ones; ``None``: only the submitted ones
+    :param truth: the ground-truth file of offers and their outcomes (``None``: none)
     :param cycle_s: seconds between negotiation cycles
     """
 
     def __init__(
         self,
         workdir: Path,
-        payload_duration: Callable[[int], float],
-        truth: GroundTruth,
+        payload_duration: Callable[[int], float] | None,
+        truth: GroundTruth | None,
         *,
         cycle_s: float = 0.5,
     ) -> None:
@@ -65,15 +72,22 @@ class OverlayPool:
         self.truth = truth
         self.cycle_s = cycle_s
         self.machines: dict[str, Machine] = {}
+        self.jobs: dict[str, PoolJob] = {}
         self.counts: collections.Counter[str] = collections.Counter()
-        self._idle: collections.deque[tuple[str, float]] = collections.deque()
+        self._idle: collections.deque[PoolJob] = collections.deque()
         self._next = 0
-        self._server: asyncio.Server | None = None
-        self._tasks: set[asyncio.Task[Any]] = set()
+        self._service = Service(self.socket, self.handle)
 
     def join(self, drone: str, state_dir: Path) -> None:
         """A drone job started: its startd will appear (the LBS calls this)"""
         self.machines[drone] = Machine(drone, EmulatorControl(state_dir))
+
+    def submit(self, job_id: str, duration_s: float, exit_code: int = 0) -> PoolJob:
+        """Queue a payload (behind the idle ones)"""
+        job = PoolJob(job_id, duration_s, exit_code)
+        self.jobs[job_id] = job
+        self._idle.append(job)
+        return job
 
     def leave(self, drone: str) -> None:
         """A drone job ended: its startd is gone"""
@@ -83,22 +97,10 @@ class OverlayPool:
             machine.ad = None
 
     async def start(self) -> None:
-        self.workdir.mkdir(parents=True, exist_ok=True)
-        self._server = await serve(self.socket, self.handle)
-        self._spawn(self._negotiate())
+        await self._service.start(self._negotiate)
 
     async def close(self) -> None:
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        for task in list(self._tasks):
-            task.cancel()
-        await asyncio.gather(*self._tasks, return_exceptions=True)
-
-    def _spawn(self, coro: Any) -> None:
-        task = asyncio.get_running_loop().create_task(coro)
-        self._tasks.add(task)
-        task.add_done_callback(self._tasks.discard)
+        await self._service.close()
 
     async def handle(self, request: dict[str, Any]) -> dict[str, Any]:
         op = request.get("op")
@@ -131,20 +133,33 @@ class OverlayPool:
 
     # ------------------------------------------------------------ negotiation
 
-    def _payload(self) -> tuple[str, float]:
+    def _payload(self) -> PoolJob | None:
         if self._idle:
             return self._idle.popleft()
+        if self.payload_duration is None:
+            return None
         index = self._next
         self._next += 1
-        return f"{index + 1}.0", float(self.payload_duration(index))
+        job = PoolJob(f"{index + 1}.0", float(self.payload_duration(index)))
+        self.jobs[job.job_id] = job
+        return job
+
+    def _cycles(self) -> list[Coroutine[Any, Any, None]]:
+        """A negotiation cycle with each startd that is not in one"""
+        ready = [m for m in self.machines.values() if not m.gone and not m.cycling]
+        for machine in ready:
+            machine.cycling = True
+        return [self._cycle(machine) for machine in ready]
 
     async def _negotiate(self) -> None:
         while True:
-            for machine in list(self.machines.values()):
-                if not machine.gone and not machine.cycling:
-                    machine.cycling = True
-                    self._spawn(self._cycle(machine))
+            for cycle in self._cycles():
+                self._service.tasks.spawn(cycle)
             await asyncio.sleep(self.cycle_s)
+
+    async def negotiate(self) -> None:
+        """One negotiation cycle with every startd, waited for (without :meth:`start`)"""
+        await asyncio.gather(*self._cycles())
 
     async def _cycle(self, machine: Machine) -> None:
         try:
@@ -164,24 +179,49 @@ class OverlayPool:
             return
         free = [s for s in status.get("slots", []) if s.get("state") == "Unclaimed"]
         for _ in free:
-            job_id, duration = self._payload()
+            job = self._payload()
+            if job is None:
+                return
             try:
-                reply = await machine.control.offer(job_id, duration, timeout_s=60)
+                reply = await machine.control.offer(
+                    job.job_id, job.duration_s, exit_code=job.exit_code, timeout_s=60
+                )
             except EmulatorUnavailable:
-                self._idle.appendleft((job_id, duration))
+                self._idle.appendleft(job)
                 raise
             outcome = str(reply.get("outcome", "rejected"))
             self.counts[f"offer_{outcome}"] += 1
-            self.truth.record(
-                "offer",
-                job_id=job_id,
-                drone=machine.drone,
-                outcome=outcome,
-                reason=reply.get("reason") or reply.get("message") or "",
-            )
+            if self.truth is not None:
+                self.truth.record(
+                    "offer",
+                    job_id=job.job_id,
+                    drone=machine.drone,
+                    outcome=outcome,
+                    reason=reply.get("reason") or reply.get("message") or "",
+                )
             if outcome != "started":
-                self._idle.appendleft((job_id, duration))
+                job.refusals += 1
+                self._idle.appendleft(job)
                 return  # the startd does not take work now; try again next cycle
+            job.status, job.drone = "running", machine.drone
+            job.starts += 1
+
+    # ------------------------------------------------------------ job states
+
+    def job_states(self) -> collections.Counter[str]:
+        """How many payloads are idle, running, done and killed (from the startds' ground truth)"""
+        for machine in self.machines.values():
+            truth = machine.control.ground_truth()
+            for entry in truth[machine.seen :]:
+                job = self.jobs.get(str(entry.get("job_id")))
+                if job is None or job.status != "running" or job.drone != machine.drone:
+                    continue
+                if entry.get("event") == "payload_finished":
+                    job.status = "done"
+                elif entry.get("event") == "payload_killed":
+                    job.status = "killed"
+            machine.seen = len(truth)
+        return collections.Counter(job.status for job in self.jobs.values())
 
 
 def _ad(status: dict[str, Any]) -> dict[str, Any] | None:

@@ -1,32 +1,9 @@
 """
-Fake schedd tools: ``condor_submit``, ``condor_q``, ``condor_rm``, ``condor_suspend``
+Fake schedd tools (``condor_submit``, ``condor_q``, ``condor_rm``, ``condor_suspend``) for the LBS
 
-They stand in for the site's HTCondor schedd in front of the emulated local
-batch system (``lbs.py``), so that **TARDIS's own HTCondor site adapter**
-(``tardis/adapters/sites/htcondor.py``) can run against them through its
-``ShellExecutor``. Each parses the invocations that adapter makes and prints
-what the real tool prints for them, as far as the adapter reads it:
-
-=======================================  ==============================================
-``condor_submit -verbose -maxjobs N``    submit description on stdin, one job per
-                                         ``queue`` statement; per job ``** Proc C.P:``
-                                         and its ad; exit 1 and a message on errors
-``condor_q ID... -af:t ATTR...``         a tab-separated row per job still in the queue
-                                         (``JobStatus``, ``ClusterId``, ``ProcId``;
-                                         other attributes ``undefined``); jobs not in
-                                         the queue print nothing
-``condor_rm ID...``                      ``Job C.P marked for removal`` on stdout,
-                                         ``Job C.P not found`` on stderr; exit 1 when
-                                         no job was removed
-``condor_suspend ID...``                 ``Job C.P suspended``; ``... not running to be
-                                         suspended`` / ``... not found`` on stderr
-=======================================  ==============================================
-
-The output formats follow what TARDIS's adapter documents and parses (its
-comments quote the real tools). Simplification: each job gets a cluster of
-its own (``C.0``), where one real ``condor_submit`` of several jobs makes one
-cluster with several procs. Anything else fails with exit 1 and the words
-"not emulated".
+Its rule: only the invocations TARDIS's own HTCondor site adapter makes are emulated, printed
+as the real tool prints them as far as the adapter reads it; anything else fails with exit 1
+and the words "not emulated".
 """
 
 from __future__ import annotations
@@ -37,7 +14,8 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from broker.emulation.rpc import EmulatorUnavailable, request_sync
+from broker.emulation.errors import EmulatorUnavailable
+from broker.emulation.rpc import request_sync
 
 #: HTCondor JobStatus of the emulated local batch system's jobs
 _QUEUE_ATTRIBUTES = ("JobStatus", "ClusterId", "ProcId")
@@ -118,6 +96,13 @@ def parse_submit(text: str) -> list[dict[str, str]]:
 
 
 def condor_submit(argv: Sequence[str], socket: Path) -> int:
+    """
+    ``condor_submit -verbose -maxjobs N``: the submit description on stdin, one job per ``queue``
+    statement; per job ``** Proc C.P:`` and its ad; exit 1 and a message on errors
+
+    Each job gets a cluster of its own (``C.0``), where one real ``condor_submit`` of several
+    jobs makes one cluster with several procs.
+    """
     args = list(argv[1:])
     if "-verbose" not in args:
         return _not_emulated("condor_submit", argv)
@@ -162,6 +147,10 @@ def condor_submit(argv: Sequence[str], socket: Path) -> int:
 
 
 def condor_q(argv: Sequence[str], socket: Path) -> int:
+    """
+    ``condor_q ID... -af:t ATTR...``: a tab-separated row per job still in the queue
+    (``JobStatus``, ``ClusterId``, ``ProcId``; other attributes ``undefined``)
+    """
     args = list(argv[1:])
     for flag in ("-af:t", "-af"):
         if flag in args:
@@ -212,10 +201,18 @@ def _tool(argv: Sequence[str], socket: Path, op: str, done: str, not_running: st
 
 
 def condor_rm(argv: Sequence[str], socket: Path) -> int:
+    """
+    ``condor_rm ID...``: ``Job C.P marked for removal`` on stdout, ``Job C.P not found`` on
+    stderr; exit 1 when no job was removed
+    """
     return _tool(argv, socket, "rm", "marked for removal", "already marked for removal")
 
 
 def condor_suspend(argv: Sequence[str], socket: Path) -> int:
+    """
+    ``condor_suspend ID...``: ``Job C.P suspended``; ``... not running to be suspended`` or
+    ``... not found`` on stderr
+    """
     return _tool(argv, socket, "suspend", "suspended", "not running to be suspended")
 
 

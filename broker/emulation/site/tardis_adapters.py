@@ -1,21 +1,7 @@
 """
 TARDIS adapters for the emulated site and overlay pool (loaded inside the COBalD daemon)
 
-They behave like TARDIS's stock HTCondor adapters in what matters for the
-demonstration: they decide from **polled, cached** views.
-
-* :class:`LocalBatchSiteAdapter` submits each drone to the emulated local
-  batch system (``lbs.py``) and reads job states from a queue listing it
-  refreshes at most every ``max_age`` seconds (a cached ``condor_q``);
-  ``stop_resource`` suspends the job (``condor_suspend``),
-  ``terminate_resource`` removes it (``condor_rm``: the drone's whole process
-  tree dies, payloads included).
-* :class:`OverlayBatchSystemAdapter` reads the overlay pool's startd ads
-  (``overlay.py``) through a cache of ``max_age`` seconds (a cached
-  ``condor_status``); a startd missing from it is ``NotAvailable``, and
-  ``drain_machine`` silently does nothing for it, exactly as TARDIS's
-  HTCondor adapter does on its ``KeyError``.
-
+Its rule: like TARDIS's stock HTCondor adapters, they decide from polled, cached views.
 Configuration (in the ``tardis:`` section)::
 
     BatchSystem: {adapter: "broker.emulation.site.tardis_adapters:OverlayBatchSystemAdapter",
@@ -23,9 +9,6 @@ Configuration (in the ``tardis:`` section)::
     Sites: [{name: Demo,
              adapter: "broker.emulation.site.tardis_adapters:LocalBatchSiteAdapter", ...}]
     Demo: {socket: /run/dir/lbs.sock, max_age: 10, MachineTypes: [...], ...}
-
-Not product code: the demonstration and the tests load it by dotted name
-through ``broker.tardis_adapter.create_composite_pool``.
 """
 
 from __future__ import annotations
@@ -50,7 +33,8 @@ from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStat
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.utilities.attributedict import AttributeDict
 
-from broker.emulation.rpc import EmulatorUnavailable, request
+from broker.emulation.errors import EmulatorUnavailable
+from broker.emulation.rpc import request
 
 log = logging.getLogger("cobald.runtime.emulation.tardis_adapters")
 
@@ -97,7 +81,14 @@ class _Cached:
 
 
 class LocalBatchSiteAdapter(SiteAdapter):
-    """Drones as jobs of the emulated local batch system (see the module documentation)"""
+    """
+    Drones as jobs of the emulated local batch system
+
+    Job states come from a queue listing refreshed at most every ``max_age`` seconds (a
+    cached ``condor_q``); ``stop_resource`` suspends the job (``condor_suspend``),
+    ``terminate_resource`` removes it (``condor_rm``: the drone's whole process tree dies,
+    payloads included).
+    """
 
     def __init__(self, machine_type: str, site_name: str) -> None:
         self._machine_type = machine_type
@@ -164,7 +155,12 @@ class LocalBatchSiteAdapter(SiteAdapter):
 
 
 class OverlayBatchSystemAdapter(BatchSystemAdapter):
-    """The emulated overlay pool, through a cached status listing (see the module documentation)"""
+    """
+    The emulated overlay pool's startd ads, through a cache of ``max_age`` seconds
+
+    A startd missing from it is ``NotAvailable``, and ``drain_machine`` silently does nothing
+    for it, as TARDIS's HTCondor adapter does on its ``KeyError``.
+    """
 
     def __init__(self) -> None:
         config = Configuration().BatchSystem

@@ -6,6 +6,7 @@ checks the product, so it must not share the product's parser. ``expr.py``: the
 language (values, parser, operators); ``ad.py``: scopes, evaluation and ads.
 """
 
+from broker.emulation.errors import ClassAdSyntaxError
 from broker.emulation.execution_point.classad.ad import (
     Ad,
     Scope,
@@ -16,7 +17,6 @@ from broker.emulation.execution_point.classad.ad import (
 from broker.emulation.execution_point.classad.expr import (
     ERROR,
     UNDEFINED,
-    ClassAdSyntaxError,
     Node,
     Value,
     parse,

@@ -5,10 +5,10 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from broker.emulation.errors import ClassAdSyntaxError
 from broker.emulation.execution_point.classad.expr import (
     ERROR,
     UNDEFINED,
-    ClassAdSyntaxError,
     Literal,
     Node,
     Value,

@@ -1,13 +1,4 @@
-"""
-The ClassAd expression language of the emulated startd: values, parser, operators
-
-Supported: literals (integers, reals, strings, ``true``/``false``/``undefined``/
-``error``), attribute references (``MY.`` and ``TARGET.`` scopes), ``!``, unary
-``-``, ``* / %``, ``+ -``, comparisons, ``==``/``!=`` (case-insensitive on
-strings), ``=?=``/``=!=`` (``is``/``isnt``), ``&&``, ``||``, ``?:``, and the
-functions ``time()``, ``ifThenElse``, ``isUndefined``, ``isError``. Logic is
-three-valued as in HTCondor: ``undefined && false`` is ``false``.
-"""
+"""The ClassAd expression language of the emulated startd: values, parser, operators"""
 
 from __future__ import annotations
 
@@ -16,6 +7,8 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Union
+
+from broker.emulation.errors import ClassAdSyntaxError
 
 if TYPE_CHECKING:
     from broker.emulation.execution_point.classad.ad import Scope
@@ -34,10 +27,6 @@ class _Error:
 UNDEFINED = _Undefined()
 ERROR = _Error()
 Value = Union[bool, int, float, str, _Undefined, _Error]  # noqa: UP007 (runtime alias)
-
-
-class ClassAdSyntaxError(ValueError):
-    """An expression the emulator cannot parse"""
 
 
 _TOKEN_RE = re.compile(
@@ -363,6 +352,13 @@ def _unescape(body: str) -> str:
 def parse(text: str) -> Node:
     """
     One expression
+
+    Supported: literals (integers, reals, strings, ``true``/``false``/``undefined``/
+    ``error``), attribute references (``MY.`` and ``TARGET.`` scopes), ``!``, unary
+    ``-``, ``* / %``, ``+ -``, comparisons, ``==``/``!=`` (case-insensitive on
+    strings), ``=?=``/``=!=`` (``is``/``isnt``), ``&&``, ``||``, ``?:``, and the
+    functions ``time()``, ``ifThenElse``, ``isUndefined``, ``isError``. Logic is
+    three-valued as in HTCondor: ``undefined && false`` is ``false``.
 
     :raises ClassAdSyntaxError: not in the supported subset
     """

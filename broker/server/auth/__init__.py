@@ -1,0 +1,1 @@
+"""Per-drone NATS credentials in operator mode: the authority, each identity's users, revocation"""

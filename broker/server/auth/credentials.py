@@ -1,0 +1,158 @@
+"""
+The users each identity gets (drone, manager, site leaf node) and their ``.creds`` files
+
+A drone's user may publish only its own events and write only its own handshake
+record (``docs/agent.md``), so the server refuses a drone speaking for another.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any, Final
+
+import nkeys
+
+from broker.server.auth.authority import Authority
+from broker.server.auth.jwt import creds_file, encode_jwt, key_of, new_key, public_of, seed_of
+from remote_agent.protocol.events import EVENT_TYPES, kind_of
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.names import (
+    Namespace,
+    check_token,
+    direct_get,
+    inbox_prefix,
+    kv_write_prefix,
+)
+
+#: how long a drone's credentials are valid by default (a drone lives hours to days)
+DEFAULT_DRONE_VALIDITY_S: Final = 7 * 24 * 3600
+#: the connection type of a client connection (nats-io/jwt ``ConnectionTypeStandard``)
+_STANDARD: Final = "STANDARD"
+
+
+@dataclass(frozen=True, slots=True)
+class DroneLimits:
+    """
+    What nats-server enforces for one drone's connection (``docs/deployment.md#limits``)
+
+    :param subscriptions: subscriptions at once; the agent holds three (its
+        command subject, its record hint, the inbox of its requests)
+    :param payload_bytes: largest message, headers included; a larger one
+        closes the connection. The streams' size limit plus room for headers.
+    """
+
+    subscriptions: int = 16
+    payload_bytes: int = DEFAULT_MAX_SIZE + 4096
+
+    def claims(self) -> dict[str, Any]:
+        """The limits of the user JWT (``data`` is not enforced by nats-server)"""
+        return {
+            "subs": self.subscriptions,
+            "data": -1,
+            "payload": self.payload_bytes,
+            "allowed_connection_types": [_STANDARD],
+        }
+
+
+def _user(
+    authority: Authority,
+    name: str,
+    permissions: Mapping[str, Any],
+    valid_for_s: float | None,
+    limits: Mapping[str, Any] | None = None,
+) -> str:
+    """A ``.creds`` file (text) of a new user of the account, signed by its signing key"""
+    user = new_key(nkeys.PREFIX_BYTE_USER)
+    now = int(time.time())
+    claims: dict[str, Any] = {
+        "iat": now,
+        "sub": public_of(user),
+        "name": name,
+        "nats": {
+            "type": "user",
+            "version": 2,
+            "subs": -1,
+            "data": -1,
+            "payload": -1,
+            **(limits or {}),
+            "issuer_account": authority.account_public,
+            **permissions,
+        },
+    }
+    if valid_for_s is not None:
+        claims["exp"] = now + int(valid_for_s)
+    jwt = encode_jwt(claims, key_of(authority.account_signing))
+    return creds_file(jwt, seed_of(user))
+
+
+def drone_permissions(
+    namespace: Namespace, site: str, drone: str, domain: str | None = None
+) -> dict[str, Any]:
+    """
+    What one drone's agent may publish and subscribe (``docs/agent.md``)
+
+    Its own events, one subject per event kind (not a wildcard: a drone
+    cannot make up subjects, each of which the event stream would keep up to
+    its per-subject cap); its own handshake record (direct-get reads,
+    compare-and-set writes, and the core subscription it uses as a hint); its
+    command subject (answering each request once); its own inboxes. With a
+    JetStream ``domain`` (behind a leaf node) the record subjects carry the
+    domain prefix.
+    """
+    check_token(site, "site")
+    check_token(drone, "drone uuid")
+    bucket = namespace.record_bucket
+    key = namespace.record_key(site, drone)
+    return {
+        "pub": {
+            "allow": [
+                *(namespace.event(site, drone, kind_of(kind)) for kind in EVENT_TYPES),
+                kv_write_prefix(bucket, domain) + key,
+                direct_get(bucket, key, domain),
+            ]
+        },
+        "sub": {
+            "allow": [
+                namespace.command(site, drone),
+                namespace.record_subject(site, drone),
+                f"{inbox_prefix(drone)}.>",
+            ]
+        },
+        "resp": {"max": 1, "ttl": 0},
+    }
+
+
+def drone_credentials(
+    authority: Authority,
+    namespace: Namespace,
+    site: str,
+    drone: str,
+    *,
+    domain: str | None = None,
+    valid_for_s: float | None = DEFAULT_DRONE_VALIDITY_S,
+    limits: DroneLimits | None = None,
+) -> str:
+    """A ``.creds`` file (text) for one drone, valid for ``valid_for_s`` seconds"""
+    permissions = drone_permissions(namespace, site, drone, domain)
+    limits = limits or DroneLimits()
+    return _user(authority, f"drone-{drone}", permissions, valid_for_s, limits.claims())
+
+
+def manager_credentials(authority: Authority, name: str = "manager") -> str:
+    """A ``.creds`` file (text) for the manager, operators and ``broker init``: no limits"""
+    return _user(authority, name, {}, None)
+
+
+def leaf_credentials(authority: Authority, site: str) -> str:
+    """
+    A ``.creds`` file (text) for a site's leaf node connecting to the hub
+
+    The leaf node checks its drones' own credentials itself (it includes the
+    same server configuration); its connection to the hub carries all of
+    them, so the user has no limits in the account, like the manager's. The
+    leaf's remote also names the account (:attr:`Authority.account_public`).
+    """
+    check_token(site, "site")
+    return _user(authority, f"leaf-{site}", {}, None)
