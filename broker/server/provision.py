@@ -10,7 +10,7 @@ from __future__ import annotations
 import logging
 import math
 from dataclasses import dataclass, field
-from typing import Final, Literal
+from typing import Any, Final, Literal
 
 import nats.errors
 import nats.js.errors
@@ -94,22 +94,10 @@ class Topology:
         "rollup not permitted", nats-server ``server/stream.go:7094``). The server keeps
         both settings once set: it refuses to lift ``deny_purge`` again.
         """
-        bucket = self.namespace.record_bucket
-        return StreamConfig(
-            name=kv_stream(bucket),
-            description="cobald-remote drone handshake records",
-            subjects=[f"{kv_subjects(bucket)}>"],
-            retention=RetentionPolicy.LIMITS,
-            discard=DiscardPolicy.NEW,
-            max_msgs_per_subject=1,
+        return self._bucket(
+            self.namespace.record_bucket,
+            "cobald-remote drone handshake records",
             max_msg_size=self.max_message_bytes,
-            storage=StorageType.FILE,
-            num_replicas=self.replicas,
-            duplicate_window=120.0,
-            allow_rollup_hdrs=False,
-            allow_direct=True,
-            deny_delete=True,
-            deny_purge=True,
         )
 
     def manager_bucket(self) -> StreamConfig:
@@ -121,15 +109,25 @@ class Topology:
         key's subject (discard new per subject), also a server's answer that a
         drone's reply subject would send there.
         """
-        bucket = self.namespace.manager_bucket
+        return self._bucket(
+            self.namespace.manager_bucket,
+            "cobald-remote manager secrets",
+            max_msg_size=1024,
+            discard_new_per_subject=True,
+        )
+
+    def _bucket(
+        self, bucket: str, description: str, *, max_msg_size: int, **extra: Any
+    ) -> StreamConfig:
+        """A KV bucket's stream as ``create_key_value`` makes it, with no rollups and no purges"""
         return StreamConfig(
             name=kv_stream(bucket),
-            description="cobald-remote manager secrets",
+            description=description,
             subjects=[f"{kv_subjects(bucket)}>"],
             retention=RetentionPolicy.LIMITS,
             discard=DiscardPolicy.NEW,
             max_msgs_per_subject=1,
-            max_msg_size=1024,
+            max_msg_size=max_msg_size,
             storage=StorageType.FILE,
             num_replicas=self.replicas,
             duplicate_window=120.0,
@@ -137,7 +135,7 @@ class Topology:
             allow_direct=True,
             deny_delete=True,
             deny_purge=True,
-            discard_new_per_subject=True,
+            **extra,
         )
 
     def streams(self) -> list[StreamConfig]:
