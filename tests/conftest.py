@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -12,9 +11,6 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from broker.server.embedded import EmbeddedServer
-
-# tests/vectors.py is imported by the tests as a plain module
-sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
 @pytest.fixture

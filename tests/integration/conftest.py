@@ -2,10 +2,22 @@
 
 from __future__ import annotations
 
+import contextlib
 import gc
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
+from pathlib import Path
+from typing import Any
 
 import pytest
+from nats.js import JetStreamContext
+from support.gate import FakeAgent, GateFactory
+from support.servers import secured_server
+
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from remote_agent.gate.server import GateServer
+from remote_agent.protocol.handshake import RecordStore
+from remote_agent.protocol.names import Namespace
 
 
 @pytest.fixture(autouse=True)
@@ -20,3 +32,38 @@ def _collect_garbage_at_teardown() -> Iterator[None]:
     """
     yield
     gc.collect()
+
+
+@pytest.fixture
+async def stream(js: JetStreamContext) -> JetStreamContext:
+    """The test server's JetStream, provisioned as the manager provisions it"""
+    await provision(js)
+    return js
+
+
+@pytest.fixture
+async def store(stream: JetStreamContext) -> RecordStore:
+    """The drone records (KV) of the provisioned server, written as a drone writes them"""
+    return await RecordStore.open(stream, Namespace())
+
+
+@pytest.fixture
+async def secured(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedServer, Path]]:
+    """A server in operator mode with JetStream; yields it and the authority file"""
+    async with secured_server(tmp_path) as (server, authority_file):
+        yield server, authority_file
+
+
+@pytest.fixture
+async def start_gate(tmp_path: Path) -> AsyncIterator[GateFactory]:
+    """Gate sockets (``tmp_path / "gate.sock"``) with a fake agent; closed at the end"""
+    async with contextlib.AsyncExitStack() as stack:
+
+        async def start(**options: Any) -> tuple[GateServer, FakeAgent]:
+            agent = FakeAgent()
+            server = GateServer(tmp_path / "gate.sock", agent, **options)
+            await server.start()
+            stack.push_async_callback(server.close)
+            return server, agent
+
+        yield start

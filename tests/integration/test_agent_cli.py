@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
 import os
-import sys
 from pathlib import Path
 
-from agent_support import kinds, read_events
 from nats.js import JetStreamContext
+from support.agent import kinds, read_events
+from support.processes import CLI, run_process
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
@@ -19,21 +18,8 @@ DRONE = "site1-00000000cc"
 
 
 async def _agent(*args: str, env: dict[str, str] | None = None) -> tuple[int, str]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "broker.cli",
-        "agent",
-        "run",
-        *args,
-        env={**os.environ, **(env or {})},
-        stdin=asyncio.subprocess.DEVNULL,
-        stdout=asyncio.subprocess.DEVNULL,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    _, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, err.decode()
+    code, _, err = await run_process(*CLI, "agent", "run", *args, env={**os.environ, **(env or {})})
+    return code, err
 
 
 async def test_a_bad_configuration_exits_2() -> None:

@@ -7,8 +7,9 @@ import datetime as dt
 from pathlib import Path
 
 import pytest
-from agent_support import (
-    NS,
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from support.agent import (
     SITE,
     FakeStartd,
     command,
@@ -19,14 +20,11 @@ from agent_support import (
     running,
     settings,
     status,
-    wait_for,
 )
-from helpers import pid_exists
-from nats.aio.client import Client
-from nats.js import JetStreamContext
+from support.processes import pid_exists
+from support.waiting import wait_until
 
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from remote_agent.agent import Agent
 from remote_agent.interfaces import GATE_CLOSED_STATUS, JobStart, SlotInfo
 from remote_agent.protocol import events as ev
@@ -34,12 +32,6 @@ from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 
 DRONE = "site1-0123456789"
-
-
-@pytest.fixture
-async def store(js: JetStreamContext) -> RecordStore:
-    await provision(js)
-    return await RecordStore.open(js, NS)
 
 
 async def test_lifecycle_publishes_the_right_events_in_order(
@@ -52,7 +44,7 @@ async def test_lifecycle_publishes_the_right_events_in_order(
     startd = FakeStartd()
     agent = Agent(settings(tmp_path, nats_server.url, startd=True), startd=startd)
     async with running(agent) as run:
-        await wait_for(lambda: agent.gate_open, what="the gate to open")
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
         assert agent.prepare_job(JobStart("1234.0", "slot1_1@wn042")).allow
         startd.run_job(0, "1234.0")
         assert agent.state is ev.DroneState.BUSY
@@ -142,7 +134,7 @@ async def test_release_if_idle_ends_the_drone(
 ) -> None:
     agent = Agent(settings(tmp_path, nats_server.url))
     async with running(agent) as run:
-        await wait_for(lambda: agent.gate_open, what="the gate to open")
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
         reply = await command(nc, release_if_idle(DRONE))
         assert isinstance(reply, ev.Reply) and reply.outcome is ev.Outcome.RELEASED
         assert reply.snapshot.state is ev.DroneState.DRAINED and not reply.snapshot.gate_open
@@ -163,7 +155,7 @@ async def test_commands_repeated_give_the_same_outcome(
     startd = FakeStartd()
     agent = Agent(settings(tmp_path, nats_server.url, startd=True, end_grace_s=60.0), startd=startd)
     async with running(agent) as run:
-        await wait_for(lambda: agent.gate_open, what="the gate to open")
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
         assert agent.prepare_job(JobStart("1.0", "slot1_1@wn042")).allow
         startd.run_job(0, "1.0")
 
@@ -185,7 +177,7 @@ async def test_commands_repeated_give_the_same_outcome(
 
         startd.run_job(0, None)
         agent.job_exited("1.0", ev.PayloadEnd.EXIT, 0, None)
-        await wait_for(lambda: agent.state is ev.DroneState.DRAINED, what="drained")
+        await wait_until(lambda: agent.state is ev.DroneState.DRAINED, what="drained")
         assert [await outcome(first) for _ in range(2)] == [ev.Outcome.DRAINED] * 2
         assert await outcome(release_if_idle(DRONE)) is ev.Outcome.RELEASED
         assert (await kinds(js, DRONE)).count("drained") == 1
@@ -203,8 +195,8 @@ async def test_garbage_on_the_command_subject_changes_nothing(
 ) -> None:
     agent = Agent(settings(tmp_path, nats_server.url))
     async with running(agent):
-        await wait_for(lambda: agent.gate_open, what="the gate to open")
-        await wait_for(lambda: not len(agent.publisher.spool), what="events published")  # type: ignore[union-attr]
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
+        await wait_until(lambda: not len(agent.publisher.spool), what="events published")  # type: ignore[union-attr]
         before = await read_events(js, DRONE)
         snapshot = agent.snapshot()
         other = drain("site1-9999999999")
@@ -241,7 +233,7 @@ async def test_drain_deadline_expires(
         settings(tmp_path, nats_server.url, startd=True, deadline_policy=policy), startd=startd
     )
     async with running(agent) as run:
-        await wait_for(lambda: agent.gate_open, what="the gate to open")
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
         assert agent.prepare_job(JobStart("5.0", "slot1_1@wn042")).allow
         startd.run_job(0, "5.0")
         reply = await command(nc, drain(DRONE, deadline_s=0.3))
@@ -283,13 +275,13 @@ async def test_the_startd_poll_is_a_backstop_for_the_hooks(
     startd = FakeStartd()
     agent = Agent(settings(tmp_path, nats_server.url, startd=True), startd=startd)
     async with running(agent) as run:
-        await wait_for(lambda: agent.gate_open, what="the gate to open")
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
         assert agent.prepare_job(JobStart("1.0", "slot1_1@wn042")).allow
         startd.run_job(0, "1.0")
         startd.run_job(1, "2.0")  # never passed the gate (an earlier agent let it in)
-        await wait_for(lambda: len(agent.payloads) == 2, what="the unknown payload counted")
+        await wait_until(lambda: len(agent.payloads) == 2, what="the unknown payload counted")
         startd.run_job(0, None)  # vanished without a JOB_EXIT hook
-        await wait_for(lambda: len(agent.payloads) == 1, what="the vanished payload finished")
+        await wait_until(lambda: len(agent.payloads) == 1, what="the vanished payload finished")
         assert [p.job_id for p in agent.payloads] == ["2.0"]
         assert await run.stop() == 128 + 15
     events = [e for _, e in await read_events(js, DRONE)]
@@ -313,7 +305,7 @@ async def test_a_restarted_agent_counts_the_payloads_already_running(
     startd.run_job(1, "42.0")  # let in by an earlier incarnation of the agent
     agent = Agent(settings(tmp_path, nats_server.url, startd=True), startd=startd)
     async with running(agent):
-        await wait_for(lambda: agent.gate_open, what="the gate to open")
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
         assert agent.state is ev.DroneState.BUSY
         assert [p.job_id for p in agent.payloads] == ["42.0"]
         reply = await command(nc, release_if_idle(DRONE))
@@ -374,7 +366,7 @@ async def test_a_master_that_ends_before_the_drain_is_confirmed_ends_the_job_as_
         startd=startd,
     )
     async with running(agent) as run:
-        await wait_for(lambda: agent.gate_open, what="the gate to open")
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
         assert agent.prepare_job(JobStart("5.0", "slot1_1@wn042")).allow
         startd.run_job(0, "5.0")
         reply = await command(nc, drain(DRONE))

@@ -7,22 +7,15 @@ import contextlib
 import datetime as dt
 import os
 import signal
-import sys
 from pathlib import Path
 
 import nats
 import pytest
-from agent_support import (
-    NS,
-    SITE,
-    TcpProxy,
-    read_events,
-    running,
-    settings,
-    wait_for,
-)
-from helpers import pid_exists
 from nats.js import JetStreamContext
+from support.agent import NS, SITE, read_events, running, settings
+from support.processes import CLI, pid_exists, start_process
+from support.servers import TcpProxy
+from support.waiting import wait_until
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
@@ -73,14 +66,14 @@ async def test_broker_restart_loses_and_duplicates_nothing(
     await provision(js)
     agent = Agent(settings(tmp_path, nats_server.url, DRONE, heartbeat_s=0.02))
     async with running(agent) as run:
-        await wait_for(lambda: agent.gate_open, what="the gate to open")
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
         publisher = agent.publisher
         assert publisher is not None
         waiting: list[int] = []
         for target in (10, 20):
-            await wait_for(lambda n=target: publisher.published > n, what="heartbeats")
+            await wait_until(lambda n=target: publisher.published > n, what="heartbeats")
             waiting.append(await _restart_after(nats_server, 0.5, publisher.spool))
-            await wait_for(lambda: not len(publisher.spool), what="the spool to catch up")
+            await wait_until(lambda: not len(publisher.spool), what="the spool to catch up")
         for i in range(5):  # payloads across the outages
             assert agent.prepare_job(JobStart(f"{i}.0")).allow
         assert await run.stop() == 128 + 15
@@ -103,11 +96,11 @@ async def test_drain_intent_written_while_disconnected_is_acted_upon(
     try:
         agent = Agent(settings(tmp_path, proxy.url, DRONE))
         async with running(agent) as run:
-            await wait_for(lambda: agent.gate_open, what="the gate to open")
+            await wait_until(lambda: agent.gate_open, what="the gate to open")
             publisher = agent.publisher
             assert publisher is not None
             await proxy.cut()
-            await wait_for(lambda: not publisher.connected.is_set(), what="the disconnect")
+            await wait_until(lambda: not publisher.connected.is_set(), what="the disconnect")
             now = ev.utcnow()
             intent = ev.DrainIntent(
                 deadline=now + dt.timedelta(minutes=10),
@@ -135,10 +128,8 @@ async def _agent_process(
     url: str, spool: Path, pid_file: Path, heartbeat_s: float
 ) -> asyncio.subprocess.Process:
     worker = f"echo $$ > {pid_file}; exec sleep 1000"
-    return await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "broker.cli",
+    return await start_process(
+        *CLI,
         "agent",
         "run",
         "--no-startd",
@@ -157,14 +148,13 @@ async def _agent_process(
         "-c",
         worker,
         env={**os.environ, "COBALD_REMOTE_RECONNECT_WAIT_S": "0.1"},
-        stdin=asyncio.subprocess.DEVNULL,
     )
 
 
 async def _kill_pid_in(pid_file: Path) -> None:
     pid = int(pid_file.read_text())  # noqa: ASYNC240 (a few bytes, in a test)
     os.kill(pid, signal.SIGKILL)
-    await wait_for(lambda: not pid_exists(pid), what="the orphaned worker to go")
+    await wait_until(lambda: not pid_exists(pid), what="the orphaned worker to go")
 
 
 @pytest.mark.timeout(60)
@@ -180,7 +170,7 @@ async def test_killed_agent_resends_its_spool_after_a_restart(
 
     first = await _agent_process(url, spool_dir, pid_file, heartbeat_s=0.05)
     try:
-        await wait_for(pid_file.exists, timeout_s=30, what="the worker")
+        await wait_until(pid_file.exists, timeout_s=30, what="the worker")
         await asyncio.sleep(1.0)  # heartbeats pile up in the spool
     finally:
         first.kill()  # SIGKILL: no chance to clean up
@@ -194,7 +184,7 @@ async def test_killed_agent_resends_its_spool_after_a_restart(
     pid_file.unlink()
     second = await _agent_process(url, spool_dir, pid_file, heartbeat_s=3600)
     try:
-        await wait_for(pid_file.exists, timeout_s=30, what="the second worker")
+        await wait_until(pid_file.exists, timeout_s=30, what="the second worker")
         async with await nats.connect(url) as nc:
             js = nc.jetstream()
 
@@ -246,10 +236,10 @@ async def test_cancelled_while_flushing_its_last_events_it_still_ends(
     await provision(js)
     agent = Agent(settings(tmp_path, nats_server.url, DRONE, heartbeat_s=0.0005, exit_flush_s=60))
     async with running(agent) as run:
-        await wait_for(lambda: agent.gate_open, what="the gate to open")
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
         await asyncio.sleep(0.3)  # a spool of heartbeats to flush
         agent.request_stop()
-        await wait_for(lambda: agent.snapshot().state is ev.DroneState.EXITING, what="exiting")
+        await wait_until(lambda: agent.snapshot().state is ev.DroneState.EXITING, what="exiting")
         await asyncio.sleep(step * 0.0007)
         run.task.cancel()
         with contextlib.suppress(asyncio.CancelledError):  # or it had finished already

@@ -8,9 +8,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import nats.errors
-from agent_support import NS, SITE, command, drain, read_events, running, settings, wait_for
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from support.agent import NS, SITE, command, drain, read_events, running, settings
+from support.waiting import wait_until
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
@@ -78,7 +79,7 @@ async def _drain(nc: Client, store: RecordStore, plan: Round) -> None:
 async def _run(agent: Agent, nc: Client, store: RecordStore, plan: Round) -> None:
     async with running(agent) as run:
         if not plan.early:
-            await wait_for(lambda: agent.gate_open, what="the gate to open")
+            await wait_until(lambda: agent.gate_open, what="the gate to open")
         await asyncio.gather(
             *(
                 _payload(agent, plan, f"{i}.0", delay)
@@ -86,7 +87,7 @@ async def _run(agent: Agent, nc: Client, store: RecordStore, plan: Round) -> Non
             ),
             _drain(nc, store, plan),
         )
-        await wait_for(lambda: agent.state in CLOSED, what=f"the drain of {plan}")
+        await wait_until(lambda: agent.state in CLOSED, what=f"the drain of {plan}")
         late = agent.prepare_job(JobStart("late.0"))
         assert not late.allow and 300 <= late.status_code < 400
         for job_id in plan.allowed:

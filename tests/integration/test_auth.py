@@ -8,20 +8,21 @@ import re
 import shutil
 import signal
 import time
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
 import nats
 import nats.errors
 import pytest
-from agent_support import SITE, drone_life, wait_for
-from agent_support import settings as agent_settings
-from helpers import drone_creds, hub_and_leaf, secured_server
+from support.agent import SITE, drone_life
+from support.agent import settings as agent_settings
+from support.manager import running_manager
+from support.servers import drone_creds, hub_and_leaf
+from support.waiting import wait_until
 
 from broker.cli import main
 from broker.errors import AuthError
-from broker.manager.service import ManagerService, ManagerSettings
+from broker.manager.service import ManagerSettings
 from broker.server.auth.authority import create_authority, load_authority, save_authority
 from broker.server.auth.credentials import drone_credentials, leaf_credentials
 from broker.server.auth.jwt import creds_claims, decode_jwt
@@ -46,13 +47,6 @@ DRONE = "site1-00000000aa"
 OTHER = "site1-00000000bb"
 
 
-@pytest.fixture
-async def secured(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedServer, Path]]:
-    """A server in operator mode with JetStream; yields it and the authority file"""
-    async with secured_server(tmp_path) as (server, authority_file):
-        yield server, authority_file
-
-
 async def refused_for_another(url: str, creds: Path, domain: str | None = None) -> None:
     """With ``DRONE``'s credentials: ``OTHER``'s event, record and commands are all refused"""
     errors: list[str] = []
@@ -69,7 +63,7 @@ async def refused_for_another(url: str, creds: Path, domain: str | None = None) 
         await spoof.publish(f"{api}.{NS.record_bucket}.{SITE}.{OTHER}", b"x")
         await spoof.subscribe(NS.command(SITE, OTHER))
         await spoof.flush()
-        await wait_for(lambda: len(errors) >= 3, 10, "three permission violations")
+        await wait_until(lambda: len(errors) >= 3, 10, "three permission violations")
     finally:
         await spoof.close()
     assert all("permissions violation" in error for error in errors), errors
@@ -79,16 +73,18 @@ async def test_a_drone_runs_on_its_own_credentials_and_cannot_speak_for_another(
     tmp_path: Path, secured: tuple[EmbeddedServer, Path]
 ) -> None:
     server, authority_file = secured
-    service = ManagerService(
-        ManagerSettings(servers=[server.url], creds=str(tmp_path / "manager.creds"), retry_s=0.2)
+    settings = ManagerSettings(
+        servers=[server.url], creds=str(tmp_path / "manager.creds"), retry_s=0.2
     )
-    service_task = asyncio.create_task(service.run())
-    agent = Agent(
-        agent_settings(
-            tmp_path, server.url, DRONE, creds=drone_creds(tmp_path, authority_file, SITE, DRONE)
+    async with running_manager(settings) as service:
+        agent = Agent(
+            agent_settings(
+                tmp_path,
+                server.url,
+                DRONE,
+                creds=drone_creds(tmp_path, authority_file, SITE, DRONE),
+            )
         )
-    )
-    try:
         # its own claim, events, record and answers are allowed; with the same
         # credentials, nothing of another drone is
         await drone_life(
@@ -98,9 +94,6 @@ async def test_a_drone_runs_on_its_own_credentials_and_cannot_speak_for_another(
             reason="auth test",
         )
         assert service.registry.view(SITE, OTHER) is None
-    finally:
-        service.stop()
-        await asyncio.wait_for(service_task, 30)
 
 
 async def test_credentials_of_another_authority_are_refused(
@@ -244,10 +237,10 @@ async def test_a_leaf_node_checks_the_credentials_of_its_drones(
         settings = ManagerSettings(
             servers=[hub.url], creds=str(manager_creds), domain="hub", retry_s=0.2
         )
-        service = ManagerService(settings)
-        service_task = asyncio.create_task(service.run())
-        agent = Agent(agent_settings(tmp_path, leaf.url, DRONE, creds=drone_creds, domain="hub"))
-        try:
+        async with running_manager(settings) as service:
+            agent = Agent(
+                agent_settings(tmp_path, leaf.url, DRONE, creds=drone_creds, domain="hub")
+            )
             # the claim, the events, the drain command and the final record all
             # cross the leaf; the leaf refuses what the drone may not do
             await drone_life(
@@ -258,9 +251,6 @@ async def test_a_leaf_node_checks_the_credentials_of_its_drones(
             )
             assert service.registry.view(SITE, OTHER) is None
             assert service.registry.metrics().rejected_total == 0
-        finally:
-            service.stop()
-            await asyncio.wait_for(service_task, 30)
 
 
 def test_the_server_configuration_is_the_same_each_time_it_is_made() -> None:

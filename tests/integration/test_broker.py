@@ -8,11 +8,11 @@ from pathlib import Path
 import nats
 import nats.js.errors
 import pytest
-from helpers import pid_exists
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import StorageType, StreamConfig
-from vectors import EXAMPLES, example
+from support.processes import pid_exists
+from support.vectors import EXAMPLES, example
 
 from broker.errors import ProvisioningError, ServerStartError
 from broker.server.embedded import EmbeddedServer

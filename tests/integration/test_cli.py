@@ -5,49 +5,35 @@ from __future__ import annotations
 import asyncio
 import os
 import signal
-import sys
 from pathlib import Path
 
 import nats
-from helpers import pid_exists
-from vectors import EXAMPLES, example
+from support.processes import CLI, pid_exists, run_process, start_process
+from support.vectors import EXAMPLES, example
 
 from remote_agent.protocol import events as ev
-
-CLI = [sys.executable, "-m", "broker.cli"]
-
-
-async def _run(*args: str, stdin: bytes = b"") -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *CLI,
-        *args,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await proc.communicate(stdin)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
 
 
 async def test_protocol_decode_prints_json() -> None:
     message = example(ev.DroneRecord)
-    code, out, err = await _run("protocol", "decode", stdin=ev.encode(message))
+    code, out, err = await run_process(*CLI, "protocol", "decode", input=ev.encode(message))
     assert (code, err) == (0, "")
     assert out.strip().encode() == ev.to_json(message)
 
 
 async def test_protocol_decode_rejects_garbage() -> None:
-    code, out, err = await _run("protocol", "decode", stdin=b"\x81\xa4kind\xa3foo")
+    code, out, err = await run_process(*CLI, "protocol", "decode", input=b"\x81\xa4kind\xa3foo")
     assert (code, out) == (1, "")
     assert err == "cobald-remote: invalid message: Invalid value 'foo' - at `$.kind`\n"
-    code, _, err = await _run("protocol", "decode", "--max-size", "8", stdin=ev.encode(EXAMPLES[0]))
+    code, _, err = await run_process(
+        *CLI, "protocol", "decode", "--max-size", "8", input=ev.encode(EXAMPLES[0])
+    )
     assert code == 1
     assert "exceeds the limit of 8 bytes" in err
 
 
 async def test_broker_serve_and_init(tmp_path: Path) -> None:
-    proc = await asyncio.create_subprocess_exec(
+    proc = await start_process(
         *CLI,
         "broker",
         "serve",
@@ -68,7 +54,7 @@ async def test_broker_serve_and_init(tmp_path: Path) -> None:
         await nc.close()
         assert names == {"COBALD_EVENTS", "KV_cobald-drones", "KV_cobald-manager"}
 
-        code, out, err = await _run("broker", "init", "--server", url)
+        code, out, err = await run_process(*CLI, "broker", "init", "--server", url)
         assert (code, err) == (0, "")
         assert out.splitlines() == [
             "COBALD_EVENTS: unchanged",
@@ -82,14 +68,14 @@ async def test_broker_serve_and_init(tmp_path: Path) -> None:
 
 
 async def test_broker_init_without_server_fails_fast() -> None:
-    code, out, err = await _run("broker", "init", "--server", "nats://127.0.0.1:1")
+    code, out, err = await run_process(*CLI, "broker", "init", "--server", "nats://127.0.0.1:1")
     assert (code, out) == (1, "")
     assert err.startswith("cobald-remote: cannot connect to nats://127.0.0.1:1")
 
 
 async def test_broker_serve_reports_missing_binary(tmp_path: Path) -> None:
-    code, _, err = await _run(
-        "broker", "serve", "--store", str(tmp_path), "--nats-server", os.devnull + "x"
+    code, _, err = await run_process(
+        *CLI, "broker", "serve", "--store", str(tmp_path), "--nats-server", os.devnull + "x"
     )
     assert code == 1
     assert "is not an executable" in err

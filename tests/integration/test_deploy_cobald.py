@@ -15,10 +15,11 @@ from typing import Any
 
 import htcondor2
 import pytest
-from agent_support import read_events
 from cobald.composite.factory import FactoryPool
 from cobald.daemon.core.config import load
 from nats.js import JetStreamContext
+from support.agent import read_events
+from support.processes import start_process
 from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
 from tardis.adapters.sites.htcondor import HTCondorAdapter as HTCondorSiteAdapter
 from tardis.configuration.configuration import Configuration
@@ -177,7 +178,7 @@ async def test_the_demo_config_builds(
 
 async def test_the_real_daemon_runs_the_htcondor_config(tmp_path: Path) -> None:
     log = tmp_path / "cobald.log"
-    proc = await asyncio.create_subprocess_exec(
+    proc = await start_process(
         sys.executable,
         "-m",
         "cobald.daemon",
@@ -185,7 +186,6 @@ async def test_the_real_daemon_runs_the_htcondor_config(tmp_path: Path) -> None:
         "--log-target",
         str(log),
         cwd=tmp_path,
-        stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.PIPE,
         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL),
@@ -232,11 +232,10 @@ async def test_the_drone_job_runs_the_agent_around_the_master(
             "COBALD_REMOTE_POLL_S": "0.5",
         }
     )
-    proc = await asyncio.create_subprocess_exec(
-        str(DEPLOY / "drone-job"),
+    proc = await start_process(
+        DEPLOY / "drone-job",
         env=env,
         cwd=tmp_path,
-        stdin=asyncio.subprocess.DEVNULL,
         stdout=asyncio.subprocess.DEVNULL,
         stderr=asyncio.subprocess.DEVNULL,
     )

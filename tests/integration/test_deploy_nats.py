@@ -12,12 +12,14 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from agent_support import drone_life
-from agent_support import settings as agent_settings
-from helpers import free_ports, hub_and_leaf
+from support.agent import drone_life
+from support.agent import settings as agent_settings
+from support.manager import running_manager
+from support.processes import free_ports
+from support.servers import hub_and_leaf
 
 from broker.errors import ProvisioningError
-from broker.manager.service import ManagerService, ManagerSettings
+from broker.manager.service import ManagerSettings
 from broker.server.embedded import EmbeddedServer, find_binary
 from broker.server.provision import Topology, provision
 from remote_agent.agent import Agent
@@ -184,13 +186,8 @@ async def test_leaf_config_carries_a_drone_to_the_central_stream_and_bucket(
         finally:
             await nc.close()
         settings = ManagerSettings(servers=[hub.url], domain="hub", retry_s=0.2, lost_check_s=0.5)
-        service = ManagerService(settings)
-        service_task = asyncio.create_task(service.run())
-        drone = "site1-00000000aa"
-        agent = Agent(agent_settings(tmp_path, leaf.url, drone, domain="hub"))
-        try:
+        async with running_manager(settings) as service:
+            drone = "site1-00000000aa"
+            agent = Agent(agent_settings(tmp_path, leaf.url, drone, domain="hub"))
             # claim, events, the drain command and the final record cross the leaf
             await drone_life(service, agent, reason="leaf test")
-        finally:
-            service.stop()
-            await asyncio.wait_for(service_task, 30)

@@ -9,16 +9,15 @@ from __future__ import annotations
 import asyncio
 import signal
 import subprocess
-from collections.abc import AsyncIterator, Callable
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
-from test_gate import FakeAgent
+from support.gate import FakeAgent, GateFactory
 
 from broker.emulation.execution_point import EmulatedMaster, EmulatorControl, install_fake_condor
 from broker.emulation.site.overlay import OverlayPool
-from remote_agent.gate.server import GateServer
 from remote_agent.htcondor import CondorStartd
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS, GATE_CLOSED_STATUS, JobStart
 from remote_agent.protocol.events import PayloadEnd
@@ -29,13 +28,10 @@ Install = Callable[..., dict[str, str]]
 
 
 @pytest.fixture
-async def agent(tmp_path: Path) -> AsyncIterator[tuple[FakeAgent, dict[str, str]]]:
+async def agent(start_gate: GateFactory) -> tuple[FakeAgent, dict[str, str]]:
     """A fake agent serving the gate; its worker environment"""
-    fake = FakeAgent()
-    server = GateServer(tmp_path / "gate.sock", fake)
-    await server.start()
-    yield fake, server.environment()
-    await server.close()
+    server, fake = await start_gate()
+    return fake, server.environment()
 
 
 @pytest.fixture

@@ -6,11 +6,11 @@ import asyncio
 import socket
 import stat
 import threading
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
 import pytest
+from support.gate import FakeAgent, GateFactory
 
 from remote_agent.errors import GateError, GateUnavailable
 from remote_agent.gate.client import ask
@@ -25,44 +25,13 @@ from remote_agent.gate.messages import (
 )
 from remote_agent.gate.paths import GATE_ENV, find_gate_path
 from remote_agent.gate.server import GateServer
-from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, JobStart
+from remote_agent.interfaces import GATE_CLOSED_STATUS, JobStart
 from remote_agent.protocol.events import PayloadEnd
 
 
-class FakeAgent:
-    """A GateHandler that records what it is asked and answers from a flag"""
-
-    def __init__(self) -> None:
-        self.open = True
-        self.status_code = GATE_CLOSED_STATUS
-        self.started: list[JobStart] = []
-        self.exited: list[tuple[str, PayloadEnd, int | None, float | None]] = []
-        self.threads: set[int] = set()
-        self.fail = False
-
-    def prepare_job(self, job: JobStart) -> GateDecision:
-        self.threads.add(threading.get_ident())
-        if self.fail:
-            raise RuntimeError("bookkeeping broke")
-        self.started.append(job)
-        if self.open:
-            return GateDecision(allow=True)
-        return GateDecision(allow=False, status_code=self.status_code, message="drone is draining")
-
-    def job_exited(
-        self, job_id: str, how: PayloadEnd, exit_code: int | None, duration_s: float | None
-    ) -> None:
-        self.threads.add(threading.get_ident())
-        self.exited.append((job_id, how, exit_code, duration_s))
-
-
 @pytest.fixture
-async def gate(tmp_path: Path) -> AsyncIterator[tuple[GateServer, FakeAgent]]:
-    agent = FakeAgent()
-    server = GateServer(tmp_path / "gate.sock", agent, request_timeout_s=0.5)
-    await server.start()
-    yield server, agent
-    await server.close()
+async def gate(start_gate: GateFactory) -> tuple[GateServer, FakeAgent]:
+    return await start_gate(request_timeout_s=0.5)
 
 
 async def _ask(path: Path, request: PrepareJobRequest | JobExitRequest) -> object:

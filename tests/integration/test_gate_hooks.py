@@ -10,11 +10,12 @@ import os
 import socket
 import sys
 import time
-from collections.abc import AsyncIterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 
 import pytest
-from test_gate import FakeAgent
+from support.gate import FakeAgent, GateFactory
+from support.processes import CLI, run_process
 
 from broker.emulation.execution_point import DEPLOY_DIR
 from remote_agent.classad import parse_ad
@@ -33,23 +34,15 @@ Cmd = "/usr/bin/payload"
 
 #: the three ways the hook can be run
 MODULE = [sys.executable, "-m", "remote_agent.hooks"]
-CLI = [sys.executable, "-m", "broker.cli", "agent", "hook"]
+AGENT_HOOK = [*CLI, "agent", "hook"]
 
 
 async def run_hook(
     argv: Sequence[str | Path], stdin: bytes, env: dict[str, str]
 ) -> tuple[int, str, str, float]:
     started = time.monotonic()
-    proc = await asyncio.create_subprocess_exec(
-        *argv,
-        stdin=asyncio.subprocess.PIPE,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-        env=env,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(stdin), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode(), time.monotonic() - started
+    code, out, err = await run_process(*argv, input=stdin, env=env)
+    return code, out, err, time.monotonic() - started
 
 
 def hook_env(**extra: str) -> dict[str, str]:
@@ -58,19 +51,15 @@ def hook_env(**extra: str) -> dict[str, str]:
 
 
 @pytest.fixture
-async def gate(tmp_path: Path) -> AsyncIterator[tuple[GateServer, FakeAgent]]:
-    agent = FakeAgent()
-    server = GateServer(tmp_path / "gate.sock", agent)
-    await server.start()
-    yield server, agent
-    await server.close()
+async def gate(start_gate: GateFactory) -> tuple[GateServer, FakeAgent]:
+    return await start_gate()
 
 
 @pytest.mark.parametrize(
     "argv",
     [
         [*MODULE, "prepare-job"],
-        [*CLI, "prepare-job"],
+        [*AGENT_HOOK, "prepare-job"],
         [DEPLOY_DIR / "hook-prepare-job"],
     ],
     ids=["module", "cli", "wrapper"],
@@ -195,7 +184,7 @@ async def test_job_exit_by_signal_reports_a_negative_code(
     server, agent = gate
     ad = JOB_AD + b"ExitBySignal = true\nExitSignal = 9\nJobDuration = 5\n"
     code, _, _, _ = await run_hook(
-        [*CLI, "job-exit", "evict"], ad, hook_env(**{GATE_ENV: str(server.path)})
+        [*AGENT_HOOK, "job-exit", "evict"], ad, hook_env(**{GATE_ENV: str(server.path)})
     )
     assert code == 0
     assert agent.exited == [("4711.2", PayloadEnd.EVICT, -9, 5.0)]

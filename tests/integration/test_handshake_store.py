@@ -23,12 +23,6 @@ NS = Namespace()
 SITE = "site1"
 
 
-@pytest.fixture
-async def store(js: JetStreamContext) -> RecordStore:
-    await provision(js)
-    return await RecordStore.open(js, NS)
-
-
 def _intent(minutes: float = 10) -> DrainIntent:
     now = utcnow()
     return DrainIntent(

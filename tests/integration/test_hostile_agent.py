@@ -17,7 +17,9 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from agent_support import (
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from support.agent import (
     NS,
     SITE,
     FakeStartd,
@@ -27,13 +29,10 @@ from agent_support import (
     release_if_idle,
     running,
     settings,
-    wait_for,
 )
-from nats.aio.client import Client
-from nats.js import JetStreamContext
+from support.waiting import wait_until
 
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from remote_agent.agent import Agent
 from remote_agent.gate.client import ask
 from remote_agent.gate.messages import GateDecisionReply, PrepareJobRequest
@@ -65,12 +64,6 @@ class Drone:
     agent: Agent
     gate: GateServer
     startd: FakeStartd
-
-
-@pytest.fixture
-async def store(js: JetStreamContext) -> RecordStore:
-    await provision(js)
-    return await RecordStore.open(js, NS)
 
 
 @pytest.fixture
@@ -106,7 +99,7 @@ async def _forge_exits(path: Path, *job_ids: str) -> None:
 
 
 async def _start_two(d: Drone) -> None:
-    await wait_for(lambda: d.agent.gate_open, what="the gate to open")
+    await wait_until(lambda: d.agent.gate_open, what="the gate to open")
     for slot, job_id in enumerate(JOBS):
         assert (await _prepare(d.gate.path, job_id)).allow
         d.startd.run_job(slot, job_id)
@@ -128,7 +121,7 @@ async def test_forged_job_exits_do_not_make_a_busy_drone_idle(
     async with running(d.agent) as run:
         await _start_two(d)
         await _forge_exits(d.gate.path, *JOBS)
-        await wait_for(lambda: not d.agent.payloads, what="the forged exits to arrive")
+        await wait_until(lambda: not d.agent.payloads, what="the forged exits to arrive")
 
         # the hooks say idle, the startd does not: release-if-idle lets nothing go
         reply = await command(nc, release_if_idle(DRONE))
@@ -162,7 +155,7 @@ async def test_a_claimed_slot_without_a_job_is_busy(
 ) -> None:
     d = drone
     async with running(d.agent):
-        await wait_for(lambda: d.agent.gate_open, what="the gate to open")
+        await wait_until(lambda: d.agent.gate_open, what="the gate to open")
         # claimed, the job not started yet (input transfer, PREPARE_JOB pending)
         d.startd.slot_list[0] = SlotInfo(d.startd.slot_list[0].name, "Claimed", "Idle")
         reply = await command(nc, release_if_idle(DRONE))
@@ -180,7 +173,7 @@ async def test_a_startd_that_does_not_answer_is_not_idle(
 ) -> None:
     d = drone
     async with running(d.agent):
-        await wait_for(lambda: d.agent.gate_open, what="the gate to open")
+        await wait_until(lambda: d.agent.gate_open, what="the gate to open")
         d.startd.fail = True  # the worker (condor_master) still runs
         reply = await command(nc, release_if_idle(DRONE))
         assert isinstance(reply, ev.Reply)
@@ -224,7 +217,7 @@ async def test_a_lost_record_closes_the_gate_and_drains(
     d = drone
     key = NS.record_key(SITE, DRONE)
     async with running(d.agent) as run:
-        await wait_for(lambda: d.agent.gate_open, what="the gate to open")
+        await wait_until(lambda: d.agent.gate_open, what="the gate to open")
         assert (await _prepare(d.gate.path, "7.0")).allow
         d.startd.run_job(0, "7.0")
         if rewrite == "deleted":
@@ -232,7 +225,7 @@ async def test_a_lost_record_closes_the_gate_and_drains(
         else:
             value = {"released": _released, "other_up": _other_up}.get(rewrite, lambda: b"\xc1")
             await store.kv.put(key, value())
-        await wait_for(lambda: not d.agent.gate_open, what="the gate to close")
+        await wait_until(lambda: not d.agent.gate_open, what="the gate to close")
         refused = await _prepare(d.gate.path, "8.0")
         assert (refused.allow, refused.status_code) == (False, GATE_CLOSED_STATUS)
         # the running payload is not killed: the drone drains
@@ -264,7 +257,7 @@ async def test_a_prepare_job_flood_drops_no_event(
     d = drone
     flood = 800  # unbounded, 800 payloads of 64-character ids make a snapshot > 64 KiB
     async with running(d.agent) as run:
-        await wait_for(lambda: d.agent.gate_open, what="the gate to open")
+        await wait_until(lambda: d.agent.gate_open, what="the gate to open")
         stem = "9" * (MAX_JOB_ID - 4)
         replies = []
         for n in range(flood):
@@ -304,7 +297,7 @@ async def test_a_drain_deadline_read_from_the_record_counts_no_sooner_than_a_sel
     await gate.start()
     try:
         async with running(agent):
-            await wait_for(lambda: agent.gate_open, what="the gate to open")
+            await wait_until(lambda: agent.gate_open, what="the gate to open")
             assert (await _prepare(gate.path, "7.0")).allow
             startd.run_job(0, "7.0")
             current = await store.read(SITE, DRONE)
@@ -317,7 +310,7 @@ async def test_a_drain_deadline_read_from_the_record_counts_no_sooner_than_a_sel
                 drain=ev.DrainIntent(deadline=now, reason="forged", requested_at=now),
             )
             await store.kv.put(NS.record_key(SITE, DRONE), ev.encode(forged))
-            await wait_for(lambda: agent.state is ev.DroneState.DRAINING, what="a drain")
+            await wait_until(lambda: agent.state is ev.DroneState.DRAINING, what="a drain")
             await asyncio.sleep(1.0)
             assert (await _phase(store)) is ev.RecordPhase.DRAINING  # no deadline_expired
             assert [p.job_id for p in agent.payloads] == ["7.0"]  # nothing killed

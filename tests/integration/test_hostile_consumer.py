@@ -14,18 +14,19 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import sys
 import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
 import msgspec
 import pytest
-from fake_drones import FakeDrone, eventually, publish
-from helpers import running_manager
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
+from support.drones import FakeDrone, publish
+from support.manager import running_manager
+from support.processes import CLI, run_process
+from support.waiting import wait_until
 
 from broker.jetstream.messages import ConsumerStats, Disposition, PullSettings
 from broker.jetstream.pull import PullConsumer
@@ -34,20 +35,12 @@ from broker.manager.registry import Registry
 from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.durable import durable_config, ensure_consumer
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 
 NS = Namespace()
 SITE = "site1"
 FAST = PullSettings(batch=50, expires_s=2.0, idle_heartbeat_s=0.5)
-CLI = [sys.executable, "-m", "broker.cli"]
-
-
-@pytest.fixture
-async def stream(js: JetStreamContext) -> JetStreamContext:
-    await provision(js)
-    return js
 
 
 def deeply_nested(event: ev.Event, depth: int = 1_000) -> bytes:
@@ -126,12 +119,12 @@ async def test_deeply_nested_events_are_termed_and_valid_ones_applied(
             (d.site, d.drone): d.seq - (d.drone in {drones[1].drone, drones[3].drone})
             for d in drones
         }
-        await eventually(
+        await wait_until(
             lambda: {k: s for k, (s, _) in _state(service.registry).items()} == expected,
             what="every valid event applied",
         )
         stats = service.consumer_stats
-        await eventually(lambda: stats.termed >= poison, what="the poison termed")
+        await wait_until(lambda: stats.termed >= poison, what="the poison termed")
         await asyncio.sleep(1.5)  # longer than ack_wait: nothing comes back
         await _settled(stream, service.settings.durable)
         assert stats.acked + stats.termed == stats.delivered
@@ -176,7 +169,7 @@ async def test_a_handler_that_raises_terms_and_counts(
     stop = asyncio.Event()
     task = asyncio.create_task(pull.run(stop))
     try:
-        await eventually(lambda: pull.stats.delivered >= total, what="everything delivered")
+        await wait_until(lambda: pull.stats.delivered >= total, what="everything delivered")
         await asyncio.sleep(1.5)  # longer than ack_wait: nothing is redelivered
         await _settled(stream, name)
     finally:
@@ -220,12 +213,12 @@ async def test_a_bug_in_the_registry_does_not_stop_the_manager(
             for drone in [*honest, buggy]:
                 await _publish_story(stream, drone, 2)
         expected = {(d.site, d.drone): d.seq for d in honest}
-        await eventually(
+        await wait_until(
             lambda: {k: s for k, (s, _) in _state(service.registry).items()} == expected,
             what="the other drones' events applied",
         )
         stats = service.consumer_stats
-        await eventually(lambda: stats.handler_errors == 3 * 4, what="every buggy event counted")
+        await wait_until(lambda: stats.handler_errors == 3 * 4, what="every buggy event counted")
         await asyncio.sleep(1.5)  # longer than ack_wait
         await _settled(stream, service.settings.durable)
         assert stats.handler_error_types == {"RuntimeError": 12}
@@ -273,7 +266,7 @@ async def test_a_message_never_answered_stops_after_max_deliver(
     stop = asyncio.Event()
     task = asyncio.create_task(pull.run(stop))
     try:
-        await eventually(lambda: pull.stats.nacked >= 2, what="redelivered")
+        await wait_until(lambda: pull.stats.nacked >= 2, what="redelivered")
         await asyncio.sleep(2.0)  # a nak is redelivered at once: enough for any bound
         deliveries = seen[NS.event(SITE, hopeless.drone, "heartbeat")]
         await asyncio.sleep(1.5)  # longer than ack_wait: it stopped
@@ -320,22 +313,6 @@ async def test_read_all_reads_past_poison(nc: Client, stream: JetStreamContext) 
     assert await stream.consumers_info(NS.event_stream) == []
 
 
-async def _cli(*args: str, timeout_s: float) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *CLI, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    try:
-        out, err = await asyncio.wait_for(proc.communicate(), timeout_s)
-    except TimeoutError:
-        proc.kill()
-        await proc.wait()
-        raise AssertionError(
-            f"cobald-remote {args[0]} did not answer within {timeout_s:.0f}s"
-        ) from None
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
 @pytest.mark.timeout(45)
 async def test_status_answers_on_a_quiet_bus_holding_one_poison_message(
     nats_server: EmbeddedServer, stream: JetStreamContext
@@ -344,7 +321,7 @@ async def test_status_answers_on_a_quiet_bus_holding_one_poison_message(
     await _publish_story(stream, drone, 3)
     await _poison(stream, drone)  # its newest heartbeat
     started = time.monotonic()
-    code, out, err = await _cli("status", "--server", nats_server.url, timeout_s=20)
+    code, out, err = await run_process(*CLI, "status", "--server", nats_server.url, timeout_s=20)
     assert time.monotonic() - started < 20
     assert code == 0, err
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
@@ -379,14 +356,14 @@ async def test_a_subject_that_is_not_utf8_is_termed(
         for drone in drones:
             await _publish_story(stream, drone, 2)
         expected = {(d.site, d.drone): d.seq for d in drones}
-        await eventually(
+        await wait_until(
             lambda: {k: s for k, (s, _) in _state(service.registry).items()} == expected,
             what="the events after it applied",
         )
-        await eventually(lambda: service.consumer_stats.termed == 1, what="termed")
+        await wait_until(lambda: service.consumer_stats.termed == 1, what="termed")
         await _settled(stream, service.settings.durable)
         assert service.failures == 0
     # and the rebuild reads past it
-    code, out, err = await _cli("status", "--server", nats_server.url, timeout_s=20)
+    code, out, err = await run_process(*CLI, "status", "--server", nats_server.url, timeout_s=20)
     assert code == 0, err
     assert {line.split()[0] for line in out.splitlines()[1:]} == {d.drone for d in drones}

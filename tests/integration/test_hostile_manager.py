@@ -18,13 +18,15 @@ import msgspec
 import nats.errors
 import nats.js.errors
 import pytest
-from fake_drones import FakeDrone, eventually
-from helpers import drone_creds, running_manager, secured_server
 from nats.aio.client import Client
+from support.drones import FakeDrone
+from support.manager import running_manager
+from support.servers import drone_creds
+from support.tardis import FakeSite, attributes
+from support.waiting import wait_until
 from tardis.agents.siteagent import SiteAgent
 from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
 from tardis.interfaces.siteadapter import ResourceStatus
-from tardis_support import FakeSite, attributes
 
 from broker.manager.outcomes import ReleaseOutcome
 from broker.manager.rebuild import rebuild
@@ -45,12 +47,6 @@ NS = Namespace()
 SITE = "site1"
 DRONE = "site1-00000000aa"
 RECORD_SUBJECT = f"$KV.{NS.record_bucket}.{NS.record_key(SITE, DRONE)}"
-
-
-@pytest.fixture
-async def secured(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedServer, Path]]:
-    async with secured_server(tmp_path) as (server, authority_file):
-        yield server, authority_file
 
 
 @contextlib.asynccontextmanager
@@ -118,7 +114,7 @@ async def test_a_drone_writing_the_managers_release_is_not_removable(
         manager(server.url, tmp_path / "manager.creds") as service,
     ):
         await busy_and_up(nc)
-        await eventually(lambda: _busy(service), what="busy drone with a record")
+        await wait_until(lambda: _busy(service), what="busy drone with a record")
         forged = ev.DroneRecord(
             site=SITE,
             drone=DRONE,
@@ -128,7 +124,7 @@ async def test_a_drone_writing_the_managers_release_is_not_removable(
             proof=b"\x00" * 32,
         )
         await write_record(nc, RECORD_SUBJECT, ev.encode(forged))
-        await eventually(
+        await wait_until(
             lambda: (
                 (view := service.registry.view(SITE, DRONE)) is not None
                 and view.phase is ev.RecordPhase.RELEASED
@@ -158,9 +154,9 @@ async def test_a_drone_deleting_its_record_is_never_released_over_it(
     async with as_drone(server.url, creds) as nc:
         async with manager(server.url, tmp_path / "manager.creds") as service:
             await busy_and_up(nc)
-            await eventually(lambda: _busy(service), what="busy drone with a record")
+            await wait_until(lambda: _busy(service), what="busy drone with a record")
             await nc.jetstream().publish(RECORD_SUBJECT, b"", headers={"KV-Operation": operation})
-            await eventually(
+            await wait_until(
                 lambda: (
                     (view := service.registry.view(SITE, DRONE)) is not None
                     and view.record is not None
@@ -200,7 +196,7 @@ async def test_a_forged_future_seq_hides_no_later_event(
         restarted = FakeDrone(SITE, DRONE, incarnation="inc2", seq=10)
         await publish(nc, restarted.started())
         await publish(nc, restarted.ready())
-        await eventually(
+        await wait_until(
             lambda: (
                 (view := service.registry.view(SITE, DRONE)) is not None
                 and view.incarnation == "inc2"
@@ -252,7 +248,7 @@ async def test_live_rebuilt_and_timeline_agree_on_a_hostile_stream(
             except SchemaError:
                 headers = None
             await js.publish(subject, data, headers=headers)
-        await eventually(
+        await wait_until(
             lambda: service.consumer_stats.acked + service.consumer_stats.termed >= len(stream),
             what="every message handled",
         )
@@ -300,7 +296,7 @@ async def test_a_drone_cannot_read_the_managers_proof_key(
             )
         await nc.subscribe(f"$KV.{bucket}.>")
         await nc.flush()
-        await eventually(lambda: len(errors) >= 2, what="two permission violations")
+        await wait_until(lambda: len(errors) >= 2, what="two permission violations")
     finally:
         await nc.close()
     assert all("permissions violation" in error.lower() for error in errors), errors
@@ -333,7 +329,7 @@ async def test_tardis_never_removes_a_busy_drone_that_forged_its_record(
                 await write_record(nc, RECORD_SUBJECT, ev.encode(forged))
             else:
                 await nc.jetstream().publish(RECORD_SUBJECT, b"", headers={"KV-Operation": "DEL"})
-            await eventually(
+            await wait_until(
                 lambda: (
                     (view := bus.registry.view(SITE, DRONE)) is not None
                     and len(view.payloads) == 2
@@ -410,7 +406,7 @@ async def test_a_drone_cannot_have_the_server_relay_its_words_onto_another_drone
             await write_record(victim_nc, OTHER_RECORD, ev.encode(up))
         finally:
             await victim_nc.close()
-        await eventually(
+        await wait_until(
             lambda: (
                 (view := service.registry.view(SITE, OTHER)) is not None
                 and len(view.payloads) == 2
@@ -431,11 +427,11 @@ async def test_a_drone_cannot_have_the_server_relay_its_words_onto_another_drone
         await nc.jetstream().publish(RECORD_SUBJECT, b"x")
         await nc.publish(NS.event(SITE, DRONE, "heartbeat"), b"x", reply=OTHER_RECORD)
         await nc.flush()
-        await eventually(
+        await wait_until(
             lambda: service.registry.metrics().rejected["relayed"] >= 4,
             what="the relays rejected",
         )
-        await eventually(
+        await wait_until(
             lambda: service.consumer_stats.acked + service.consumer_stats.termed >= 7,
             what="every event handled",
         )

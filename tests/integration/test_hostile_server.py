@@ -21,10 +21,11 @@ import nats
 import nats.errors
 import nats.js.errors
 import pytest
-from agent_support import SITE, wait_for
-from fake_drones import FakeDrone
 from nats.aio.client import Client
 from nats.js.api import StreamConfig
+from support.agent import SITE
+from support.drones import FakeDrone
+from support.waiting import wait_until
 
 from broker.server.auth.authority import Authority, create_authority
 from broker.server.auth.credentials import drone_credentials, manager_credentials
@@ -110,7 +111,7 @@ async def _refused_purge(drone: Client, errors: list[str], stream: str) -> None:
     """A drone has no JetStream API but direct gets: its purge request is refused"""
     await drone.publish(f"$JS.API.STREAM.PURGE.{stream}", b"{}")
     await drone.flush()
-    await wait_for(lambda: any("stream.purge" in error for error in errors), 10, "refusal")
+    await wait_until(lambda: any("stream.purge" in error for error in errors), 10, "refusal")
     assert all("permissions violation" in error for error in errors), errors
 
 
@@ -174,7 +175,7 @@ async def test_a_drone_publishes_only_the_event_kinds_there_are(bus: Bus) -> Non
         for subject in (f"{root}.evt.no_such_kind", f"{root}.evt.heartbeat.x", f"{root}.mgr.x"):
             await drone.publish(subject, b"x")
         await drone.flush()
-        await wait_for(lambda: len(errors) >= 3, 10, "three permission violations")
+        await wait_until(lambda: len(errors) >= 3, 10, "three permission violations")
         assert all("permissions violation" in error for error in errors), errors
         info = await bus.manager.jetstream().stream_info(NS.event_stream)
         assert info.state.messages == 1
@@ -192,7 +193,7 @@ async def test_a_drone_over_its_subscription_limit_is_refused(bus: Bus) -> None:
             for n in range(limit + 4):
                 await drone.subscribe(f"_INBOX_{FLOODER}.{n}")
             await drone.flush()
-        await wait_for(lambda: drone.is_closed, 10, "the refusal")
+        await wait_until(lambda: drone.is_closed, 10, "the refusal")
         assert "maximum subscriptions exceeded" in str(drone.last_error).lower()
     finally:
         await drone.close()

@@ -44,7 +44,9 @@ from pathlib import Path
 
 import nats.errors
 import pytest
-from agent_support import FakeStartd, TcpProxy, read_events, settings, wait_for
+from support.agent import FakeStartd, read_events, settings
+from support.servers import TcpProxy
+from support.waiting import wait_until
 
 from broker.manager.control import Control
 from broker.manager.outcomes import DrainOutcome, ReleaseOutcome
@@ -318,14 +320,14 @@ class World:
             if time.monotonic() > give_up:
                 raise Violation(f"{drone.name}: never announced itself ({drone.log})")
             await asyncio.sleep(0.05)
-        await wait_for(lambda: not drone.alive, 60, f"{drone.name} to end ({drone.log})")
+        await wait_until(lambda: not drone.alive, 60, f"{drone.name} to end ({drone.log})")
         assert drone.task is not None
         code = drone.task.result()  # not drone.exit_code: its done-callback may still be due
         if code != 0:
             raise Violation(f"{drone.name}: agent exited {code} ({drone.log})")
         if drone.gate is not None:
             await drone.gate.close()
-        await wait_for(
+        await wait_until(
             lambda: bool(control.may_remove(SITE, drone.name, lbs_running=True)),
             30,
             f"{drone.name} to be removable ({drone.log})",
@@ -479,7 +481,7 @@ async def run_schedule(number: int, tmp_path: Path) -> int:
 
 
 # A broker restart while the agent's proxy accepts a connection ends that connection before
-# the server's INFO, and nats-py then never closes its socket (see agent_support.TcpProxy.cut).
+# the server's INFO, and nats-py then never closes its socket (see support.servers.TcpProxy.cut).
 @pytest.mark.filterwarnings("ignore::pytest.PytestUnraisableExceptionWarning")
 @pytest.mark.timeout(max(600, SCHEDULES * 60))
 async def test_no_schedule_breaks_the_handshake(tmp_path: Path) -> None:

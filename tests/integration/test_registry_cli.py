@@ -2,42 +2,24 @@
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 
 import pytest
-from fake_drones import FakeDrone, answer_commands, publish
 from nats.aio.client import Client
 from nats.js import JetStreamContext
+from support.drones import FakeDrone, answer_commands, publish
+from support.processes import CLI, run_process
 
 from broker.cli import main
 from broker.commands.ops import EXIT_UNCONFIRMED
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.environment import site_of
 from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.names import Namespace
 
-CLI = [sys.executable, "-m", "broker.cli"]
 NS = Namespace()
 SITE = "site1"
-
-
-async def _run(*args: str) -> tuple[int, str, str]:
-    proc = await asyncio.create_subprocess_exec(
-        *CLI, *args, stdout=asyncio.subprocess.PIPE, stderr=asyncio.subprocess.PIPE
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode is not None
-    return proc.returncode, out.decode(), err.decode()
-
-
-@pytest.fixture
-async def store(js: JetStreamContext) -> RecordStore:
-    await provision(js)
-    return await RecordStore.open(js, NS)
 
 
 def test_site_of_tardis_uuids(capsys: pytest.CaptureFixture[str]) -> None:
@@ -61,7 +43,7 @@ async def test_status_table_and_json(
         await publish(js, NS, event)
     await store.release(SITE, "site1-00000000d1")
 
-    code, out, err = await _run("status", "--server", nats_server.url)
+    code, out, err = await run_process(*CLI, "status", "--server", nats_server.url)
     assert (code, err) == (0, "")
     lines = out.splitlines()
     assert lines[0].split() == [
@@ -81,7 +63,9 @@ async def test_status_table_and_json(
     assert rows["site1-00000000d1"][1:4] == [SITE, "-", "0"]
     assert rows["site1-00000000d1"][-1] == "released"
 
-    code, out, err = await _run("status", busy.drone, "--json", "--server", nats_server.url)
+    code, out, err = await run_process(
+        *CLI, "status", busy.drone, "--json", "--server", nats_server.url
+    )
     assert (code, err) == (0, "")
     (row,) = json.loads(out)
     assert row["drone"] == busy.drone and row["state"] == "busy"
@@ -89,10 +73,14 @@ async def test_status_table_and_json(
     assert row["lost"] is False and row["record_phase"] == "up" and row["seq"] == busy.seq
     assert 0 <= row["last_fact_age_s"] < 60
 
-    code, out, err = await _run("status", "--site", "site2", "--json", "--server", nats_server.url)
+    code, out, err = await run_process(
+        *CLI, "status", "--site", "site2", "--json", "--server", nats_server.url
+    )
     assert code == 0 and [r["drone"] for r in json.loads(out)] == [idle.drone]
 
-    code, out, err = await _run("status", "site1-0000000404", "--server", nats_server.url)
+    code, out, err = await run_process(
+        *CLI, "status", "site1-0000000404", "--server", nats_server.url
+    )
     assert code == 1 and "no drone 'site1-0000000404'" in err
 
 
@@ -100,24 +88,24 @@ async def test_release_and_drain(
     nats_server: EmbeddedServer, nc: Client, store: RecordStore
 ) -> None:
     url = nats_server.url
-    code, out, err = await _run("release", "site1-0000000001", "--server", url)
+    code, out, err = await run_process(*CLI, "release", "site1-0000000001", "--server", url)
     assert (code, err) == (0, "")
     assert out.startswith("site1/site1-0000000001: released:")
     assert "may be removed" in out
     record = await store.read(SITE, "site1-0000000001")
     assert record is not None and record.record.phase is ev.RecordPhase.RELEASED
 
-    code, out, err = await _run("drain", "site1-0000000001", "--server", url)
+    code, out, err = await run_process(*CLI, "drain", "site1-0000000001", "--server", url)
     assert code == 0 and "drain released" in out
 
     # never announced: drain refuses and says what to do instead
-    code, out, err = await _run("drain", "site1-0000000002", "--server", url)
+    code, out, err = await run_process(*CLI, "drain", "site1-0000000002", "--server", url)
     assert code == 1 and "drain not_announced" in out and "release it instead" in out
     assert await store.read(SITE, "site1-0000000002") is None
 
     # announced, nobody answers: the intent is recorded, exit 3
     await store.claim(SITE, "site1-0000000003", "inc1")
-    code, out, err = await _run(
+    code, out, err = await run_process(*CLI,
         "drain", "site1-0000000003", "--deadline", "600", "--reason", "kernel update",
         "--timeout", "0.3", "--server", url,
     )  # fmt: skip
@@ -133,7 +121,7 @@ async def test_release_and_drain(
         nc, NS, drone, lambda _c: (ev.Outcome.DRAIN_ACCEPTED, "gate closed")
     )
     try:
-        code, out, err = await _run("release", drone.drone, "--json", "--server", url)
+        code, out, err = await run_process(*CLI, "release", drone.drone, "--json", "--server", url)
     finally:
         await sub.unsubscribe()
     assert (code, err) == (0, "")
@@ -142,13 +130,15 @@ async def test_release_and_drain(
     assert result["drain"]["outcome"] == "accepted"
 
     # an explicit site for a uuid that does not carry it
-    code, out, err = await _run("release", "odd_name", "--site", "siteX", "--server", url)
+    code, out, err = await run_process(
+        *CLI, "release", "odd_name", "--site", "siteX", "--server", url
+    )
     assert code == 0 and out.startswith("siteX/odd_name: released")
-    code, out, err = await _run("release", "odd_name", "--server", url)
+    code, out, err = await run_process(*CLI, "release", "odd_name", "--server", url)
     assert code == 1 and "give --site" in err
 
 
 async def test_unreachable_server_fails_fast() -> None:
     for command in (["status"], ["drain", "site1-0123456789"], ["release", "site1-0123456789"]):
-        code, _, err = await _run(*command, "--server", "nats://127.0.0.1:1")
+        code, _, err = await run_process(*CLI, *command, "--server", "nats://127.0.0.1:1")
         assert code == 1 and "cannot connect" in err

@@ -7,12 +7,13 @@ import contextlib
 from collections.abc import AsyncIterator
 
 import pytest
-from fake_drones import FakeDrone, eventually, publish
-from helpers import running_manager
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from nats.js.api import ConsumerConfig
 from nats.protocol.parser import Parser
+from support.drones import FakeDrone, publish
+from support.manager import running_manager
+from support.waiting import wait_until
 
 from broker.errors import ConsumerError
 from broker.jetstream.fastpath import FastParser
@@ -26,7 +27,6 @@ from broker.manager.validity import Rejection
 from broker.manager.views import DroneView
 from broker.server.durable import durable_config, ensure_consumer
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.names import Namespace
@@ -34,12 +34,6 @@ from remote_agent.protocol.names import Namespace
 NS = Namespace()
 SITE = "site1"
 FAST = PullSettings(batch=50, expires_s=2.0, idle_heartbeat_s=0.5)
-
-
-@pytest.fixture
-async def stream(js: JetStreamContext) -> JetStreamContext:
-    await provision(js)
-    return js
 
 
 def _fleet(count: int, prefix: str = "site1-") -> list[FakeDrone]:
@@ -103,7 +97,7 @@ async def test_consumer_applies_then_acks(nc: Client, stream: JetStreamContext) 
     )
     assert pull.direct
     async with _running(pull):
-        await eventually(lambda: _state(registry) == _expected(drones), what="all applied")
+        await wait_until(lambda: _state(registry) == _expected(drones), what="all applied")
         info = await stream.consumer_info(NS.event_stream, "t")
         last = (await stream.stream_info(NS.event_stream)).state.last_seq
         for _ in range(200):
@@ -136,7 +130,7 @@ async def test_portable_path_works_too(nc: Client, stream: JetStreamContext) -> 
         headers=True,
     )
     async with _running(pull):
-        await eventually(lambda: _state(registry) == _expected(drones), what="all applied")
+        await wait_until(lambda: _state(registry) == _expected(drones), what="all applied")
     assert not pull.is_direct
     assert type(nc._ps) is Parser  # nats-py's parser, untouched
     assert pull.stats.acked == registry.metrics().applied
@@ -157,7 +151,7 @@ async def test_crash_before_ack_means_redelivery(nc: Client, stream: JetStreamCo
         nc, NS.event_stream, "crashy", event_handler(first), settings=FAST, acks=False, headers=True
     )
     async with _running(crashing):
-        await eventually(lambda: crashing.stats.delivered >= total, what="all handled once")
+        await wait_until(lambda: crashing.stats.delivered >= total, what="all handled once")
     assert crashing.stats.acked == crashing.stats.termed == 0
 
     second = Registry(NS)
@@ -165,8 +159,8 @@ async def test_crash_before_ack_means_redelivery(nc: Client, stream: JetStreamCo
         nc, NS.event_stream, "crashy", event_handler(second), settings=FAST, headers=True
     )
     async with _running(pull):
-        await eventually(lambda: _state(second) == _expected(drones), what="redelivered")
-        await eventually(lambda: pull.stats.acked >= total, what="acked")
+        await wait_until(lambda: _state(second) == _expected(drones), what="redelivered")
+        await wait_until(lambda: pull.stats.acked >= total, what="acked")
     assert dict(second.views()) == dict(first.views())
     info = await stream.consumer_info(NS.event_stream, "crashy")
     assert info.num_ack_pending == 0
@@ -200,8 +194,8 @@ async def test_garbage_and_forgeries_are_termed_and_counted(
         nc, NS.event_stream, "strict", event_handler(registry), settings=FAST, headers=True
     )
     async with _running(pull):
-        await eventually(lambda: pull.stats.delivered >= 4, what="all delivered")
-        await eventually(lambda: pull.stats.termed == 3, what="termed")
+        await wait_until(lambda: pull.stats.delivered >= 4, what="all delivered")
+        await wait_until(lambda: pull.stats.termed == 3, what="termed")
         # terminated messages are not redelivered after ack_wait (1 s)
         await asyncio.sleep(2.5)
         assert pull.stats.delivered == 4
@@ -225,7 +219,7 @@ async def test_service_restart_loses_no_acknowledged_event(
     async with _service(nats_server) as service:
         for drone in drones[:3]:
             await _publish_story(stream, drone, 6)
-        await eventually(
+        await wait_until(
             lambda: _state(service.registry) == _expected(drones[:3]), what="first half"
         )
     # the manager is down while more events come
@@ -235,7 +229,7 @@ async def test_service_restart_loses_no_acknowledged_event(
     async with _service(nats_server) as restarted:  # a new, empty registry
         assert restarted.registry is not service.registry
         assert restarted.last_rebuild is not None
-        await eventually(lambda: _state(restarted.registry) == _expected(drones), what="everything")
+        await wait_until(lambda: _state(restarted.registry) == _expected(drones), what="everything")
         for key, view in before.items():
             now = restarted.registry.view(*key)
             assert now is not None and now.seq is not None and view.seq is not None
@@ -249,12 +243,12 @@ async def test_broker_restart_loses_no_acknowledged_event(
     async with _service(nats_server) as service:
         for drone in drones:
             await _publish_story(stream, drone, 4)
-        await eventually(lambda: _state(service.registry) == _expected(drones), what="before")
+        await wait_until(lambda: _state(service.registry) == _expected(drones), what="before")
         await nats_server.restart()
-        await eventually(lambda: nc.is_connected, what="test client reconnected")
+        await wait_until(lambda: nc.is_connected, what="test client reconnected")
         for drone in drones:
             await _publish_story(stream, drone, 4)
-        await eventually(
+        await wait_until(
             lambda: _state(service.registry) == _expected(drones), 40, what="after restart"
         )
         for _ in range(400):
@@ -288,8 +282,8 @@ async def test_rebuild_equals_live_state(
         late = FakeDrone(SITE, "site1-eeeeeeeeee")
         await publish(stream, NS, late.started())
         everyone = [*drones, late]
-        await eventually(lambda: _state(service.registry) == _expected(everyone), what="live")
-        await eventually(
+        await wait_until(lambda: _state(service.registry) == _expected(everyone), what="live")
+        await wait_until(
             lambda: sum(v.record is not None for v in service.registry.views().values()) == 15,
             what="records",
         )
@@ -312,7 +306,7 @@ async def test_rebuild_survives_restart_of_manager_between(
         await _publish_story(stream, drone, 4)
     registry = Registry(NS)
     async with _service(nats_server, registry) as service:
-        await eventually(lambda: _state(registry) == _expected(drones), what="live")
+        await wait_until(lambda: _state(registry) == _expected(drones), what="live")
         before = dict(registry.views())
         report, _ = await rebuild(service.control.nc, stream, registry)  # type: ignore[union-attr]
         assert dict(registry.views()) == before
@@ -325,12 +319,12 @@ async def test_lost_marking_in_the_service(
     drone = FakeDrone(SITE, "site1-0000000001")
     async with _service(nats_server, lost_after_s=2.0) as service:
         await publish(stream, NS, drone.heartbeat(interval_s=0.2))
-        await eventually(lambda: service.registry.view(SITE, drone.drone) is not None)
-        await eventually(
+        await wait_until(lambda: service.registry.view(SITE, drone.drone) is not None)
+        await wait_until(
             lambda: _lost(service.registry.view(SITE, drone.drone)), what="marked lost"
         )
         await publish(stream, NS, drone.heartbeat(interval_s=0.2))
-        await eventually(lambda: not _lost(service.registry.view(SITE, drone.drone)))
+        await wait_until(lambda: not _lost(service.registry.view(SITE, drone.drone)))
 
 
 def _lost(view: DroneView | None) -> bool:
@@ -341,7 +335,7 @@ async def test_service_waits_for_a_missing_server_and_never_raises(tmp_path: obj
     settings = ManagerSettings(servers=["nats://127.0.0.1:1"], retry_s=0.1)
     service = ManagerService(settings)
     task = asyncio.create_task(service.run())
-    await eventually(lambda: service.failures >= 1, 60, what="a failed attempt")
+    await wait_until(lambda: service.failures >= 1, 60, what="a failed attempt")
     assert not task.done() and not service.ready.is_set()
     service.stop()
     await asyncio.wait_for(task, 30)
@@ -354,10 +348,10 @@ async def test_deleted_durable_is_recreated_and_rebuilt(
     drones = _fleet(2)
     async with _service(nats_server) as service:
         await _publish_story(stream, drones[0], 3)
-        await eventually(lambda: _state(service.registry) == _expected(drones[:1]))
+        await wait_until(lambda: _state(service.registry) == _expected(drones[:1]))
         await stream.delete_consumer(NS.event_stream, service.settings.durable)
         await _publish_story(stream, drones[1], 3)  # may fall between delete and recreate
-        await eventually(lambda: _state(service.registry) == _expected(drones), 40)
+        await wait_until(lambda: _state(service.registry) == _expected(drones), 40)
         assert service.failures >= 1
         info = await stream.consumer_info(NS.event_stream, service.settings.durable)
         assert info.config.deliver_policy is not None

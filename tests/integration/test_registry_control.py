@@ -9,11 +9,12 @@ import time
 from collections.abc import AsyncIterator
 
 import pytest
-from fake_drones import FakeDrone, answer_commands, eventually, publish
-from helpers import running_manager
 from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
+from support.drones import FakeDrone, answer_commands, publish
+from support.manager import running_manager
+from support.waiting import wait_until
 
 from broker.jetstream.messages import PullSettings
 from broker.manager.control import Control
@@ -22,19 +23,12 @@ from broker.manager.registry import Registry
 from broker.manager.service import ManagerService, ManagerSettings
 from broker.manager.verdict import Removal
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.names import Namespace
 
 NS = Namespace()
 SITE = "site1"
-
-
-@pytest.fixture
-async def store(js: JetStreamContext) -> RecordStore:
-    await provision(js)
-    return await RecordStore.open(js, NS)
 
 
 @pytest.fixture
@@ -283,21 +277,21 @@ async def test_service_sees_records_written_by_agents(
             view = service.registry.view(SITE, drone.drone)
             return view.phase if view is not None else None
 
-        await eventually(lambda: phase() is ev.RecordPhase.UP, what="claim seen")
+        await wait_until(lambda: phase() is ev.RecordPhase.UP, what="claim seen")
         assert service.control is not None
         drain = await service.control.drain(SITE, drone.drone, _deadline())
         assert drain.outcome is DrainOutcome.UNANSWERED
-        await eventually(lambda: phase() is ev.RecordPhase.DRAINING, what="drain seen")
+        await wait_until(lambda: phase() is ev.RecordPhase.DRAINING, what="drain seen")
         assert not service.control.may_remove(SITE, drone.drone, lbs_running=True)
         await store.finish(SITE, drone.drone, drone.incarnation, ev.RecordPhase.DRAINED)
-        await eventually(lambda: phase() is ev.RecordPhase.DRAINED, what="drained seen")
+        await wait_until(lambda: phase() is ev.RecordPhase.DRAINED, what="drained seen")
         assert service.control.may_remove(SITE, drone.drone, lbs_running=True)
         view = service.registry.view(SITE, drone.drone)
         assert view is not None and view.record is not None and view.record.stored is not None
         # the KV watch survives a broker restart
         other = FakeDrone(SITE, "site1-000000000a")
         await nats_server.restart()
-        await eventually(lambda: service.ready.is_set())
+        await wait_until(lambda: service.ready.is_set())
         for _ in range(100):
             try:
                 await store.claim(SITE, other.drone, other.incarnation)
@@ -309,4 +303,4 @@ async def test_service_sees_records_written_by_agents(
             view = service.registry.view(SITE, other.drone)
             return view.phase if view is not None else None
 
-        await eventually(lambda: other_phase() is ev.RecordPhase.UP, 40, what="after restart")
+        await wait_until(lambda: other_phase() is ev.RecordPhase.UP, 40, what="after restart")

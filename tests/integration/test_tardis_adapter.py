@@ -18,10 +18,12 @@ from typing import Any
 
 import nats
 import pytest
-from fake_drones import FakeDrone, eventually, publish
-from helpers import pid_exists
 from nats.js import JetStreamContext
 from prometheus_client.parser import text_string_to_metric_families
+from support.drones import FakeDrone, publish
+from support.processes import CLI, pid_exists, start_process
+from support.tardis import SITE, FakeOverlay, FakeSite, attributes
+from support.waiting import wait_until
 from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
 from tardis.adapters.sites.htcondor import HTCondorAdapter as HTCondorSiteAdapter
 from tardis.agents.batchsystemagent import BatchSystemAgent
@@ -32,7 +34,6 @@ from tardis.interfaces.batchsystemadapter import MachineStatus
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.resources.drone import Drone
 from tardis.utilities.attributedict import AttributeDict
-from tardis_support import SITE, FakeOverlay, FakeSite, attributes
 
 from broker.emulation.execution_point import install_fake_condor
 from broker.emulation.groundtruth import GroundTruth, read_ground_truth
@@ -87,10 +88,8 @@ class Agent:
     @classmethod
     async def start(cls, tmp_path: Path, url: str, drone: str) -> Agent:
         log = (tmp_path / f"agent-{drone}.log").open("wb")
-        proc = await asyncio.create_subprocess_exec(
-            sys.executable,
-            "-m",
-            "broker.cli",
+        proc = await start_process(
+            *CLI,
             "agent",
             "run",
             "--no-startd",
@@ -103,7 +102,6 @@ class Agent:
             "--",
             "sleep",
             "300",
-            stdin=asyncio.subprocess.DEVNULL,
             stdout=log,
             stderr=log,
         )
@@ -149,9 +147,9 @@ async def test_a_drone_whose_agent_never_connects_is_run_by_the_wrapped_adapters
     uuid = drone.resource_attributes.drone_uuid
     task = asyncio.create_task(drone.run())
     try:
-        await eventually(lambda: "BootingState" in recorder.states, 30, "Booting")
+        await wait_until(lambda: "BootingState" in recorder.states, 30, "Booting")
         site.status = ResourceStatus.Running  # the site starts the job; no agent ever speaks
-        await eventually(lambda: "AvailableState" in recorder.states, 30, "Available")
+        await wait_until(lambda: "AvailableState" in recorder.states, 30, "Available")
         drone.demand = 0  # COBalD releases it
         await asyncio.wait_for(task, 60)
     finally:
@@ -190,7 +188,7 @@ async def test_a_drone_whose_agent_never_connects_is_run_by_the_wrapped_adapters
         async def rows() -> list[Any]:
             return await read_timeline(nc, bus.namespace, uuid)
 
-        await eventually(lambda: bus.counts["notes_published"] >= 12, 30, "notes published")
+        await wait_until(lambda: bus.counts["notes_published"] >= 12, 30, "notes published")
         timeline = await rows()
     finally:
         await nc.close()
@@ -232,7 +230,7 @@ async def test_an_announced_drone_is_drained_and_removed_once_drained(
     uuid = "site1-00000000a1"
     agent = await Agent.start(tmp_path, nats_server.url, uuid)
     try:
-        await eventually(
+        await wait_until(
             lambda: (
                 bus.registry.view(SITE, uuid) is not None
                 and bus.registry.view(SITE, uuid).state is ev.DroneState.IDLE
@@ -276,7 +274,7 @@ async def test_a_lost_agent_whose_job_runs_is_not_removed_before_the_deadline(
     uuid = "site1-00000000b2"
     agent = await Agent.start(tmp_path, nats_server.url, uuid)
     try:
-        await eventually(
+        await wait_until(
             lambda: (
                 (view := bus.registry.view(SITE, uuid)) is not None
                 and view.state is ev.DroneState.IDLE
@@ -285,7 +283,7 @@ async def test_a_lost_agent_whose_job_runs_is_not_removed_before_the_deadline(
             "the agent is up",
         )
         os.kill(agent.proc.pid, signal.SIGSTOP)  # hangs: no heartbeat, no answer
-        await eventually(lambda: bus.fresh(SITE, uuid) is None, 30, "lost")
+        await wait_until(lambda: bus.fresh(SITE, uuid) is None, 30, "lost")
         site = FakeSite(status=ResourceStatus.Running)  # the site still runs the job
         site_agent = SiteAgent(RemoteSiteAdapter(site, bus))
         ra = attributes(uuid)
@@ -326,7 +324,7 @@ async def test_the_bus_serves_metrics_of_what_it_consumed(
     """``bus.metrics``: the manager's counters on /metrics, from a real stream"""
     bus = await make_bus(metrics="127.0.0.1:0")
     assert bus.metrics is not None
-    await eventually(lambda: bus.metrics is not None and bus.metrics.port != 0, 10, "bound")
+    await wait_until(lambda: bus.metrics is not None and bus.metrics.port != 0, 10, "bound")
     ns = Namespace()
     drones = [FakeDrone("site1", f"site1-{n:010x}") for n in range(3)]
     for drone in drones:
@@ -334,8 +332,8 @@ async def test_the_bus_serves_metrics_of_what_it_consumed(
             await publish(js, ns, event)
     await publish(js, ns, drones[0].payload_started("1.0"))
     await js.publish(ns.event("site1", drones[1].drone, "heartbeat"), b"\xc1")  # malformed
-    await eventually(lambda: bus.manager.consumer_stats.acked >= 7, 30, "consumed")
-    await eventually(lambda: bus.manager.consumer_stats.termed >= 1, 30, "rejected")
+    await wait_until(lambda: bus.manager.consumer_stats.acked >= 7, 30, "consumed")
+    await wait_until(lambda: bus.manager.consumer_stats.termed >= 1, 30, "rejected")
     samples = await _scrape(bus.metrics.port)
     assert samples[("cobald_remote_connected", ())] == 1
     assert samples[("cobald_remote_registry_events_total", (("outcome", "applied"),))] == 7
@@ -473,7 +471,7 @@ class HTCondorDrone:
         """Run it; once it reaches ``state`` (and ``before`` is done) COBalD lets it go"""
         task = asyncio.create_task(self.drone.run())
         try:
-            await eventually(lambda: state in self.states.states, 90, state)
+            await wait_until(lambda: state in self.states.states, 90, state)
             if before is not None:
                 await before()
             self.drone.demand = 0
@@ -507,7 +505,7 @@ async def test_tardis_htcondor_adapter_wrapped_lets_a_drone_drain_instead_of_rem
     async def claimed_and_busy() -> None:
         view = bus.registry.view("site1", tardis.uuid)
         assert view is not None and view.phase is ev.RecordPhase.UP  # the agent claimed it
-        await eventually(
+        await wait_until(
             lambda: (
                 (view := bus.registry.view("site1", tardis.uuid)) is not None
                 and view.state is ev.DroneState.BUSY

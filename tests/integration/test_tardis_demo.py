@@ -6,15 +6,14 @@ kills running payloads; with the decorators, the same seeded scenario kills none
 
 from __future__ import annotations
 
-import asyncio
 import json
-import sys
 from pathlib import Path
 from typing import Any
 
 import pytest
-from fake_drones import eventually
 from nats.js import JetStreamContext
+from support.processes import CLI, run_process
+from support.waiting import wait_until
 
 from broker.emulation.demo.run import run_mode
 from broker.emulation.demo.scenario import Scenario
@@ -61,20 +60,8 @@ def _pids(root: Path) -> list[int]:
 
 
 async def _timeline(url: str, drone: str) -> list[dict[str, Any]]:
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "broker.cli",
-        "timeline",
-        drone,
-        "--server",
-        url,
-        "--json",
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
-    )
-    out, err = await asyncio.wait_for(proc.communicate(), 60)
-    assert proc.returncode == 0, err.decode()
+    code, out, err = await run_process(*CLI, "timeline", drone, "--server", url, "--json")
+    assert code == 0, err
     rows: list[dict[str, Any]] = json.loads(out)
     return rows
 
@@ -107,7 +94,7 @@ async def test_stock_tardis_kills_payloads_and_the_decorators_kill_none(
     # every process of both runs was stopped (a killed orphan may be a zombie for a moment,
     # until init reaps it)
     pids = _pids(tmp_path / "stock") + _pids(tmp_path / "remote")
-    await eventually(lambda: not [p for p in pids if _running(p)], 30, "all processes stopped")
+    await wait_until(lambda: not [p for p in pids if _running(p)], 30, "all processes stopped")
 
     # the operator's timeline of a drone: its agent's events beside TARDIS's states, from
     # Request to Down (drones still shutting down when the run ended don't qualify)
@@ -139,10 +126,8 @@ async def test_stock_tardis_kills_payloads_and_the_decorators_kill_none(
 async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path, adapters: str) -> None:
     """``cobald-remote demo`` (README's main job) as a user runs it, kept short"""
     report = tmp_path / "demo.json"
-    proc = await asyncio.create_subprocess_exec(
-        sys.executable,
-        "-m",
-        "broker.cli",
+    code, out, err = await run_process(
+        *CLI,
         "demo",
         "--seed",
         "2",
@@ -156,14 +141,11 @@ async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path, adapte
         str(tmp_path / "work"),
         "--tardis-adapters",
         adapters,
-        stdout=asyncio.subprocess.PIPE,
-        stderr=asyncio.subprocess.PIPE,
+        timeout_s=280,
     )
-    out, err = await asyncio.wait_for(proc.communicate(), 280)
-    assert proc.returncode == 0, err.decode()[-2000:]
-    text = out.decode()
-    assert "with cobald-remote" in text and "payloads: killed" in text
-    assert "cobald-remote demo: seed 2" in err.decode()  # progress on stderr
+    assert code == 0, err[-2000:]
+    assert "with cobald-remote" in out and "payloads: killed" in out
+    assert "cobald-remote demo: seed 2" in err  # progress on stderr
     document = json.loads(report.read_text())
     assert set(document["runs"]) == {"remote"}
     assert document["runs"]["remote"]["kill_reasons"] == {}

@@ -11,7 +11,7 @@ import msgspec
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from vectors import DRONE, EXAMPLES, SITE, T0, example
+from support.vectors import DRONE, EXAMPLES, SITE, T0, example
 
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError

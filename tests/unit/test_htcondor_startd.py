@@ -11,7 +11,7 @@ import os
 from pathlib import Path
 
 import pytest
-from helpers import pid_exists
+from support.processes import pid_exists
 
 from broker.emulation.execution_point import EmulatedMaster, EmulatorControl, install_fake_condor
 from remote_agent.errors import StartdError

@@ -7,8 +7,8 @@ import collections
 import time
 
 import pytest
-from fake_drones import FakeDrone
 from prometheus_client.parser import text_string_to_metric_families
+from support.drones import FakeDrone
 
 from broker.jetstream.messages import ConsumerStats
 from broker.manager import metrics as metrics_module

@@ -21,7 +21,8 @@ from typing import Any
 import msgpack
 import msgspec
 import pytest
-import vectors
+from support import vectors
+from support.processes import CLI
 
 from broker import cli
 from remote_agent.protocol import events as ev
@@ -88,7 +89,7 @@ def test_the_command_line_prints_the_same() -> None:
     """One example through the real command line, as an operator types it"""
     hexdump, options, expected = next(e for e in _examples() if "$.kind" in e[2])
     done = subprocess.run(
-        [sys.executable, "-m", "broker.cli", "protocol", "decode", *options],
+        [*CLI, "protocol", "decode", *options],
         input=bytes.fromhex(hexdump),
         capture_output=True,
         check=False,

@@ -12,9 +12,9 @@ and the rebuild's (:func:`broker.manager.handler.event_reader`).
 from __future__ import annotations
 
 import msgspec
-from fake_drones import FakeDrone
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from support.drones import FakeDrone
 
 from broker.jetstream.messages import metadata
 from broker.manager.handler import event_handler, event_reader

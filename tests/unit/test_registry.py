@@ -7,9 +7,9 @@ import itertools
 
 import msgspec
 import pytest
-from fake_drones import FakeDrone
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.drones import FakeDrone
 
 from broker.manager.registry import Applied, Registry
 from broker.manager.validity import Rejection

@@ -9,19 +9,7 @@ import time
 from typing import Any
 
 import pytest
-from tardis.agents.batchsystemagent import BatchSystemAgent
-from tardis.agents.siteagent import SiteAgent
-from tardis.exceptions.tardisexceptions import (
-    TardisAuthError,
-    TardisDroneCrashed,
-    TardisError,
-    TardisQuotaExceeded,
-    TardisResourceStatusUpdateFailed,
-    TardisTimeout,
-)
-from tardis.interfaces.batchsystemadapter import MachineStatus
-from tardis.interfaces.siteadapter import ResourceStatus
-from tardis_support import (
+from support.tardis import (
     DRONE,
     SITE,
     FakeControl,
@@ -34,6 +22,18 @@ from tardis_support import (
     with_control,
     yes,
 )
+from tardis.agents.batchsystemagent import BatchSystemAgent
+from tardis.agents.siteagent import SiteAgent
+from tardis.exceptions.tardisexceptions import (
+    TardisAuthError,
+    TardisDroneCrashed,
+    TardisError,
+    TardisQuotaExceeded,
+    TardisResourceStatusUpdateFailed,
+    TardisTimeout,
+)
+from tardis.interfaces.batchsystemadapter import MachineStatus
+from tardis.interfaces.siteadapter import ResourceStatus
 
 from broker.manager.verdict import Removal
 from broker.tardis_adapter import (

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 from typing import Any
 
-from tardis_support import SITE, announce, offline_bus
+from support.tardis import SITE, announce, offline_bus
 
 from broker.tardis_adapter import RemoteBus, RemoteFactoryPool
 from remote_agent.protocol import events as ev

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
-from fake_drones import FakeDrone
+from support.drones import FakeDrone
 
 from broker.commands.timeline import format_timeline
 from broker.manager.timeline import build, describe

@@ -11,7 +11,7 @@ from typing import Any, TypeVar
 import msgpack
 import msgspec
 import pytest
-import vectors
+from support import vectors
 
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
@@ -48,12 +48,14 @@ def _section(begin: str, end: str) -> str:
 
 
 def test_document_is_current() -> None:
-    assert _section(vectors.BEGIN, vectors.END) == vectors.render(), "run: python tests/vectors.py"
+    assert _section(vectors.BEGIN, vectors.END) == vectors.render(), (
+        "run: python tests/support/vectors.py"
+    )
 
 
 def test_key_table_is_current() -> None:
     section = _section(vectors.FIELDS_BEGIN, vectors.FIELDS_END)
-    assert section == vectors.render_fields(), "run: python tests/vectors.py"
+    assert section == vectors.render_fields(), "run: python tests/support/vectors.py"
 
 
 def test_every_message_type_has_a_vector() -> None:

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import replace
 from pathlib import Path
@@ -21,6 +20,7 @@ from remote_agent.interfaces import DrainResult, SlotInfo
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 from remote_agent.settings import Settings
+from support.waiting import wait_until
 
 NS = Namespace()
 SITE = "site1"
@@ -125,17 +125,6 @@ async def running(agent: Agent) -> AsyncIterator[Running]:
                     await run.task
 
 
-async def wait_for(
-    condition: Callable[[], bool], timeout_s: float = 15.0, what: str = "condition"
-) -> None:
-    """Poll ``condition`` until it holds (generous timeouts: loaded CI machines)"""
-    deadline = time.monotonic() + timeout_s
-    while not condition():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.01)
-
-
 async def drone_life(
     service: ManagerService,
     agent: Agent,
@@ -153,7 +142,7 @@ async def drone_life(
     site, drone = agent.settings.site, agent.settings.drone
     await asyncio.wait_for(service.ready.wait(), 30)
     async with running(agent) as run:
-        await wait_for(
+        await wait_until(
             lambda: (
                 (view := service.registry.view(site, drone)) is not None
                 and view.phase is ev.RecordPhase.UP
@@ -170,7 +159,7 @@ async def drone_life(
         assert drained.command is not None, drained  # the command reached the agent
         assert drained.outcome in ("accepted", "drained"), drained
         assert await run.exit_code(60) == 0
-    await wait_for(
+    await wait_until(
         lambda: (
             (view := service.registry.view(site, drone)) is not None
             and view.phase is ev.RecordPhase.DRAINED
@@ -236,71 +225,3 @@ def release_if_idle(drone: str, request_id: str = "q1") -> ev.ReleaseIfIdleComma
 
 def status(drone: str, request_id: str = "s1") -> ev.StatusCommand:
     return ev.StatusCommand(site=SITE, drone=drone, request_id=request_id, at=ev.utcnow())
-
-
-class TcpProxy:
-    """A loopback TCP forwarder the test can cut, to disconnect one client from a live server"""
-
-    def __init__(self, target_port: int) -> None:
-        self.target_port = target_port
-        self.port = 0
-        self._server: asyncio.Server | None = None
-        self._writers: set[asyncio.StreamWriter] = set()
-        self._handlers: set[asyncio.Task[None]] = set()
-
-    @property
-    def url(self) -> str:
-        return f"nats://127.0.0.1:{self.port}"
-
-    async def start(self) -> None:
-        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
-        self.port = self._server.sockets[0].getsockname()[1]
-
-    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        task = asyncio.current_task()
-        assert task is not None
-        self._handlers.add(task)
-        writers = [writer]
-        self._writers.add(writer)  # from the start: a cut while we connect upstream ends it too
-        try:
-            try:
-                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
-            except OSError:  # the server is down: the client sees the connection end
-                return
-            writers.append(up_writer)
-            if self._server is None or writer.is_closing():  # cut while we connected
-                return
-            self._writers.add(up_writer)
-            await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
-        finally:
-            self._writers.difference_update(writers)
-            for each in writers:
-                each.close()
-                with contextlib.suppress(OSError):
-                    await each.wait_closed()
-            self._handlers.discard(task)
-
-    @staticmethod
-    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
-        with contextlib.suppress(OSError):
-            while data := await src.read(65536):
-                dst.write(data)
-                await dst.drain()
-        dst.close()
-
-    async def cut(self) -> None:
-        """Drop every connection and stop listening: new connections are refused"""
-        # refused, not accepted and closed: a client that gets no INFO leaks its socket
-        if self._server is not None:
-            self._server.close()
-            self._server = None
-        for writer in list(self._writers):
-            writer.close()
-        await asyncio.gather(*self._handlers, return_exceptions=True)
-
-    async def restore(self) -> None:
-        """Listen again on the same port"""
-        await self.start()
-
-    async def close(self) -> None:
-        await self.cut()

@@ -10,7 +10,6 @@ Neither mocks NATS.
 
 from __future__ import annotations
 
-import asyncio
 import datetime as dt
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -134,15 +133,3 @@ async def answer_commands(
         await nc.publish(msg.reply, ev.encode(reply))
 
     return await nc.subscribe(namespace.command(drone.site, drone.drone), cb=on_command)
-
-
-async def eventually(
-    condition: Callable[[], bool], timeout_s: float = 20.0, what: str = "condition"
-) -> None:
-    """Poll ``condition`` until it holds; generous timeouts, no fixed sleeps"""
-    loop = asyncio.get_running_loop()
-    deadline = loop.time() + timeout_s
-    while not condition():
-        if loop.time() > deadline:
-            raise AssertionError(f"{what} did not come true within {timeout_s:.0f}s")
-        await asyncio.sleep(0.02)

@@ -1,0 +1,142 @@
+"""NATS servers for the tests: secured, hub and leaf, drone credentials, a cuttable proxy"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from pathlib import Path
+
+import nats
+
+from broker.server.auth.authority import create_authority, load_authority, save_authority
+from broker.server.auth.credentials import drone_credentials, manager_credentials
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from remote_agent.protocol.names import Namespace
+from support.processes import free_ports
+
+
+def hub_and_leaf(
+    tmp_path: Path, hub_config: Path, leaf_config: Path
+) -> tuple[EmbeddedServer, EmbeddedServer]:
+    """
+    A central server and a site's leaf node connected to it (not started yet)
+
+    With the environment ``deploy/systemd`` gives them: the hub's JetStream
+    store and leaf listener, the leaf's node name and its hub URL.
+    """
+    (leaf_port,) = free_ports(1)
+    hub = EmbeddedServer(
+        tmp_path / "hub",
+        config_file=hub_config,
+        env={"NATS_STORE": str(tmp_path / "js"), "NATS_LEAF_LISTEN": f"127.0.0.1:{leaf_port}"},
+    )
+    leaf = EmbeddedServer(
+        tmp_path / "leaf",
+        config_file=leaf_config,
+        env={"NATS_NODE": "site1-leaf", "NATS_HUB": f"nats-leaf://127.0.0.1:{leaf_port}"},
+    )
+    return hub, leaf
+
+
+@contextlib.asynccontextmanager
+async def secured_server(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedServer, Path]]:
+    """
+    A nats-server in operator mode with JetStream, provisioned by the manager
+
+    Yields the server and the authority file; ``tmp_path / "manager.creds"``
+    holds the manager's credentials, :func:`drone_creds` mints a drone's.
+    """
+    authority_file = tmp_path / "authority.json"
+    save_authority(create_authority(), authority_file)
+    authority = load_authority(authority_file)
+    config = tmp_path / "server.conf"
+    config.write_text(
+        f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\n' + authority.server_config()
+    )
+    server = EmbeddedServer(tmp_path / "nats", config_file=config)
+    async with server:
+        manager = tmp_path / "manager.creds"
+        manager.write_text(manager_credentials(authority))
+        nc = await nats.connect(server.url, user_credentials=str(manager))
+        try:
+            await provision(nc.jetstream())
+        finally:
+            await nc.close()
+        yield server, authority_file
+
+
+def drone_creds(tmp_path: Path, authority_file: Path, site: str, drone: str) -> Path:
+    """A ``.creds`` file with one drone's permissions, next to the authority"""
+    path = tmp_path / f"{drone}.creds"
+    path.write_text(drone_credentials(load_authority(authority_file), Namespace(), site, drone))
+    return path
+
+
+class TcpProxy:
+    """A loopback TCP forwarder the test can cut, to disconnect one client from a live server"""
+
+    def __init__(self, target_port: int) -> None:
+        self.target_port = target_port
+        self.port = 0
+        self._server: asyncio.Server | None = None
+        self._writers: set[asyncio.StreamWriter] = set()
+        self._handlers: set[asyncio.Task[None]] = set()
+
+    @property
+    def url(self) -> str:
+        return f"nats://127.0.0.1:{self.port}"
+
+    async def start(self) -> None:
+        self._server = await asyncio.start_server(self._handle, "127.0.0.1", self.port)
+        self.port = self._server.sockets[0].getsockname()[1]
+
+    async def _handle(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        task = asyncio.current_task()
+        assert task is not None
+        self._handlers.add(task)
+        writers = [writer]
+        self._writers.add(writer)  # from the start: a cut while we connect upstream ends it too
+        try:
+            try:
+                up_reader, up_writer = await asyncio.open_connection("127.0.0.1", self.target_port)
+            except OSError:  # the server is down: the client sees the connection end
+                return
+            writers.append(up_writer)
+            if self._server is None or writer.is_closing():  # cut while we connected
+                return
+            self._writers.add(up_writer)
+            await asyncio.gather(self._pump(reader, up_writer), self._pump(up_reader, writer))
+        finally:
+            self._writers.difference_update(writers)
+            for each in writers:
+                each.close()
+                with contextlib.suppress(OSError):
+                    await each.wait_closed()
+            self._handlers.discard(task)
+
+    @staticmethod
+    async def _pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        with contextlib.suppress(OSError):
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        dst.close()
+
+    async def cut(self) -> None:
+        """Drop every connection and stop listening: new connections are refused"""
+        # refused, not accepted and closed: a client that gets no INFO leaks its socket
+        if self._server is not None:
+            self._server.close()
+            self._server = None
+        for writer in list(self._writers):
+            writer.close()
+        await asyncio.gather(*self._handlers, return_exceptions=True)
+
+    async def restore(self) -> None:
+        """Listen again on the same port"""
+        await self.start()
+
+    async def close(self) -> None:
+        await self.cut()
