@@ -204,9 +204,7 @@ async def status(args: argparse.Namespace) -> int:
     """``cobald-remote status [DRONE]``: every drone's state, as the manager rebuilds it"""
     import contextlib
 
-    import nats.errors
-    import nats.js.errors
-
+    from broker.jetstream.reads import stream_errors
     from broker.manager.rebuild import rebuild
     from broker.manager.registry import Registry
     from remote_agent.protocol.errors import HandshakeError
@@ -217,17 +215,11 @@ async def status(args: argparse.Namespace) -> int:
     registry = Registry(namespace, lost_after_s=args.lost_after)
     nc = await _connect(args)
     try:
-        try:
+        with stream_errors(OperatorError, "stream or bucket"):
             js = nc.jetstream(domain=args.domain)
             with contextlib.suppress(HandshakeError):  # without it, no release reads as proven
                 registry.proof_key = await load_proof_key(js, namespace)
             await rebuild(nc, js, registry, api=api_prefix(args.domain))
-        except nats.js.errors.NotFoundError as err:
-            raise OperatorError(
-                f"stream or bucket missing ({err.description}): run 'cobald-remote broker init'"
-            ) from None
-        except (nats.errors.Error, TimeoutError) as err:
-            raise OperatorError(f"cannot read the event stream: {err}") from None
     finally:
         await nc.close()
     now = time.time()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from typing import Final
 
 import nats.errors
@@ -137,3 +137,16 @@ def _ephemeral(config: ConsumerConfig) -> ConsumerConfig:
 async def _delete_quietly(js: JetStreamContext, stream: str, name: str) -> None:
     with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
         await js.delete_consumer(stream, name)
+
+
+@contextlib.contextmanager
+def stream_errors(error: Callable[[str], Exception], missing: str = "stream") -> Iterator[None]:
+    """Raise ``error`` with an operator's explanation for a stream that cannot be read"""
+    try:
+        yield
+    except nats.js.errors.NotFoundError as err:
+        raise error(
+            f"{missing} missing ({err.description}): run 'cobald-remote broker init'"
+        ) from None
+    except (nats.errors.Error, TimeoutError) as err:
+        raise error(f"cannot read the event stream: {err}") from None

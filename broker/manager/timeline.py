@@ -12,15 +12,12 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
-import nats
-import nats.errors
-import nats.js.errors
 from nats.aio.client import Client
 from nats.js.api import ConsumerConfig, DeliverPolicy
 
 from broker.errors import Rejected, TimelineError
 from broker.jetstream.messages import metadata
-from broker.jetstream.reads import read_all
+from broker.jetstream.reads import read_all, stream_errors
 from broker.manager.validity import UNSTORED, Headers, Rejection, check_event, published_by_writer
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
@@ -177,14 +174,8 @@ async def read_timeline(
         messages.append((metadata(reply)[0], message))
 
     js = nc.jetstream(domain=domain)
-    try:
+    with stream_errors(TimelineError):
         await read_all(
             nc, js, namespace.event_stream, config, collect, headers=True, api=api_prefix(domain)
         )
-    except nats.js.errors.NotFoundError as err:
-        raise TimelineError(
-            f"stream missing ({err.description}): run 'cobald-remote broker init'"
-        ) from None
-    except (nats.errors.Error, TimeoutError) as err:
-        raise TimelineError(f"cannot read the event stream: {err}") from None
     return build(messages, heartbeats=heartbeats)

@@ -65,6 +65,11 @@ _UP_STATES: Final = frozenset(
 )
 
 
+def _forwarded(name: str, convert: Callable[[Any], Any] = lambda value: value) -> Any:
+    """A property that reads ``name`` of the wrapped site adapter"""
+    return property(lambda self: convert(getattr(self._inner, name)), doc=f"the wrapped {name}")
+
+
 class RemoteSiteAdapter(SiteAdapter):
     """
     Wraps one TARDIS site adapter instance (HTCondor, Slurm, ...)
@@ -97,38 +102,17 @@ class RemoteSiteAdapter(SiteAdapter):
 
     # ------------------------------------------------------------ forwarding
 
-    @property
-    def site_name(self) -> str:
-        return str(self._inner.site_name)
-
-    @property
-    def machine_type(self) -> str:
-        return str(self._inner.machine_type)
-
-    @property
-    def machine_meta_data(self) -> Any:
-        return self._inner.machine_meta_data
-
-    @property
-    def machine_type_configuration(self) -> Any:
-        return self._inner.machine_type_configuration
-
-    @property
-    def configuration(self) -> Any:
-        return self._inner.configuration
-
-    @property
-    def site_configuration(self) -> Any:
-        return self._inner.site_configuration
-
-    @property
-    def drone_heartbeat_interval(self) -> int:
-        return int(self._inner.drone_heartbeat_interval)
-
-    @property
-    def drone_minimum_lifetime(self) -> int | None:
-        value = self._inner.drone_minimum_lifetime
-        return None if value is None else int(value)
+    # the site adapter's configuration: SiteAdapter's properties, read from the wrapped one
+    site_name = _forwarded("site_name", str)
+    machine_type = _forwarded("machine_type", str)
+    machine_meta_data = _forwarded("machine_meta_data")
+    machine_type_configuration = _forwarded("machine_type_configuration")
+    configuration = _forwarded("configuration")
+    site_configuration = _forwarded("site_configuration")
+    drone_heartbeat_interval = _forwarded("drone_heartbeat_interval", int)
+    drone_minimum_lifetime = _forwarded(
+        "drone_minimum_lifetime", lambda value: None if value is None else int(value)
+    )
 
     def drone_uuid(self, uuid: str) -> str:
         return str(self._inner.drone_uuid(uuid))

@@ -176,19 +176,22 @@ class Namespace:
 
     def event(self, site: str, drone: str, kind: str) -> str:
         """Subject of one drone's event of ``kind``"""
-        return f"{self.drone_root(site, drone)}.evt.{check_token(kind, 'event kind')}"
+        return self._under(site, drone, "evt", check_token(kind, "event kind"))
 
     def drone_events(self, site: str, drone: str) -> str:
         """Wildcard of one drone's events (its publish permission)"""
-        return f"{self.drone_root(site, drone)}.evt.>"
+        return self._under(site, drone, "evt", ">")
 
     def command(self, site: str, drone: str) -> str:
         """Subject on which one drone's agent answers commands"""
-        return f"{self.drone_root(site, drone)}.cmd"
+        return self._under(site, drone, "cmd")
 
     def manager_note(self, site: str, drone: str, kind: str) -> str:
         """Subject of a manager-side note about one drone"""
-        return f"{self.drone_root(site, drone)}.mgr.{check_token(kind, 'note kind')}"
+        return self._under(site, drone, "mgr", check_token(kind, "note kind"))
+
+    def _under(self, site: str, drone: str, *tokens: str) -> str:
+        return ".".join((self.drone_root(site, drone), *tokens))
 
     def record_key(self, site: str, drone: str) -> str:
         """Key of one drone's handshake record in :attr:`record_bucket`"""
