@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from broker.commands.options import add_prefix
+from broker.commands.options import add_prefix, add_seconds
 from remote_agent.protocol.environment import site_of
 from remote_agent.protocol.names import Namespace
 
@@ -187,12 +187,12 @@ def add_commands(auth: argparse.ArgumentParser) -> None:
     drone.add_argument("--authority", required=True, help="the file auth init wrote")
     add_prefix(drone)
     drone.add_argument("--domain", help="JetStream domain the drone names (behind a leaf node)")
-    drone.add_argument(
+    add_seconds(
+        drone,
         "--valid-for",
-        type=float,
-        default=DEFAULT_DRONE_VALIDITY_S,
+        DEFAULT_DRONE_VALIDITY_S,
+        f"seconds until it expires (default {DEFAULT_DRONE_VALIDITY_S}; 0: never)",
         metavar="S",
-        help=f"seconds until it expires (default {DEFAULT_DRONE_VALIDITY_S}; 0: never)",
     )
     limits = DroneLimits()
     drone.add_argument(

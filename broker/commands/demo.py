@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 
+from broker.commands.options import add_seconds
 from broker.errors import CliError
 
 
@@ -33,12 +34,12 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
         help="first run the same scenario with stock TARDIS, then print both columns",
     )
     demo.add_argument("--json", metavar="FILE", help="also write the table(s) as JSON")
-    demo.add_argument(
+    add_seconds(
+        demo,
         "--duration",
-        type=float,
-        default=80.0,
+        80.0,
+        "seconds of swinging demand per run (default 80; 30 s of zero demand follow)",
         metavar="S",
-        help="seconds of swinging demand per run (default 80; 30 s of zero demand follow)",
     )
     demo.add_argument(
         "--drones", type=int, default=5, metavar="N", help="most drones at once (default 5)"

@@ -15,7 +15,7 @@ import time
 from typing import TYPE_CHECKING, Any
 
 from broker.commands.failures import EXIT_FAILURE
-from broker.commands.options import add_connection, add_json, connect
+from broker.commands.options import add_connection, add_json, add_seconds, connect
 from broker.commands.table import format_table, write_json
 from broker.errors import OperatorError
 from remote_agent.protocol.environment import site_of
@@ -252,13 +252,7 @@ def _add_target(parser: argparse.ArgumentParser) -> None:
 def _add_timeout(parser: argparse.ArgumentParser, help_text: str) -> None:
     from broker.manager.control import DEFAULT_REQUEST_TIMEOUT_S
 
-    parser.add_argument(
-        "--timeout",
-        type=float,
-        default=DEFAULT_REQUEST_TIMEOUT_S,
-        metavar="SECONDS",
-        help=help_text,
-    )
+    add_seconds(parser, "--timeout", DEFAULT_REQUEST_TIMEOUT_S, help_text)
 
 
 def _common(parser: argparse.ArgumentParser) -> None:
@@ -277,12 +271,11 @@ def add_drain(drain_cmd: argparse.ArgumentParser) -> None:
         "reconnects)."
     )
     _add_target(drain_cmd)
-    drain_cmd.add_argument(
+    add_seconds(
+        drain_cmd,
         "--deadline",
-        type=float,
-        default=DEFAULT_DRAIN_S,
-        metavar="SECONDS",
-        help=f"seconds from now until the drain deadline (default {DEFAULT_DRAIN_S:.0f})",
+        DEFAULT_DRAIN_S,
+        f"seconds from now until the drain deadline (default {DEFAULT_DRAIN_S:.0f})",
     )
     drain_cmd.add_argument("--reason", default="operator drain", help="why (kept in the record)")
     _add_timeout(drain_cmd, "wait this long for the agent's answer")
@@ -314,12 +307,11 @@ def add_status(status_cmd: argparse.ArgumentParser) -> None:
     )
     status_cmd.add_argument("drone", nargs="?", help="only this drone")
     status_cmd.add_argument("--site", help="only this site")
-    status_cmd.add_argument(
+    add_seconds(
+        status_cmd,
         "--lost-after",
-        type=float,
-        default=DEFAULT_LOST_AFTER_S,
-        metavar="SECONDS",
-        help=f"no sign of life for this long = lost (default {DEFAULT_LOST_AFTER_S:.0f})",
+        DEFAULT_LOST_AFTER_S,
+        f"no sign of life for this long = lost (default {DEFAULT_LOST_AFTER_S:.0f})",
     )
     _common(status_cmd)
     status_cmd.set_defaults(run=status)

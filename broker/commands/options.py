@@ -42,3 +42,10 @@ async def connect(args: argparse.Namespace, name: str) -> Client:
     from broker.server.connection import connect_once
 
     return await connect_once(args.server, args.creds, name=name)
+
+
+def add_seconds(
+    parser: argparse.ArgumentParser, flag: str, default: float, help: str, metavar: str = "SECONDS"
+) -> None:
+    """Add an option that takes a number of seconds"""
+    parser.add_argument(flag, type=float, default=default, metavar=metavar, help=help)

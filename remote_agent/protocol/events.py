@@ -233,16 +233,21 @@ class Heartbeat(Event, frozen=True, kw_only=True, tag="heartbeat"):
     interval_s: Seconds
 
 
-class Command(Message, frozen=True, kw_only=True):
-    """A request from the manager to one drone, sent to ``<prefix>.<site>.<drone>.cmd``"""
+class _Exchange(Message, frozen=True, kw_only=True):
+    """What a command and its reply both carry: the drone and the request"""
 
     site: Token
     drone: Token
     request_id: str
-    at: UtcTime
 
     def __post_init__(self) -> None:
         check_tokens(self, _SITE_DRONE)
+
+
+class Command(_Exchange, frozen=True, kw_only=True):
+    """A request from the manager to one drone, sent to ``<prefix>.<site>.<drone>.cmd``"""
+
+    at: UtcTime
 
 
 class DrainCommand(Command, frozen=True, kw_only=True, tag="drain"):
@@ -258,18 +263,12 @@ class StatusCommand(Command, frozen=True, kw_only=True, tag="status"):
     pass
 
 
-class Reply(Message, frozen=True, kw_only=True, tag="reply"):
+class Reply(_Exchange, frozen=True, kw_only=True, tag="reply"):
     """The agent's answer to a command: what it actually did, and its state after it"""
 
-    site: Token
-    drone: Token
-    request_id: str
     outcome: Outcome
     detail: str = ""
     snapshot: Snapshot
-
-    def __post_init__(self) -> None:
-        check_tokens(self, _SITE_DRONE)
 
 
 class ErrorReply(Message, frozen=True, kw_only=True, tag="error"):
