@@ -57,6 +57,12 @@ def _account_limits(args: argparse.Namespace) -> AccountLimits:
     )
 
 
+def _advise(text: str) -> int:
+    """Tell the operator what to do with what was written (on stderr: stdout may be a secret)"""
+    print(text, file=sys.stderr)
+    return 0
+
+
 def _auth_init(args: argparse.Namespace) -> int:
     from broker.server.auth.authority import create_authority, save_authority
 
@@ -64,12 +70,10 @@ def _auth_init(args: argparse.Namespace) -> int:
     save_authority(authority, Path(args.authority))
     _write_secret(authority.server_config(), args.server_config)
     where = "printed above" if args.server_config in (None, "-") else f"in {args.server_config}"
-    print(
+    return _advise(
         f"authority written to {args.authority} (keep it secret); include the server "
-        f"configuration {where} from the nats-server configuration (docs/deployment.md)",
-        file=sys.stderr,
+        f"configuration {where} from the nats-server configuration (docs/deployment.md)"
     )
-    return 0
 
 
 def _auth_drone(args: argparse.Namespace) -> int:
@@ -116,12 +120,10 @@ def _auth_leaf(args: argparse.Namespace) -> int:
     authority = load_authority(Path(args.authority))
     _issue(args, leaf_credentials(authority, args.site))
     where = args.out if args.out not in (None, "-") else "<this file>"
-    print(
+    return _advise(
         f"in leaf.conf's remote: credentials: {where} and account: {authority.account_public}; "
-        'and include "auth.conf" (docs/deployment.md)',
-        file=sys.stderr,
+        'and include "auth.conf" (docs/deployment.md)'
     )
-    return 0
 
 
 def _auth_revoke(args: argparse.Namespace) -> int:
@@ -143,12 +145,10 @@ def _auth_revoke(args: argparse.Namespace) -> int:
     authority = revoke(load_authority(path), users, expired=expired_users(path))
     update_authority(authority, path)
     _write_secret(authority.server_config(), args.server_config)
-    print(
+    return _advise(
         f"revoked {len(users)} credentials; reload every server and leaf node that includes "
-        "this configuration (systemctl reload cobald-remote-nats...; docs/deployment.md)",
-        file=sys.stderr,
+        "this configuration (systemctl reload cobald-remote-nats...; docs/deployment.md)"
     )
-    return 0
 
 
 def add_commands(auth: argparse.ArgumentParser) -> None:

@@ -12,6 +12,7 @@ import argparse
 import datetime as dt
 import sys
 import time
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.commands.failures import EXIT_FAILURE
@@ -277,10 +278,17 @@ def add_drain(drain_cmd: argparse.ArgumentParser) -> None:
         DEFAULT_DRAIN_S,
         f"seconds from now until the drain deadline (default {DEFAULT_DRAIN_S:.0f})",
     )
-    drain_cmd.add_argument("--reason", default="operator drain", help="why (kept in the record)")
-    _add_timeout(drain_cmd, "wait this long for the agent's answer")
-    _common(drain_cmd)
-    drain_cmd.set_defaults(run=drain)
+    _add_intent(drain_cmd, drain, "operator drain", "wait this long for the agent's answer")
+
+
+def _add_intent(
+    parser: argparse.ArgumentParser, run: Callable[..., Any], reason: str, timeout_help: str
+) -> None:
+    """The rest of a command that records an intent, then waits for the agent"""
+    parser.add_argument("--reason", default=reason, help="why (kept in the record)")
+    _add_timeout(parser, timeout_help)
+    _common(parser)
+    parser.set_defaults(run=run)
 
 
 def add_release(release_cmd: argparse.ArgumentParser) -> None:
@@ -291,10 +299,9 @@ def add_release(release_cmd: argparse.ArgumentParser) -> None:
         "first, the drone is drained instead (exit codes as for drain)."
     )
     _add_target(release_cmd)
-    release_cmd.add_argument("--reason", default="", help="why (kept in the record)")
-    _add_timeout(release_cmd, "wait this long for the agent's answer if it has to be drained")
-    _common(release_cmd)
-    release_cmd.set_defaults(run=release)
+    _add_intent(
+        release_cmd, release, "", "wait this long for the agent's answer if it has to be drained"
+    )
 
 
 def add_status(status_cmd: argparse.ArgumentParser) -> None:
