@@ -86,14 +86,8 @@ class Draining(StartdAds):
                 )
         self.drain_requests += 1
         self.drain = Drain(str(self.drain_requests), how, on_completion, reason, start, time.time())
-        self.truth.record(
-            "drain_requested",
-            accepted=True,
-            how=how,
-            on_completion=on_completion,
-            reason=reason,
-            check=check,
-            request_id=self.drain.request_id,
+        self._record_request(
+            True, how, on_completion, reason, check=check, request_id=self.drain.request_id
         )
         for slot in list(self.slots):
             job = slot.job
@@ -110,16 +104,21 @@ class Draining(StartdAds):
     def _drain_refused(
         self, code: int, message: str, how: str, on_completion: str, reason: str
     ) -> dict[str, Any]:
+        self._record_request(False, how, on_completion, reason, error_code=code, message=message)
+        return {"ok": False, "error_code": code, "error": message}
+
+    def _record_request(
+        self, accepted: bool, how: str, on_completion: str, reason: str, **facts: Any
+    ) -> None:
+        """Note a drain request in the ground truth, with what became of it"""
         self.truth.record(
             "drain_requested",
-            accepted=False,
-            error_code=code,
-            message=message,
+            accepted=accepted,
             how=how,
             on_completion=on_completion,
             reason=reason,
+            **facts,
         )
-        return {"ok": False, "error_code": code, "error": message}
 
     def cancel_drain(self, request_id: str | None) -> dict[str, Any]:
         if self.drain is None:

@@ -24,6 +24,18 @@ class JobHooks(StartdAds):
         path.mkdir(parents=True, exist_ok=True)
         return path
 
+    async def _spawn_hook(
+        self, argv: list[str], job: Job, scratch: Path, stdout: int
+    ) -> asyncio.subprocess.Process:
+        return await asyncio.create_subprocess_exec(
+            *argv,
+            stdin=asyncio.subprocess.PIPE,
+            stdout=stdout,
+            stderr=asyncio.subprocess.PIPE,
+            cwd=scratch,
+            env=self._hook_env(job, scratch),
+        )
+
     def _hook_env(self, job: Job, scratch: Path) -> dict[str, str]:
         (scratch / ".job.ad").write_text(self.job_ad(job).long())
         (scratch / ".machine.ad").write_text(self.slot_ad(job.slot).long())
@@ -42,14 +54,7 @@ class JobHooks(StartdAds):
         scratch = self._scratch(job)
         started = time.monotonic()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.PIPE,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=scratch,
-                env=self._hook_env(job, scratch),
-            )
+            proc = await self._spawn_hook(argv, job, scratch, asyncio.subprocess.PIPE)
         except OSError as err:
             detail = {"hold_subcode": 0, "message": f"failed to execute HOOK_PREPARE_JOB: {err}"}
             self.truth.record(
@@ -109,15 +114,7 @@ class JobHooks(StartdAds):
         scratch = self._scratch(job)
         started = time.monotonic()
         try:
-            proc = await asyncio.create_subprocess_exec(
-                *argv,
-                reason,
-                stdin=asyncio.subprocess.PIPE,
-                stdout=asyncio.subprocess.DEVNULL,
-                stderr=asyncio.subprocess.PIPE,
-                cwd=scratch,
-                env=self._hook_env(job, scratch),
-            )
+            proc = await self._spawn_hook([*argv, reason], job, scratch, asyncio.subprocess.DEVNULL)
         except OSError as err:
             self.truth.record(
                 "job_exit", job_id=job.job_id, reason=reason, spawned=False, error=str(err)
