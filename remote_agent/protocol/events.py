@@ -15,10 +15,9 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from remote_agent.protocol.codec import SCHEMA_VERSION, Codec
-from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.fields import NonNegative, Seconds, Token, UtcTime, check_tokens
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE, MAX_PAYLOADS
-from remote_agent.protocol.names import TOKEN_CHARS, Namespace
+from remote_agent.protocol.names import TOKEN_CHARS
 
 
 def utcnow() -> dt.datetime:
@@ -431,40 +430,3 @@ def decode_note(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> AnyNote:
 def to_json(message: Message) -> bytes:
     """The message as JSON, timestamps in RFC 3339; for people and tools, not the bus"""
     return msgspec.json.encode(message)
-
-
-# --------------------------------------------------------------------------- senders
-
-
-def sender_mismatch(event: Event, subject: str, prefix: str) -> str | None:
-    """
-    Why ``event`` does not speak for the site, drone and kind that ``subject`` names,
-    or ``None`` if it does: the one sender rule
-
-    Per-drone NATS permissions bind a drone's credentials to its subjects; this
-    rule binds the message body to the subject, so a drone cannot speak for
-    another even through a mislabelled body. Site and drone are tokens (no dots),
-    so one comparison of the whole subject says the same as comparing its parts;
-    only a mismatch is split.
-
-    :raises SchemaError: if ``subject`` is not an event subject of ``prefix``
-    """
-    kind = EVENT_KINDS[type(event)]
-    if subject == f"{prefix}.{event.site}.{event.drone}.evt.{kind}":
-        return None
-    site, drone, subject_kind = Namespace(prefix).parse_event_subject(subject)
-    return (
-        f"event {kind!r} for {event.site}/{event.drone} "
-        f"arrived on the subject of {site}/{drone} ({subject_kind!r})"
-    )
-
-
-def check_sender(event: Event, subject: str, namespace: Namespace) -> None:
-    """
-    Ensure that ``event`` speaks for the drone whose subject it came on (:func:`sender_mismatch`)
-
-    :raises SchemaError: if site, drone or kind disagree with ``subject``
-    """
-    mismatch = sender_mismatch(event, subject, namespace.prefix)
-    if mismatch is not None:
-        raise SchemaError(mismatch)

@@ -19,6 +19,7 @@ from remote_agent.errors import StartdError
 from remote_agent.interfaces import DrainResult, SlotInfo
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
+from remote_agent.protocol.senders import check_sender
 from remote_agent.settings import Settings
 from support.waiting import wait_until
 
@@ -186,7 +187,7 @@ async def read_events(
             msg = await sub.next_msg(timeout=5)
             headers = msg.headers or {}
             event = ev.decode_event(msg.data)
-            ev.check_sender(event, msg.subject, NS)
+            check_sender(event, msg.subject, NS)
             result.append((headers.get("Nats-Msg-Id", ""), event))
     finally:
         await sub.unsubscribe()

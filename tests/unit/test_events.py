@@ -17,6 +17,7 @@ from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE, MAX_PAYLOADS
 from remote_agent.protocol.names import Namespace, check_token
+from remote_agent.protocol.senders import check_sender
 
 
 def test_every_message_type_has_an_example() -> None:
@@ -220,14 +221,14 @@ def test_a_drone_cannot_speak_for_another() -> None:
     ns = Namespace()
     drained = example(ev.Drained)
     assert isinstance(drained, ev.Drained)
-    ev.check_sender(drained, ns.event(SITE, DRONE, "drained"), ns)
+    check_sender(drained, ns.event(SITE, DRONE, "drained"), ns)
     for subject in (
         ns.event(SITE, "site1-9999999999", "drained"),
         ns.event("site2", DRONE, "drained"),
         ns.event(SITE, DRONE, "heartbeat"),
     ):
         with pytest.raises(SchemaError, match="arrived on the subject of"):
-            ev.check_sender(drained, subject, ns)
+            check_sender(drained, subject, ns)
 
 
 def test_times_are_msgpack_timestamps() -> None:

@@ -28,6 +28,7 @@ from broker import cli
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.names import Namespace
+from remote_agent.protocol.senders import check_sender
 
 _EXAMPLE = re.compile(
     r"^\$ echo ([0-9a-f]+) \| xxd -r -p \| cobald-remote protocol decode((?: \S+)*)\n(.+)$",
@@ -102,7 +103,7 @@ def test_the_documented_sender_error_is_what_the_check_says() -> None:
     ns = Namespace()
     drained = vectors.example(ev.Drained)
     with pytest.raises(SchemaError) as err:
-        ev.check_sender(drained, ns.event(vectors.SITE, vectors.RELEASED_DRONE, "drained"), ns)
+        check_sender(drained, ns.event(vectors.SITE, vectors.RELEASED_DRONE, "drained"), ns)
     assert f"\n{err.value}\n" in vectors.DOC.read_text()
 
 

@@ -19,6 +19,7 @@ from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.names import Namespace
 from remote_agent.protocol.proof import record_proof
+from remote_agent.protocol.senders import check_sender
 
 NS = Namespace()
 SITE = "site1"
@@ -228,7 +229,7 @@ def test_bad_events_are_rejected_counted_and_change_nothing(
 
 
 def test_sender_check_agrees_with_events_check_sender() -> None:
-    """The registry and events.check_sender apply the one sender rule alike"""
+    """The registry and senders.check_sender apply the one sender rule alike"""
     drone = FakeDrone(SITE, "site1-0000000001")
     event = drone.heartbeat()
     subjects = [
@@ -239,7 +240,7 @@ def test_sender_check_agrees_with_events_check_sender() -> None:
     for subject in subjects:
         registry = Registry(NS)
         try:
-            ev.check_sender(event, subject, NS)
+            check_sender(event, subject, NS)
             expected = True
         except SchemaError:
             expected = False
