@@ -185,6 +185,11 @@ class RemoteBus:
 
     # ------------------------------------------------------------ notes
 
+    @property
+    def pending_notes(self) -> tuple[TardisState, ...]:
+        """TARDIS state notes not yet published, oldest first"""
+        return tuple(self._notes)
+
     def note_state(self, site: str, drone: str, state: str, resource_status: str) -> None:
         """Queue a TARDIS state note for publishing; never blocks, never raises"""
         self.tardis_states[drone] = state

@@ -80,6 +80,11 @@ class RecordStore:
         bucket = namespace.record_bucket
         self._write_prefix = kv_write_prefix(bucket, domain)
 
+    @property
+    def write_prefix(self) -> str:
+        """Where writes of a key go: ``$KV.<bucket>.``, across a domain through its API"""
+        return self._write_prefix
+
     @classmethod
     async def open(
         cls,

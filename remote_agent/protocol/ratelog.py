@@ -41,6 +41,11 @@ class RateLimitedLog:
         #: kind -> (time of its last line, lines held back since)
         self._kinds: dict[str, tuple[float, int]] = {}
 
+    @property
+    def kinds(self) -> int:
+        """How many kinds of line it keeps track of (at most a fixed number)"""
+        return len(self._kinds)
+
     def log(
         self,
         level: int,

@@ -182,9 +182,9 @@ async def test_writes_name_the_domain_when_given(js: JetStreamContext) -> None:
     """With a JetStream domain, writes go to $JS.<domain>.API.$KV... (leaf nodes, see deploy)"""
     await provision(js)
     plain = await RecordStore.open(js, NS)
-    assert plain._write_prefix == f"$KV.{NS.record_bucket}."
+    assert plain.write_prefix == f"$KV.{NS.record_bucket}."
     hub = await RecordStore.open(js, NS, domain="hub")
-    assert hub._write_prefix == f"$JS.hub.API.$KV.{NS.record_bucket}."
+    assert hub.write_prefix == f"$JS.hub.API.$KV.{NS.record_bucket}."
 
 
 async def test_a_purge_that_would_erase_the_history_is_refused(store: RecordStore) -> None:

@@ -279,7 +279,7 @@ async def test_the_plugin_notes_states_and_never_raises() -> None:
     await plugin.notify(BootingState(), attributes(resource_status=ResourceStatus.Booting))
     await plugin.notify(BootingState(), {"no": "drone uuid"})  # logged, not raised
     assert bus.tardis_states == {DRONE: "BootingState"}
-    [note] = list(bus._notes)
+    [note] = bus.pending_notes
     assert (note.site, note.drone, note.state, note.resource_status) == (
         SITE,
         DRONE,
