@@ -207,7 +207,7 @@ class Agent:
                 domain=settings.domain,
             )
             self.emitter.attach(spool, publisher, seq)
-            publisher.on_connect(self._watch.hint)
+            publisher.on_connect(self._watch.recheck)
             async with asyncio.TaskGroup() as tg:
                 self._tasks.group = tg
                 bus = tg.create_task(publisher.run(), name="publisher")
@@ -271,7 +271,7 @@ class Agent:
             worker_command=bounded_command(command),
         )
         spawn(self._commands.serve(), "serve")
-        spawn(self.emitter.heartbeats(settings.heartbeat_s, self._watch.hint), "heartbeat")
+        spawn(self.emitter.heartbeats(settings.heartbeat_s, self._watch.recheck), "heartbeat")
         spawn(self._watch.watch(), "watch-record")
         spawn(self._watch.claim(), "claim")
         if status.stop_signal is not None:

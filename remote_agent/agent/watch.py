@@ -36,8 +36,8 @@ from remote_agent.protocol.phases import CLOSED_PHASES
 
 log = logging.getLogger("remote_agent.agent")
 
-#: reads again after a hint found the record unchanged: a hint comes as a write is
-#: published, and the stream may store the write a moment later
+#: reads again after a write notice found the record unchanged: the notice comes as
+#: the write is published, and the stream may store it a moment later
 _SETTLE_READS = 6
 
 S = DroneState
@@ -68,11 +68,18 @@ class RecordWatch:
         self._recheck = asyncio.Event()
         #: the record's revision as last read (``None`` before the claim)
         self._revision: int | None = None
+        #: reads left to wait for a write that a notice announced
+        self._settling = 0
         #: the incarnation of the record this agent claimed (an earlier one's drain)
         self._claimed_incarnation = parts.incarnation
 
     def hint(self) -> None:
-        """The record may have changed: read it again"""
+        """A write to the record was seen: read it until it shows, a few times at most"""
+        self._settling = _SETTLE_READS
+        self._recheck.set()
+
+    def recheck(self) -> None:
+        """Read the record once (a heartbeat, a reconnect)"""
         self._recheck.set()
 
     async def claim(self) -> None:
@@ -144,7 +151,6 @@ class RecordWatch:
         """Re-read the record on every hint, reconnect and heartbeat, and act on it"""
         status = self._parts.status
         settle = Backoff(first=0.05, most=1.0)
-        unchanged = 0
         wait: float | None = None  # for the next hint; else until a settling re-read
         while not status.winding_down:
             with contextlib.suppress(TimeoutError):
@@ -167,11 +173,11 @@ class RecordWatch:
             if current is None:
                 self._on_record_lost("the record was deleted")
                 continue
-            if current.revision == self._revision and unchanged < _SETTLE_READS:
-                unchanged += 1
+            if current.revision == self._revision and self._settling > 0:
+                self._settling -= 1
                 wait = settle.delay()
             else:
-                unchanged = 0
+                self._settling = 0
                 settle.reset()
             self._revision = current.revision
             self._apply_record(current.record)

@@ -18,7 +18,6 @@ from broker.emulation.errors import EmulatorUnavailable
 from broker.emulation.rpc import request_sync
 
 #: HTCondor JobStatus of the emulated local batch system's jobs
-_QUEUE_ATTRIBUTES = ("JobStatus", "ClusterId", "ProcId")
 _JOB_ID = re.compile(r"^(\d+)(?:\.(\d+))?$")
 _QUEUE = re.compile(r"^queue(?:\s+(\d+))?\s*$", re.IGNORECASE)
 
