@@ -85,6 +85,9 @@ class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     record: RecordView | None = None
     #: set by :meth:`Registry.mark_lost`, cleared by the next event
     lost: bool = False
+    #: why the drone's life ended (``""``: it has not), and when the manager saw it end
+    ended: str = ""
+    ended_time: float | None = None
 
     @property
     def key(self) -> tuple[str, str]:
@@ -168,7 +171,8 @@ class Metrics:
     records_applied: int
     records_ignored: int
     drones: int
-    lost: int
+    lost: int  #: drones lost and not ended
+    ended: int = 0  #: drones whose life ended, not yet retired
 
     @property
     def rejected_total(self) -> int:
