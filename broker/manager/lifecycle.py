@@ -82,12 +82,6 @@ def ended_by(view: DroneView, lost_after_s: float) -> tuple[Ending, float] | flo
     return None
 
 
-#: the agent's states before its first payload
-_BEFORE_PAYLOADS: Final = frozenset(
-    {None, DroneState.STARTING, DroneState.WORKER_UP, DroneState.STARTD_READY}
-)
-
-
 def _extra(view: DroneView) -> dict[str, str]:
     return {"site": view.site, "drone": view.drone}
 
@@ -112,6 +106,13 @@ class EndTracker:
         self._changed: set[tuple[str, str]] = set()
         self._silence: list[tuple[float, tuple[str, str]]] = []  # heap
         self._retire: list[tuple[float, tuple[str, str]]] = []  # heap
+        #: drones that started a payload since their agent started (for one line each)
+        self._served: set[tuple[str, str]] = set()
+
+    @property
+    def pending(self) -> int:
+        """Views changed since the last :meth:`mark_ended` (what the next one looks at)"""
+        return len(self._changed)
 
     def changed(self, key: tuple[str, str]) -> None:
         """The view of ``key`` was replaced (cheap: called for every applied message)"""
@@ -191,61 +192,65 @@ class EndTracker:
         """Look at ``view`` for retirement again at ``at`` (its purge failed for now)"""
         heapq.heappush(self._retire, (at, view.key))
 
-    def dropped(self, view: DroneView) -> None:
-        self._changed.discard(view.key)
+    def dropped(self, key: tuple[str, str]) -> None:
+        self._changed.discard(key)
+        self._served.discard(key)
 
     def rescan(self, keys: Iterable[tuple[str, str]]) -> None:
         """Look at every one of ``keys`` on the next tick (after a rebuild)"""
         self._changed.update(keys)
 
-
-def noted(old: DroneView | None, new: DroneView) -> None:
-    """The operator's lines for one view replaced by another (rate-limited by kind)"""
-    first = old is None or old.encoded is None
-    restarted = old is not None and new.kind == "agent_started" and old.seq != new.seq
-    if new.encoded is not None and (first or restarted):
-        lines.log(
-            logging.INFO,
-            "announced",
-            "drone %s/%s announced itself (%s, %s)",
-            new.site,
-            new.drone,
-            new.kind,
-            new.state,
-            extra=_extra(new),
-        )
-    if new.state is DroneState.BUSY and (old is None or old.state in _BEFORE_PAYLOADS):
-        lines.log(
-            logging.INFO,
-            "payload",
-            "drone %s/%s started its first payload",
-            new.site,
-            new.drone,
-            extra=_extra(new),
-        )
-    if old is not None and old.ended and not new.ended and new.seq != old.seq:
-        lines.log(
-            logging.INFO,
-            "spoke",
-            "drone %s/%s spoke after its end (%s): %s",
-            new.site,
-            new.drone,
-            old.ended,
-            new.kind,
-            extra=_extra(new),
-        )
-    phase = new.phase
-    if phase is not (old.phase if old is not None else None) and phase in (
-        RecordPhase.RELEASED,
-        RecordPhase.DRAINING,
-    ):
-        lines.log(
-            logging.INFO,
-            str(phase),
-            "drone %s/%s %s (record by the %s)",
-            new.site,
-            new.drone,
-            "released" if phase is RecordPhase.RELEASED else "draining",
-            new.record.writer if new.record is not None else "?",
-            extra=_extra(new),
-        )
+    def noted(self, old: DroneView | None, new: DroneView) -> None:
+        """The operator's lines for one view replaced by another (rate-limited by kind)"""
+        fresh = old is None or old.seq != new.seq  # a new event, not a new record
+        first = old is None or old.encoded is None
+        restarted = fresh and new.kind == "agent_started"
+        if new.encoded is not None and (first or restarted):
+            lines.log(
+                logging.INFO,
+                "announced",
+                "drone %s/%s announced itself (%s, %s)",
+                new.site,
+                new.drone,
+                new.kind,
+                new.state,
+                extra=_extra(new),
+            )
+        if restarted:
+            self._served.discard(new.key)  # a new incarnation: its first payload is to come
+        elif new.state is DroneState.BUSY and new.key not in self._served:
+            self._served.add(new.key)
+            lines.log(
+                logging.INFO,
+                "payload",
+                "drone %s/%s started its first payload",
+                new.site,
+                new.drone,
+                extra=_extra(new),
+            )
+        if old is not None and old.ended and not new.ended and fresh:
+            lines.log(
+                logging.INFO,
+                "spoke",
+                "drone %s/%s spoke after its end (%s): %s",
+                new.site,
+                new.drone,
+                old.ended,
+                new.kind,
+                extra=_extra(new),
+            )
+        phase = new.phase
+        if phase is not (old.phase if old is not None else None) and phase in (
+            RecordPhase.RELEASED,
+            RecordPhase.DRAINING,
+        ):
+            lines.log(
+                logging.INFO,
+                str(phase),
+                "drone %s/%s %s (record by the %s)",
+                new.site,
+                new.drone,
+                "released" if phase is RecordPhase.RELEASED else "draining",
+                new.record.writer if new.record is not None else "?",
+                extra=_extra(new),
+            )

@@ -24,7 +24,7 @@ from typing import Final
 import msgspec
 
 from broker.errors import Rejected
-from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, TARDIS_DOWN, EndTracker, noted
+from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, TARDIS_DOWN, EndTracker
 from broker.manager.notes import check_note
 from broker.manager.validity import (
     UNSTORED,
@@ -213,6 +213,12 @@ class Registry:
                 return Applied.STALE
             # the strings of the old view serve on: the event's copies are freed with it
             site, drone, record = old.site, old.drone, old.record
+            tardis: tuple[int | None, str, float | None] = (None, "", None)
+            ended: tuple[str, float | None] = ("", None)
+            if old.tardis_seq is not None and old.tardis_seq > stream_seq:
+                # TARDIS's note stays the newest word, and so does the end it made
+                tardis = (old.tardis_seq, old.tardis_state, old.tardis_time)
+                ended = (old.ended, old.ended_time)
             beat_seq, beat_stream, beat_time, beat_interval = (
                 old.heartbeat_seq,
                 old.heartbeat_stream_seq,
@@ -226,6 +232,8 @@ class Registry:
             drone = event.drone
             key = (site, drone)
             record = None
+            tardis = (None, "", None)
+            ended = ("", None)
             beat_seq = beat_stream = beat_time = beat_interval = None
         if heartbeat:
             beat_seq, beat_stream, beat_time = event.seq, stream_seq, received_time
@@ -247,6 +255,11 @@ class Registry:
                 heartbeat_time=beat_time,
                 heartbeat_interval_s=beat_interval,
                 record=record,
+                tardis_seq=tardis[0],
+                tardis_state=tardis[1],
+                tardis_time=tardis[2],
+                ended=ended[0],
+                ended_time=ended[1],
             ),
         )
         self.applied += 1
@@ -256,7 +269,7 @@ class Registry:
         """Replace the view of ``key``: the end of its life is derived again next tick"""
         self._views[key] = new
         self._ends.changed(key)
-        noted(old, new)
+        self._ends.noted(old, new)
 
     # ------------------------------------------------------------------ records
 
@@ -433,6 +446,11 @@ class Registry:
         """
         return self._ends.mark_ended(now)
 
+    @property
+    def pending_ends(self) -> int:
+        """Drones whose end the next :meth:`mark_ended` derives again (beside silent ones)"""
+        return self._ends.pending
+
     def due_retirements(self, now: float, limit: int = 1000) -> list[DroneView]:
         """Up to ``limit`` ended drones kept for ``retain_ended_s``: to retire"""
         return self._ends.due(now, limit)
@@ -447,7 +465,7 @@ class Registry:
         if self._views.get(key) is not view or not view.ended:
             return False
         del self._views[key]
-        self._ends.dropped(view)
+        self._ends.dropped(key)
         return True
 
     def retry_retirement(self, view: DroneView, at: float) -> None:
