@@ -175,6 +175,26 @@ class EndTracker:
             )
         return not view.ended
 
+    def mark_lost(self, now: float) -> list[DroneView]:
+        """Mark every drone silent for ``lost_after_s`` and not ended as lost (all views)"""
+        newly: list[DroneView] = []
+        limit = self.lost_after_s
+        for key, view in list(self._views.items()):
+            lost = not view.ended and view.is_lost(now, limit)
+            if lost != view.lost:
+                updated = msgspec.structs.replace(view, lost=lost)
+                self._views[key] = updated
+                if lost:
+                    newly.append(updated)
+                    log.warning(
+                        "drone %s/%s lost: no sign of life for %.0fs",
+                        view.site,
+                        view.drone,
+                        now - (view.last_seen or now),
+                        extra=_extra(view),
+                    )
+        return newly
+
     def due(self, now: float, limit: int) -> list[DroneView]:
         """Up to ``limit`` ended views whose retention is over at ``now`` (oldest first)"""
         found: dict[tuple[str, str], DroneView] = {}

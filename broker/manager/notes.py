@@ -9,9 +9,13 @@ events all the same, since a server's answer relayed by a reply subject lands th
 
 from __future__ import annotations
 
+import sys
 from typing import Final
 
+import msgspec
+
 from broker.errors import Rejected
+from broker.manager.lifecycle import TARDIS_DOWN
 from broker.manager.validity import (
     UNSTORED,
     Headers,
@@ -19,6 +23,7 @@ from broker.manager.validity import (
     published_by_writer,
     relayed,
 )
+from broker.manager.views import DroneView
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import TardisState, decode_note
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
@@ -64,3 +69,30 @@ def check_note(
     if headers is not UNSTORED and not published_by_writer(headers, note.id):
         raise Rejected(Rejection.RELAYED, f"stored without its writer's {MSG_ID}")
     return note
+
+
+def noted_view(
+    old: DroneView | None, note: TardisState, stored_time: float, stream_seq: int | None
+) -> DroneView | None:
+    """
+    The view after the valid ``note``, or ``None`` if it changes nothing
+
+    Only the newest note that no agent event follows in the stream counts; a note
+    of a drone nothing is known about counts only if it says TARDIS gave the drone
+    up (then its end is known).
+    """
+    newest = (
+        0
+        if old is None
+        else max(old.stream_seq or 0, old.heartbeat_stream_seq or 0, old.tardis_seq or 0)
+    )
+    if stream_seq is None:
+        stream_seq = newest + 1
+    if (old is None and note.state != TARDIS_DOWN) or stream_seq <= newest:
+        return None
+    return msgspec.structs.replace(
+        old or DroneView(site=sys.intern(note.site), drone=note.drone),
+        tardis_seq=stream_seq,
+        tardis_state=sys.intern(note.state),
+        tardis_time=stored_time,
+    )

@@ -24,8 +24,8 @@ from typing import Final
 import msgspec
 
 from broker.errors import Rejected
-from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, TARDIS_DOWN, EndTracker
-from broker.manager.notes import check_note
+from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, EndTracker
+from broker.manager.notes import check_note, noted_view
 from broker.manager.validity import (
     UNSTORED,
     Headers,
@@ -411,28 +411,10 @@ class Registry:
     def _apply_note(self, note: TardisState, stored_time: float, stream_seq: int | None) -> Applied:
         key = (note.site, note.drone)
         old = self._views.get(key)
-        newest = (
-            0
-            if old is None
-            else max(old.stream_seq or 0, old.heartbeat_stream_seq or 0, old.tardis_seq or 0)
-        )
-        if stream_seq is None:
-            stream_seq = newest + 1
-        if old is None and note.state != TARDIS_DOWN:
-            return Applied.STALE  # nothing to say about a drone not known
-        if stream_seq <= newest:
-            return Applied.DUPLICATE if old and stream_seq == old.tardis_seq else Applied.STALE
-        base = old or DroneView(site=sys.intern(note.site), drone=note.drone)
-        self._put(
-            key,
-            old,
-            msgspec.structs.replace(
-                base,
-                tardis_seq=stream_seq,
-                tardis_state=sys.intern(note.state),
-                tardis_time=stored_time,
-            ),
-        )
+        new = noted_view(old, note, stored_time, stream_seq)
+        if new is None:
+            return Applied.STALE
+        self._put(key, old, new)
         return Applied.APPLIED
 
     # ------------------------------------------------------------------ liveness
@@ -484,20 +466,4 @@ class Registry:
         :param now: the current time, epoch seconds
         :returns: the views of the drones that became lost with this call
         """
-        newly: list[DroneView] = []
-        limit = self.lost_after_s
-        for key, view in list(self._views.items()):
-            lost = not view.ended and view.is_lost(now, limit)
-            if lost != view.lost:
-                updated = msgspec.structs.replace(view, lost=lost)
-                self._views[key] = updated
-                if lost:
-                    newly.append(updated)
-                    log.warning(
-                        "drone %s/%s lost: no sign of life for %.0fs",
-                        view.site,
-                        view.drone,
-                        now - (view.last_seen or now),
-                        extra={"drone": view.drone, "site": view.site},
-                    )
-        return newly
+        return self._ends.mark_lost(now)
