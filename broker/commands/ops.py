@@ -164,7 +164,9 @@ def _row(view: DroneView, now: float, lost_after_s: float) -> dict[str, Any]:
         "last_fact_age_s": view.last_fact_age_s(now),
         "last_event_received": _iso(view.received_time),
         "last_heartbeat_received": _iso(view.heartbeat_time),
-        "lost": view.is_lost(now, lost_after_s),
+        "lost": not view.ended and view.is_lost(now, lost_after_s),
+        "ended": view.ended or None,
+        "ended_at": _iso(view.ended_time),
         "record_phase": record.label if record is not None else None,
         "record_writer": record.writer if record is not None else None,
         "record_proven": record.proven if record is not None else None,
@@ -183,7 +185,7 @@ def _iso(epoch: float | None) -> str | None:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    header = ("DRONE", "SITE", "STATE", "PAYLOADS", "LAST FACT", "LOST", "RECORD")
+    header = ("DRONE", "SITE", "STATE", "PAYLOADS", "LAST FACT", "LOST/ENDED", "RECORD")
     return format_table(
         header,
         (
@@ -193,7 +195,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
                 row["state"] or "-",
                 str(len(row["payloads"])),
                 _age(row["last_fact_age_s"]),
-                "lost" if row["lost"] else "-",
+                "lost" if row["lost"] else (f"ended: {row['ended']}" if row["ended"] else "-"),
                 row["record_phase"] or "-",
             )
             for row in rows
@@ -231,13 +233,24 @@ async def status(args: argparse.Namespace) -> int:
         views = [v for v in views if v.drone == args.drone]
         if not views:
             raise OperatorError(f"no drone {args.drone!r} known on {args.server}")
+    ended = sum(bool(v.ended) for v in views)
+    if not (args.ended or args.drone):
+        views = [v for v in views if not v.ended]
     rows = [_row(view, now, args.lost_after) for view in views]
     if args.json:
         write_json(rows)
     elif rows:
         print(_table(rows))
-    else:
+    elif not ended:
         print("no drones known", file=sys.stderr)
+    if not args.json:
+        lost = sum(row["lost"] for row in rows)
+        hidden = "" if args.ended or args.drone or not ended else " (hidden; --ended shows them)"
+        print(
+            f"{len(rows) + (0 if args.ended or args.drone else ended)} drones: "
+            f"{lost} lost, {ended} ended{hidden}",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -314,6 +327,12 @@ def add_status(status_cmd: argparse.ArgumentParser) -> None:
     )
     status_cmd.add_argument("drone", nargs="?", help="only this drone")
     status_cmd.add_argument("--site", help="only this site")
+    status_cmd.add_argument(
+        "--ended",
+        "--all",
+        action="store_true",
+        help="show drones whose life ended, too (until they retire)",
+    )
     add_seconds(
         status_cmd,
         "--lost-after",
