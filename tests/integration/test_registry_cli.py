@@ -42,9 +42,14 @@ async def test_status_table_and_json(
     for event in (idle.started(), idle.ready(), idle.heartbeat()):
         await publish(js, NS, event)
     await store.release(SITE, "site1-00000000d1")
+    done = FakeDrone(SITE, "site1-00000000e1")
+    await publish(js, NS, done.started())
+    await store.claim(SITE, done.drone, done.incarnation)
+    await store.finish(SITE, done.drone, done.incarnation, ev.RecordPhase.DRAINED)
+    await publish(js, NS, done.exiting())
 
     code, out, err = await run_process(*CLI, "status", "--server", nats_server.url)
-    assert (code, err) == (0, "")
+    assert (code, err) == (0, "4 drones: 0 lost, 1 ended (hidden; --ended shows them)\n")
     lines = out.splitlines()
     assert lines[0].split() == [
         "DRONE",
@@ -53,15 +58,21 @@ async def test_status_table_and_json(
         "PAYLOADS",
         "LAST",
         "FACT",
-        "LOST",
+        "LOST/ENDED",
         "RECORD",
     ]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert done.drone not in rows
     assert rows[busy.drone][1:4] == [SITE, "busy", "1"]
     assert rows[busy.drone][-2:] == ["-", "up"]
     assert rows[idle.drone][1:4] == ["site2", "idle", "0"]
     assert rows["site1-00000000d1"][1:4] == [SITE, "-", "0"]
     assert rows["site1-00000000d1"][-1] == "released"
+
+    code, out, err = await run_process(*CLI, "status", "--ended", "--server", nats_server.url)
+    ended = [line.split() for line in out.splitlines() if line.startswith(done.drone)]
+    assert ended[0][-3:] == ["ended:", "drained", "drained"]
+    assert err == "4 drones: 0 lost, 1 ended\n"
 
     code, out, err = await run_process(
         *CLI, "status", busy.drone, "--json", "--server", nats_server.url
