@@ -5,6 +5,8 @@ The wrapped adapter removes a drone only when
 :meth:`~broker.manager.control.Control.may_remove` says yes; otherwise the
 policy releases or drains the drone and raises
 ``TardisResourceStatusUpdateFailed``, so that TARDIS tries again next heartbeat.
+:class:`~broker.tardis.site.RemoteSiteAdapter` asks it before TARDIS calls a
+removal, so that a deliberately pending removal does not show as a failed one.
 """
 
 from __future__ import annotations
@@ -56,34 +58,60 @@ class RemovalPolicy:
         try:
             response = await self._inner.resource_status(resource_attributes)
         except Exception as err:
-            log.info("cannot ask the site about %s: %r", resource_attributes.drone_uuid, err)
+            self._bus.call_log.failed(
+                "resource_status",
+                resource_attributes.drone_uuid,
+                err,
+                then="whether its batch job runs counts as unknown",
+            )
             return None
         status = response.get("resource_status") if isinstance(response, Mapping) else None
         if not isinstance(status, ResourceStatus):
             return None
         return status not in (ResourceStatus.Deleted, ResourceStatus.Error)
 
-    async def remove(self, resource_attributes: AttributeDict, action: str) -> None:
-        """``action`` (``stop_resource`` or ``terminate_resource``) if the verdict allows"""
+    async def verdict(self, resource_attributes: AttributeDict, action: str) -> Verdict | None:
+        """
+        The verdict on ``action`` for the drone, after releasing or draining it if needed
+
+        ``None`` while the manager is not connected to the bus.
+        """
         site, drone = self._site, resource_attributes.drone_uuid
         control = self._bus.control
         if control is None:
-            self.counts[f"{action}_deferred"] += 1
-            raise TardisResourceStatusUpdateFailed(
-                f"{action} of {drone} deferred: not connected to the bus"
-            )
+            return None
         lbs = await self.lbs_running(resource_attributes)
         verdict = control.may_remove(site, drone, lbs)
         if not verdict:
             verdict = await self._make_removable(control, site, drone, verdict, lbs, action)
-        extra = {"drone": drone, "site": site, "reason": str(verdict.reason)}
-        if not verdict:
-            self.counts[f"{action}_deferred"] += 1
-            log.info("%s of %s/%s deferred: %s", action, site, drone, verdict.detail, extra=extra)
-            raise TardisResourceStatusUpdateFailed(
-                f"{action} of {drone} deferred: {verdict.detail}"
-            )
+        return verdict
+
+    async def check(self, resource_attributes: AttributeDict, action: str) -> Verdict:
+        """
+        The allowing verdict on ``action``, or ``TardisResourceStatusUpdateFailed`` saying why not
+
+        A deferral is logged once per drone and reason change (:class:`CallLog`).
+        """
+        site, drone = self._site, resource_attributes.drone_uuid
+        verdict = await self.verdict(resource_attributes, action)
+        if verdict:
+            self._bus.call_log.settled(drone)
+            return verdict
+        reason, detail = (
+            ("not_connected", "not connected to the bus")
+            if verdict is None
+            else (str(verdict.reason), verdict.detail)
+        )
+        self.counts[f"{action}_deferred"] += 1
+        self._bus.call_log.deferred(action, site, drone, reason, detail)
+        raise TardisResourceStatusUpdateFailed(f"{action} of {drone} deferred: {detail}")
+
+    async def remove(self, resource_attributes: AttributeDict, action: str) -> None:
+        """``action`` (``stop_resource`` or ``terminate_resource``) if the verdict allows"""
+        site, drone = self._site, resource_attributes.drone_uuid
+        verdict = await self.check(resource_attributes, action)
         self.counts[f"{action}_allowed"] += 1
+        extra = {"drone": drone, "site": site, "reason": str(verdict.reason)}
         log.info("%s of %s/%s: %s", action, site, drone, verdict.detail, extra=extra)
         await getattr(self._inner, action)(resource_attributes)
 
