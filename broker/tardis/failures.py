@@ -10,6 +10,8 @@ per drone and reason change. The traceback goes to DEBUG.
 from __future__ import annotations
 
 import logging
+import time
+from collections.abc import Callable
 from typing import Final
 
 from remote_agent.protocol.ratelog import RateLimitedLog
@@ -33,11 +35,18 @@ class CallLog:
     Rate-limited lines of failed calls, and one line per reason change of a deferred removal
 
     :param logger: where the lines go
+    :param interval_s: minimum seconds between two lines of one drone, call and cause
+    :param clock: monotonic seconds (tests pass their own)
     """
 
-    def __init__(self, logger: logging.Logger, interval_s: float = FAILURE_INTERVAL_S) -> None:
+    def __init__(
+        self,
+        logger: logging.Logger,
+        interval_s: float = FAILURE_INTERVAL_S,
+        clock: Callable[[], float] = time.monotonic,
+    ) -> None:
         self.logger = logger
-        self._failures = RateLimitedLog(logger, interval_s)
+        self._failures = RateLimitedLog(logger, interval_s, clock)
         #: drone -> the reason its removal was last deferred for
         self._deferred: dict[str, str] = {}
 
@@ -66,13 +75,10 @@ class CallLog:
 
     def deferred(self, action: str, site: str, drone: str, reason: str, detail: str) -> bool:
         """Log a deferred removal if its reason changed; ``True`` if a line was written"""
-        if self._deferred.get(drone) == reason:
-            return False
-        self._deferred.pop(drone, None)
-        if len(self._deferred) >= _MAX_DEFERRED:
-            del self._deferred[next(iter(self._deferred))]
-        self._deferred[drone] = reason
-        self.logger.info(
+        return self.once(
+            drone,
+            reason,
+            logging.INFO,
             "%s of %s/%s deferred: %s",
             action,
             site,
@@ -80,8 +86,26 @@ class CallLog:
             detail,
             extra={"drone": drone, "site": site, "reason": reason},
         )
+
+    def once(
+        self,
+        drone: str,
+        reason: str,
+        level: int,
+        message: str,
+        *args: object,
+        extra: dict[str, str] | None = None,
+    ) -> bool:
+        """Log ``message % args`` unless the drone's last line of this kind had ``reason``"""
+        if self._deferred.get(drone) == reason:
+            return False
+        self._deferred.pop(drone, None)
+        if len(self._deferred) >= _MAX_DEFERRED:
+            del self._deferred[next(iter(self._deferred))]
+        self._deferred[drone] = reason
+        self.logger.log(level, message, *args, extra=extra, stacklevel=3)
         return True
 
     def settled(self, drone: str) -> None:
-        """The drone's removal went ahead: a later deferral is news again"""
+        """The drone's removal went ahead: a later line about it is news again"""
         self._deferred.pop(drone, None)

@@ -92,28 +92,46 @@ class RemovalPolicy:
 
         A deferral is logged once per drone and reason change (:class:`CallLog`).
         """
-        site, drone = self._site, resource_attributes.drone_uuid
         verdict = await self.verdict(resource_attributes, action)
         if verdict:
-            self._bus.call_log.settled(drone)
             return verdict
+        detail = self._deferred(resource_attributes.drone_uuid, verdict, action)
+        raise TardisResourceStatusUpdateFailed(
+            f"{action} of {resource_attributes.drone_uuid} deferred: {detail}"
+        )
+
+    async def remove(self, resource_attributes: AttributeDict, action: str) -> None:
+        """
+        ``action`` (``stop_resource`` or ``terminate_resource``) if the verdict allows
+
+        A deferred ``terminate_resource`` returns: TARDIS's CleanupState stays
+        CleanupState and calls it again next heartbeat whether it returns or raises
+        (dronestates.py:305-326), and warns only when it raises.
+        """
+        site, drone = self._site, resource_attributes.drone_uuid
+        if action == "terminate_resource":
+            verdict = await self.verdict(resource_attributes, action)
+            if not verdict:
+                self._deferred(drone, verdict, action)
+                return
+        else:
+            verdict = await self.check(resource_attributes, action)
+        self.counts[f"{action}_allowed"] += 1
+        extra = {"drone": drone, "site": site, "reason": str(verdict.reason)}
+        log.info("%s of %s/%s: %s", action, site, drone, verdict.detail, extra=extra)
+        self._bus.call_log.settled(drone)
+        await getattr(self._inner, action)(resource_attributes)
+
+    def _deferred(self, drone: str, verdict: Verdict | None, action: str) -> str:
+        """Count and log (once per reason) a deferral; its detail"""
         reason, detail = (
             ("not_connected", "not connected to the bus")
             if verdict is None
             else (str(verdict.reason), verdict.detail)
         )
         self.counts[f"{action}_deferred"] += 1
-        self._bus.call_log.deferred(action, site, drone, reason, detail)
-        raise TardisResourceStatusUpdateFailed(f"{action} of {drone} deferred: {detail}")
-
-    async def remove(self, resource_attributes: AttributeDict, action: str) -> None:
-        """``action`` (``stop_resource`` or ``terminate_resource``) if the verdict allows"""
-        site, drone = self._site, resource_attributes.drone_uuid
-        verdict = await self.check(resource_attributes, action)
-        self.counts[f"{action}_allowed"] += 1
-        extra = {"drone": drone, "site": site, "reason": str(verdict.reason)}
-        log.info("%s of %s/%s: %s", action, site, drone, verdict.detail, extra=extra)
-        await getattr(self._inner, action)(resource_attributes)
+        self._bus.call_log.deferred(action, self._site, drone, reason, detail)
+        return detail
 
     async def _make_removable(
         self,
@@ -145,7 +163,10 @@ class RemovalPolicy:
             deadline = self._bus.lost_deadline(view)
             now = time.time()
             if now >= deadline:
-                log.warning(
+                self._bus.call_log.once(
+                    drone,
+                    "removal_deadline_passed",
+                    logging.WARNING,
                     "removing lost drone %s/%s: %s, and its removal deadline passed",
                     site,
                     drone,

@@ -70,13 +70,10 @@ _UP_STATES: Final = frozenset(
     }
 )
 
-#: the removal TARDIS calls next on an answer in a state (tardis/resources/dronestates.py:
-#: ShutDownState :256-259 on Running; CleanupState :305-313 on what keeps it in Cleanup)
+#: the answers on which TARDIS calls ``stop_resource`` next, by its state
+#: (tardis/resources/dronestates.py: ShutDownState :256-259 on Running)
 _REMOVAL_NEXT: Final[Mapping[tuple[str, ResourceStatus], str]] = {
     ("ShutDownState", ResourceStatus.Running): "stop_resource",
-    ("CleanupState", ResourceStatus.Booting): "terminate_resource",
-    ("CleanupState", ResourceStatus.Stopped): "terminate_resource",
-    ("CleanupState", ResourceStatus.Error): "terminate_resource",
 }
 
 
