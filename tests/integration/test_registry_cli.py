@@ -88,8 +88,19 @@ async def test_release_and_drain(
     nats_server: EmbeddedServer, nc: Client, store: RecordStore
 ) -> None:
     url = nats_server.url
-    code, out, err = await run_process(*CLI, "release", "site1-0000000001", "--server", url)
-    assert (code, err) == (0, "")
+    # never heard of (no event, no record): a typo must not leave a record behind
+    for command in ("release", "drain"):
+        code, out, err = await run_process(*CLI, command, "site1-0000000001", "--server", url)
+        assert (code, out) == (1, "")
+        assert err == (
+            "cobald-remote: site1/site1-0000000001: no event and no record of this drone: "
+            f"check the uuid (cobald-remote status), or give --force to {command} it anyway\n"
+        )
+    assert await store.read(SITE, "site1-0000000001") is None
+    code, out, err = await run_process(
+        *CLI, "release", "site1-0000000001", "--force", "--server", url
+    )
+    assert code == 0 and "warning: site1/site1-0000000001: no event and no record" in err
     assert out.startswith("site1/site1-0000000001: released:")
     assert "may be removed" in out
     record = await store.read(SITE, "site1-0000000001")
@@ -99,7 +110,9 @@ async def test_release_and_drain(
     assert code == 0 and "drain released" in out
 
     # never announced: drain refuses and says what to do instead
-    code, out, err = await run_process(*CLI, "drain", "site1-0000000002", "--server", url)
+    code, out, err = await run_process(
+        *CLI, "drain", "site1-0000000002", "--force", "--server", url
+    )
     assert code == 1 and "drain not_announced" in out and "release it instead" in out
     assert await store.read(SITE, "site1-0000000002") is None
 
@@ -131,7 +144,7 @@ async def test_release_and_drain(
 
     # an explicit site for a uuid that does not carry it
     code, out, err = await run_process(
-        *CLI, "release", "odd_name", "--site", "siteX", "--server", url
+        *CLI, "release", "odd_name", "--site", "siteX", "--force", "--server", url
     )
     assert code == 0 and out.startswith("siteX/odd_name: released")
     code, out, err = await run_process(*CLI, "release", "odd_name", "--server", url)
