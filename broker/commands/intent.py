@@ -74,6 +74,14 @@ async def refuse_unknown(
     print(f"cobald-remote: warning: {what}; {command} it anyway (--force)", file=sys.stderr)
 
 
+def refused(nc: Client) -> str:
+    """The line for a server that refused one of the connection's subjects; ``""`` if it did not"""
+    last = nc.last_error
+    if last is not None and "permissions violation" in str(last).lower():
+        return f"{last}: {_NEEDS_MANAGER}"
+    return ""
+
+
 @contextlib.contextmanager
 def permission_errors(nc: Client) -> Iterator[None]:
     """A request that timed out because the server refused its subject: one line saying so"""
@@ -82,9 +90,8 @@ def permission_errors(nc: Client) -> Iterator[None]:
     try:
         yield
     except (TimeoutError, nats.errors.Error) as err:
-        last = nc.last_error
-        if last is not None and "permissions violation" in str(last).lower():
-            raise OperatorError(f"{last}: {_NEEDS_MANAGER}") from None
+        if line := refused(nc):
+            raise OperatorError(line) from None
         if isinstance(err, nats.errors.Error):
             raise OperatorError(f"{err}") from None
         raise OperatorError(f"no answer from the server: {err or 'timeout'}") from None

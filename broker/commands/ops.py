@@ -16,7 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.commands.failures import EXIT_FAILURE
-from broker.commands.intent import permission_errors, refuse_unknown
+from broker.commands.intent import permission_errors, refuse_unknown, refused
 from broker.commands.options import add_connection, add_json, add_seconds, connect
 from broker.commands.table import format_table, write_json
 from broker.errors import OperatorError
@@ -64,7 +64,7 @@ async def _control(nc: Client, args: argparse.Namespace) -> Control:
     try:
         return await Control.open(nc, registry, domain=args.domain, request_timeout_s=args.timeout)
     except nats.errors.Error as err:
-        raise OperatorError(f"cannot open the handshake buckets: {err}") from None
+        raise OperatorError(refused(nc) or f"cannot open the handshake buckets: {err}") from None
 
 
 def _print_json(value: object) -> None:

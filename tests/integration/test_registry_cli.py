@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from support.drones import FakeDrone, answer_commands, publish
 from support.processes import CLI, run_process
+from support.servers import drone_creds, secured_server
 
 from broker.cli import main
 from broker.commands.ops import EXIT_UNCONFIRMED
@@ -155,3 +157,21 @@ async def test_unreachable_server_fails_fast() -> None:
     for command in (["status"], ["drain", "site1-0123456789"], ["release", "site1-0123456789"]):
         code, _, err = await run_process(*CLI, *command, "--server", "nats://127.0.0.1:1")
         assert code == 1 and "cannot connect" in err
+
+
+async def test_a_refused_permission_or_credential_says_what_to_do(tmp_path: Path) -> None:
+    drone = "site1-0123456789"
+    async with secured_server(tmp_path) as (server, authority_file):
+        creds = drone_creds(tmp_path, authority_file, SITE, drone)
+        # a drone's credentials may not touch the records: one line, what to do
+        code, out, err = await run_process(
+            *CLI, "release", drone, "--creds", str(creds), "--server", server.url
+        )
+        assert (code, out) == (1, "")
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert "permissions violation" in err.lower()
+        assert "need the manager's credentials" in err
+        # no credentials at all: the server refuses the connection
+        code, out, err = await run_process(*CLI, "drain", drone, "--server", server.url)
+        assert (code, out) == (1, "")
+        assert len(err.splitlines()) == 1 and "check --creds" in err
