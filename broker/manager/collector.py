@@ -9,7 +9,8 @@ from __future__ import annotations
 
 import platform
 import time
-from collections.abc import Callable, Iterator, Mapping
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from typing import Final
 
@@ -80,12 +81,24 @@ def tardis_labels(part: str, name: str) -> tuple[str, str, str, str]:
     return part, site, name, "ok"
 
 
-def _counter(name: str, help_text: str, labels: tuple[str, ...] = ()) -> CounterMetricFamily:
-    return CounterMetricFamily(PREFIX + name, help_text, labels=labels)
+def _counter(
+    name: str, help_text: str, label: str, samples: Iterable[tuple[str, int]]
+) -> CounterMetricFamily:
+    """A counter family with one label, a sample per ``(label value, count)``"""
+    family = CounterMetricFamily(PREFIX + name, help_text, labels=(label,))
+    for value, count in samples:
+        family.add_metric([value], count)
+    return family
 
 
-def _gauge(name: str, help_text: str, labels: tuple[str, ...] = ()) -> GaugeMetricFamily:
-    return GaugeMetricFamily(PREFIX + name, help_text, labels=labels)
+def _by_site(
+    name: str, help_text: str, label: str, counts: Mapping[str, Mapping[str, int]]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(PREFIX + name, help_text, labels=("site", label))
+    for site, by_key in sorted(counts.items()):
+        for key, count in by_key.items():
+            family.add_metric([site, key], count)
+    return family
 
 
 class ManagerCollector(Collector):
@@ -117,31 +130,28 @@ class ManagerCollector(Collector):
 
     def _registry(self) -> Iterator[Metric]:
         metrics = self.sources.registry.metrics()
-        events = _counter(
+        yield _counter(
             "registry_events",
             "Events the registry handled, by outcome (rejected: see registry_rejected)",
-            ("outcome",),
+            "outcome",
+            [
+                ("applied", metrics.applied),
+                ("duplicate", metrics.duplicate),
+                ("stale", metrics.stale),
+            ],
         )
-        events.add_metric(["applied"], metrics.applied)
-        events.add_metric(["duplicate"], metrics.duplicate)
-        events.add_metric(["stale"], metrics.stale)
-        yield events
-        rejected = _counter(
+        yield _counter(
             "registry_rejected",
             "Events and records rejected as invalid, by reason; they changed nothing",
-            ("reason",),
+            "reason",
+            sorted(metrics.rejected.items()),
         )
-        for reason, count in sorted(metrics.rejected.items()):
-            rejected.add_metric([reason], count)
-        yield rejected
-        records = _counter(
+        yield _counter(
             "registry_records",
             "Handshake-bucket values merged into the registry, by outcome",
-            ("outcome",),
+            "outcome",
+            [("applied", metrics.records_applied), ("ignored", metrics.records_ignored)],
         )
-        records.add_metric(["applied"], metrics.records_applied)
-        records.add_metric(["ignored"], metrics.records_ignored)
-        yield records
         yield GaugeMetricFamily(
             PREFIX + "drones_ended",
             "Drones whose life ended (drained, released, removed), kept until their retention ends",
@@ -151,41 +161,29 @@ class ManagerCollector(Collector):
     def _drones(self) -> Iterator[Metric]:
         registry = self.sources.registry
         now = self.clock()
-        by_state: dict[str, dict[str, int]] = {}
-        by_phase: dict[str, dict[str, int]] = {}
+        by_state: defaultdict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_STATES, 0))
+        by_phase: defaultdict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_PHASES, 0))
         lost = 0
         for view in registry.views().values():
-            phases = by_phase.get(view.site) or by_phase.setdefault(
-                view.site, dict.fromkeys(_PHASES, 0)
-            )
-            phases[view.record.label if view.record is not None else "none"] += 1
+            by_phase[view.site][view.record.label if view.record is not None else "none"] += 1
             if view.ended:
                 continue
-            states = by_state.get(view.site) or by_state.setdefault(
-                view.site, dict.fromkeys(_STATES, 0)
-            )
-            states[str(view.state) if view.state is not None else "unknown"] += 1
+            by_state[view.site][str(view.state) if view.state is not None else "unknown"] += 1
             lost += view.is_lost(now, registry.lost_after_s)
-        drones = _gauge(
+        yield _by_site(
             "drones",
             "Drones whose life has not ended, by site and the state of their newest event "
             "(unknown: only a handshake record)",
-            ("site", "state"),
+            "state",
+            by_state,
         )
-        for site, counts in sorted(by_state.items()):
-            for state, count in counts.items():
-                drones.add_metric([site, state], count)
-        yield drones
-        records = _gauge(
+        yield _by_site(
             "drone_records",
             "Drones known to the registry (ended ones too), by site and the phase of their "
             "handshake record (none: no record)",
-            ("site", "phase"),
+            "phase",
+            by_phase,
         )
-        for site, counts in sorted(by_phase.items()):
-            for phase, count in counts.items():
-                records.add_metric([site, phase], count)
-        yield records
         yield GaugeMetricFamily(
             PREFIX + "drones_lost",
             "Drones whose life has not ended and whose agent was silent for longer than "
@@ -194,25 +192,20 @@ class ManagerCollector(Collector):
         )
 
     def _consumer(self, stats: ConsumerStats) -> Iterator[Metric]:
-        messages = _counter(
+        yield _counter(
             "consumer_messages",
             "Event-stream messages the manager's consumer handled, by what it answered "
             "(termed: rejected, or the handler raised)",
-            ("outcome",),
+            "outcome",
+            [("acked", stats.acked), ("termed", stats.termed), ("nacked", stats.nacked)],
         )
-        messages.add_metric(["acked"], stats.acked)
-        messages.add_metric(["termed"], stats.termed)
-        messages.add_metric(["nacked"], stats.nacked)
-        yield messages
-        errors = _counter(
+        yield _counter(
             "consumer_handler_errors",
             "Event-stream messages whose handler raised, by exception type; each was "
             "terminated and changed nothing",
-            ("exception",),
+            "exception",
+            sorted(dict(stats.handler_error_types).items()),
         )
-        for kind, count in sorted(dict(stats.handler_error_types).items()):
-            errors.add_metric([kind], count)
-        yield errors
         yield CounterMetricFamily(
             PREFIX + "consumer_max_deliveries",
             "Messages the server stopped delivering after max_deliver deliveries without an answer",
@@ -260,11 +253,11 @@ class ManagerCollector(Collector):
     def _tardis(self) -> Iterator[Metric]:
         if self.sources.tardis_calls is None:
             return
-        calls = _counter(
-            "tardis_calls",
+        calls = CounterMetricFamily(
+            PREFIX + "tardis_calls",
             "What the TARDIS integration did, by part (bus, site, batch_system), TARDIS's "
             "site name, call and outcome (see docs/operations.md)",
-            ("part", "site", "call", "outcome"),
+            labels=("part", "site", "call", "outcome"),
         )
         # copies first: the TARDIS side adds counts on the event loop meanwhile
         parts = dict(self.sources.tardis_calls())
