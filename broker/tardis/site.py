@@ -126,7 +126,7 @@ class RemoteSiteAdapter(SiteAdapter):
         self._site = site_token(inner.site_name)
         self._extra_env = bus.drone_environment(self._site)
         self.counts: collections.Counter[str] = collections.Counter()
-        bus.count_sources[f"site:{inner.site_name}"] = self.counts
+        bus.count_sources[f"site:{self._site}"] = self.counts  # the token, as drones name it
         self._removal = RemovalPolicy(inner, bus, self._site, self.counts)
         if self._extra_env:
             # the adapters call self.drone_environment(...) on *themselves*:
