@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import os
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Final
 
 import msgspec
@@ -233,6 +233,20 @@ def site_token(site_name: str) -> str:
         return check_token(site_name.lower(), f"site name {site_name!r}")
     except SchemaError as err:
         raise ValueError(str(err)) from None
+
+
+def site_problems(names: Sequence[object]) -> list[str]:
+    """One line for each TARDIS site name that cannot name the site on the bus"""
+    problems = []
+    for name in names:
+        try:
+            site_token(str(name))
+        except ValueError:
+            problems.append(
+                f"tardis.Sites: site name {name!r} in lower case is not a subject token "
+                f"({_TOKEN}): drone uuids and subjects are made of it"
+            )
+    return problems
 
 
 def creds_problem(path: str) -> str | None:

@@ -29,7 +29,7 @@ from tardis.resources.poolfactory import create_drone, get_drones_to_restore, lo
 from broker.errors import ConfigError
 from broker.tardis.batch import RemoteBatchSystemAdapter
 from broker.tardis.bus import RemoteBus
-from broker.tardis.config import BusConfig, creds_problem, decode_bus, site_token
+from broker.tardis.config import BusConfig, creds_problem, decode_bus, site_problems
 from broker.tardis.notes import TardisStateNotes
 from broker.tardis.pool import RemoteFactoryPool
 from broker.tardis.site import RemoteSiteAdapter
@@ -70,14 +70,7 @@ def bus_config(bus: object, sites: Sequence[str]) -> BusConfig:
     :raises ConfigError: for every problem, after :func:`refuse`
     """
     config, problems = decode_bus(bus)
-    for name in sites:
-        try:
-            site_token(name)
-        except ValueError:
-            problems.append(
-                f"tardis.Sites: site name {name!r} is not a subject token in lower case "
-                "(1-128 of A-Z a-z 0-9 _ -): drone uuids and subjects are made of it"
-            )
+    problems += site_problems(sites)
     if config is None or problems:
         raise refuse(ConfigError(problems))
     if config.creds is not None and (why := creds_problem(config.creds)) is not None:
