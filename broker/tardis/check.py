@@ -173,7 +173,10 @@ def _factory(where: str, form: str, kwargs: dict[str, Any], data: Any, report: R
         found.batch_system = _batch_system(tardis, problems)
         found.sites = _sites(tardis, problems)
     else:
-        problems.append(f"{found.tardis_source}: expected TARDIS's configuration mapping")
+        problems.append(
+            "tardis: expected TARDIS's configuration (a tardis: section or configuration: FILE), "
+            f"got {tardis!r} from {found.tardis_source}"
+        )
     found.has_bus = kwargs.get("bus") is not None
     if found.has_bus:
         found.bus, bus_problems = decode_bus(kwargs["bus"])
