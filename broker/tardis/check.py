@@ -16,7 +16,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-import yaml  # type: ignore[import-untyped]  # PyYAML, as COBalD and TARDIS use it
+import yaml  # PyYAML, as COBalD and TARDIS use it
 from cobald.daemon.core.config import COBalDLoader, add_constructor_plugins, load_section_plugins
 from cobald.interfaces._partial import Partial
 
