@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.commands.failures import EXIT_FAILURE
+from broker.commands.intent import permission_errors, refuse_unknown, refused
 from broker.commands.options import add_connection, add_json, add_seconds, connect
 from broker.commands.table import format_table, write_json
 from broker.errors import OperatorError
@@ -63,7 +64,7 @@ async def _control(nc: Client, args: argparse.Namespace) -> Control:
     try:
         return await Control.open(nc, registry, domain=args.domain, request_timeout_s=args.timeout)
     except nats.errors.Error as err:
-        raise OperatorError(f"cannot open the handshake buckets: {err}") from None
+        raise OperatorError(refused(nc) or f"cannot open the handshake buckets: {err}") from None
 
 
 def _print_json(value: object) -> None:
@@ -98,9 +99,13 @@ async def drain(args: argparse.Namespace) -> int:
         raise OperatorError("--deadline must not be negative")
     nc = await _connect(args)
     try:
-        control = await _control(nc, args)
-        deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=args.deadline)
-        result = await control.drain(site, drone, deadline, args.reason)
+        with permission_errors(nc):
+            control = await _control(nc, args)
+            await refuse_unknown(
+                nc, control, site, drone, domain=args.domain, force=args.force, command="drain"
+            )
+            deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=args.deadline)
+            result = await control.drain(site, drone, deadline, args.reason)
     finally:
         await nc.close()
     if args.json:
@@ -117,10 +122,14 @@ async def release(args: argparse.Namespace) -> int:
     site, drone = _target(args)
     nc = await _connect(args)
     try:
-        control = await _control(nc, args)
-        result = await control.release(
-            site, drone, note=args.reason or "operator release", reason=args.reason
-        )
+        with permission_errors(nc):
+            control = await _control(nc, args)
+            await refuse_unknown(
+                nc, control, site, drone, domain=args.domain, force=args.force, command="release"
+            )
+            result = await control.release(
+                site, drone, note=args.reason or "operator release", reason=args.reason
+            )
     finally:
         await nc.close()
     if args.json:
@@ -299,6 +308,11 @@ def _add_intent(
 ) -> None:
     """The rest of a command that records an intent, then waits for the agent"""
     parser.add_argument("--reason", default=reason, help="why (kept in the record)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="act on a drone with no event and no record (e.g. one whose agent never started)",
+    )
     _add_timeout(parser, timeout_help)
     _common(parser)
     parser.set_defaults(run=run)

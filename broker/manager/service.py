@@ -99,6 +99,8 @@ class ManagerService:
         self._stop = asyncio.Event()
         self._pulls: list[PullConsumer] = []
         self._api = api_prefix(settings.domain)
+        #: the session is closing its connection itself (stop, cancel, or a failure)
+        self._closing = False
 
     def stop(self) -> None:
         """Ask :meth:`run` to end (tests and the CLI; COBalD never stops it)"""
@@ -128,6 +130,7 @@ class ManagerService:
 
     async def _session(self) -> None:
         settings = self.settings
+        self._closing = False
         nc = await connect(
             list(settings.servers),
             name="cobald-remote-manager",
@@ -205,6 +208,7 @@ class ManagerService:
             finally:
                 self._pulls.clear()
         finally:
+            self._closing = True
             with contextlib.suppress(Exception):
                 await nc.close()
 
@@ -226,9 +230,9 @@ class ManagerService:
             await pull.reconnected()
 
     async def _disconnected(self) -> None:
-        # nats-py calls this on close, too
-        if self._stop.is_set():
-            log.info("disconnected from NATS: stopping")
+        # nats-py calls this on close, too: on a stop, a cancel (COBalD's exit) or a failure
+        if self._stop.is_set() or self._closing:
+            log.info("disconnected from NATS: connection closed")
         else:
             log.warning("disconnected from NATS; reconnecting")
 
