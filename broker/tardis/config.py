@@ -17,6 +17,7 @@ import msgspec
 
 from broker.errors import ConfigError
 from broker.manager.control import DEFAULT_DRAIN_S, DEFAULT_REQUEST_TIMEOUT_S
+from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S
 from broker.manager.metrics import parse_address
 from broker.manager.registry import DEFAULT_LOST_AFTER_S
 from broker.manager.service import ManagerSettings
@@ -26,7 +27,6 @@ from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.names import DEFAULT_PREFIX, Namespace, check_token
 
 #: how long an ended drone is kept (registry, bucket) before it is retired
-DEFAULT_RETAIN_ENDED_S: Final = 86_400.0
 #: the longest duration a timing key accepts: any finite span a site means (10 years)
 LONGEST_S: Final = 10 * 365 * 86_400.0
 
@@ -126,6 +126,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             durable=self.durable,
             lost_after_s=self.lost_after_s,
             request_timeout_s=self.request_timeout_s,
+            retain_ended_s=self.retain_ended_s,
         )
 
 

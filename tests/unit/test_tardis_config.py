@@ -204,3 +204,11 @@ def test_the_credentials_file_says_what_to_do(tmp_path: Path) -> None:
         assert "let the user that runs COBalD read it" in unreadable
     directory = creds_problem(str(tmp_path))
     assert directory is not None and directory.startswith(f"bus.creds: cannot read {tmp_path}")
+
+
+def test_the_manager_gets_every_timing_of_the_section() -> None:
+    config = BusConfig.from_mapping(
+        {"servers": "nats://a:4222", "lost_after_s": 60, "retain_ended_s": 3600}
+    )
+    settings = config.manager_settings()
+    assert (settings.lost_after_s, settings.retain_ended_s) == (60.0, 3600.0)
