@@ -176,6 +176,10 @@ class Agent:
         """
         self._ledger.job_exited(job_id, how, exit_code, duration_s)
 
+    async def settled(self) -> None:
+        """Return once the events recorded so far are on disk (the spool's fsync)"""
+        await self.emitter.settled()
+
     # ================================================================== run
 
     async def run(self, *, handle_signals: bool = False) -> int:
