@@ -28,8 +28,9 @@ log = logging.getLogger("remote_agent.spool")
 MAGIC: Final = b"cobald-remote spool 1\n"
 HEADER: Final = struct.Struct(">cII")
 SEQ: Final = struct.Struct(">Q")
-#: an emptied file is rewritten once it is larger than this
-_EMPTIED_BYTES = 4096
+#: an emptied file is rewritten once it is larger than this: each rewrite costs two fsyncs,
+#: which a slow scratch disk makes the gate wait for
+_EMPTIED_BYTES = 64 * 1024
 #: how long closing waits for the thread to write what is queued, in seconds
 _CLOSE_WAIT_S = 30.0
 
@@ -182,11 +183,15 @@ class DiskWriter:
                 break
             try:
                 self._commit(batch)
-                if self._bloated():
-                    self._rewrite()
             except OSError as err:
                 self._degrade(err)
+            # the waiters go on first: a compaction only makes the file smaller
             self._finished(batch[-1][0])
+            if self._fd is not None and self._bloated():
+                try:
+                    self._rewrite()
+                except OSError as err:
+                    self._degrade(err)
         with self._cond:
             self._thread = None
             self._cond.notify_all()

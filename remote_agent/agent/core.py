@@ -191,7 +191,8 @@ class Agent:
         :raises SpoolError: if the spool directory cannot be used
         """
         settings, drone = self.settings, self.settings.drone
-        spool = Spool.open(settings.spool_dir, settings.spool_max_events)
+        # reading and rewriting the spool is disk I/O: not on the loop the gate serves from
+        spool = await asyncio.to_thread(Spool.open, settings.spool_dir, settings.spool_max_events)
         loop = asyncio.get_running_loop()
         signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
         for sig in signals:
