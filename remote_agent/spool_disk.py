@@ -100,6 +100,7 @@ class DiskWriter:
         self._done = 0  #: position of the last change on disk
         self._waiters: list[_Waiter] = []
         self._stopping = False
+        self._busy = False  #: the thread works on a batch or a rewrite
         self._thread: threading.Thread | None = None
 
     # ------------------------------------------------------------------ the loop's side
@@ -146,11 +147,15 @@ class DiskWriter:
         await waiter
 
     def flush(self) -> None:
-        """Block until every change queued so far is on disk (or the disk failed)"""
+        """Block until every change queued so far is on disk and the thread is idle"""
         with self._cond:
             target = self._queued
             self._cond.wait_for(
-                lambda: self._done >= target or self.degraded or self._thread is None
+                lambda: (
+                    (self._done >= target and not self._busy)
+                    or self.degraded
+                    or self._thread is None
+                )
             )
 
     def close(self) -> None:
@@ -179,6 +184,7 @@ class DiskWriter:
                 batch = list(self._queue)
                 self._queue.clear()
                 stop = self._stopping and not batch
+                self._busy = not stop
             if stop:
                 break
             try:
@@ -192,6 +198,9 @@ class DiskWriter:
                     self._rewrite()
                 except OSError as err:
                     self._degrade(err)
+            with self._cond:
+                self._busy = False
+                self._cond.notify_all()
         with self._cond:
             self._thread = None
             self._cond.notify_all()

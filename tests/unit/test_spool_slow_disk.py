@@ -90,7 +90,6 @@ async def test_compaction_runs_in_the_thread(tmp_path: Path, slow: SlowDisk) -> 
             spool.remove(f"d:inc:{seq}")  # emptied, file over the threshold: rewritten
         work = asyncio.ensure_future(asyncio.to_thread(spool.flush))
         assert await _worst_lag(work) < STALL_BOUND_S
-        await asyncio.to_thread(spool.flush)  # the rewrite after the last commit
     finally:
         await asyncio.to_thread(spool.close)
     assert (tmp_path / "events.spool").stat().st_size < 100
