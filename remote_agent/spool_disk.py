@@ -188,15 +188,21 @@ class DiskWriter:
             if stop:
                 break
             try:
-                self._commit(batch)
-            except OSError as err:
+                if self._fd is not None and self._bloated():
+                    # the batch goes into the new file: two fsyncs for both, not three
+                    self._apply(batch)
+                    self._rewrite()
+                else:
+                    self._commit(batch)
+            except Exception as err:  # OSError, or anything: the agent goes on in memory
                 self._degrade(err)
-            # the waiters go on first: a compaction only makes the file smaller
             self._finished(batch[-1][0])
-            if self._fd is not None and self._bloated():
+            with self._cond:
+                idle = not self._queue
+            if idle and self._fd is not None and self._bloated():
                 try:
                     self._rewrite()
-                except OSError as err:
+                except Exception as err:
                     self._degrade(err)
             with self._cond:
                 self._busy = False
@@ -207,8 +213,19 @@ class DiskWriter:
         self._wake(self._take_waiters(None))
 
     def _commit(self, batch: list[tuple[int, SpooledEvent | str]]) -> None:
+        """Append ``batch`` to the file; fsync it if it adds events"""
         if self._fd is None:
             return
+        parts, events = self._apply(batch)
+        view = memoryview(b"".join(parts))
+        while view:
+            view = view[os.write(self._fd, view) :]
+        self._file_bytes += sum(len(p) for p in parts)
+        if events:
+            self._sync(self._fd)
+
+    def _apply(self, batch: list[tuple[int, SpooledEvent | str]]) -> tuple[list[bytes], bool]:
+        """Take ``batch`` into the copy of the file; its records, and whether it adds events"""
         parts: list[bytes] = []
         events = False
         for _, change in batch:
@@ -225,12 +242,7 @@ class DiskWriter:
                 if self._last_seq is None or change.seq > self._last_seq:
                     self._last_seq = change.seq
                 parts.append(event_record(change))
-        view = memoryview(b"".join(parts))
-        while view:
-            view = view[os.write(self._fd, view) :]
-        self._file_bytes += sum(len(p) for p in parts)
-        if events:
-            self._sync(self._fd)
+        return parts, events
 
     def _bloated(self) -> bool:
         emptied = not self._on_disk and self._file_bytes > _EMPTIED_BYTES
@@ -267,7 +279,7 @@ class DiskWriter:
         self._file_bytes = len(data)
         self._live_bytes = sum(_size(e) for e in self._on_disk.values())
 
-    def _degrade(self, err: OSError) -> None:
+    def _degrade(self, err: Exception) -> None:
         log.error(
             "spool %s cannot be written (%s): keeping events in memory only; they are "
             "lost if the agent dies before the broker has them",
