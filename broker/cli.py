@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Final
 
-from broker.commands import auth, broker, demo, ops, protocol, timeline
+from broker.commands import auth, broker, config, demo, ops, protocol, timeline
 from broker.commands.failures import run
 from broker.commands.lazy import Commands, Fill
 from remote_agent import cli as agent
@@ -42,6 +42,11 @@ COMMANDS: Final[tuple[tuple[str, Fill, str], ...]] = (
         "one drone's life: its agent's events beside TARDIS's state",
     ),
     ("auth", auth.add_commands, "per-drone NATS credentials (operator mode)"),
+    (
+        "check-config",
+        config.add_arguments,
+        "what cobald-remote will do with a COBalD configuration",
+    ),
     (
         "demo",
         demo.add_arguments,

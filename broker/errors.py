@@ -14,6 +14,7 @@ line and exit 1 (``broker/commands/failures.py``). The tree::
     ├── Rejected                a message that is not valid (counted, never applied)
     ├── TimelineError           a drone's timeline cannot be read
     ├── OperatorError           an operator command cannot be carried out
+    ├── ConfigError             the ``bus:`` section (or the pool factory's) is not valid
     └── CliError                any other failure of a command
 
 The emulators' exceptions are in ``broker/emulation/errors.py``.
@@ -21,6 +22,7 @@ The emulators' exceptions are in ``broker/emulation/errors.py``.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -75,6 +77,18 @@ class TimelineError(BrokerError):
 
 class OperatorError(BrokerError):
     """An operator command that cannot be carried out (printed in one line, exit 1)"""
+
+
+class ConfigError(BrokerError, ValueError):
+    """
+    A configuration that is not valid: one line per problem, each naming its key
+
+    :param problems: ``bus.<key>: expected <what>, got <value>``, one per problem
+    """
+
+    def __init__(self, problems: Sequence[str]) -> None:
+        super().__init__("; ".join(problems))
+        self.problems = tuple(problems)
 
 
 class CliError(BrokerError):

@@ -12,7 +12,6 @@ import argparse
 import hashlib
 import os
 import tempfile
-import urllib.parse
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, fields
 from pathlib import Path
@@ -24,6 +23,7 @@ from remote_agent.protocol.environment import (
     TARDIS_CORES_ENV,
     TARDIS_SETTINGS_ENV,
     TARDIS_UUID_ENV,
+    server_url_problem,
     site_of,
     split_urls,
 )
@@ -31,9 +31,6 @@ from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.names import DEFAULT_PREFIX, check_token
 
 DeadlinePolicy = Literal["wait", "kill"]
-
-#: URL schemes nats-py connects with
-_URL_SCHEMES: Final = ("nats", "tls", "ws", "wss")
 
 
 @dataclass(frozen=True, slots=True)
@@ -194,11 +191,9 @@ class Settings:
             raise SettingsError(
                 f"deadline policy must be 'wait' or 'kill', not {self.deadline_policy!r}"
             )
-        for url in self.servers:
-            if urllib.parse.urlsplit(url).scheme not in _URL_SCHEMES:
-                raise SettingsError(
-                    f"broker URL {url!r} is not one of {', '.join(_URL_SCHEMES)}://HOST:PORT"
-                )
+        problem = server_url_problem(self.servers)
+        if problem is not None:
+            raise SettingsError(f"broker URLs: {problem}")
         if len(os.fsencode(self.gate_socket)) > MAX_SOCKET_PATH:
             raise SettingsError(
                 f"gate socket path is too long for a Unix socket: {self.gate_socket}"

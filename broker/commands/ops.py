@@ -16,6 +16,7 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.commands.failures import EXIT_FAILURE
+from broker.commands.intent import permission_errors, refuse_unknown, refused
 from broker.commands.options import add_connection, add_json, add_seconds, connect
 from broker.commands.table import format_table, write_json
 from broker.errors import OperatorError
@@ -63,7 +64,7 @@ async def _control(nc: Client, args: argparse.Namespace) -> Control:
     try:
         return await Control.open(nc, registry, domain=args.domain, request_timeout_s=args.timeout)
     except nats.errors.Error as err:
-        raise OperatorError(f"cannot open the handshake buckets: {err}") from None
+        raise OperatorError(refused(nc) or f"cannot open the handshake buckets: {err}") from None
 
 
 def _print_json(value: object) -> None:
@@ -98,9 +99,13 @@ async def drain(args: argparse.Namespace) -> int:
         raise OperatorError("--deadline must not be negative")
     nc = await _connect(args)
     try:
-        control = await _control(nc, args)
-        deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=args.deadline)
-        result = await control.drain(site, drone, deadline, args.reason)
+        with permission_errors(nc):
+            control = await _control(nc, args)
+            await refuse_unknown(
+                nc, control, site, drone, domain=args.domain, force=args.force, command="drain"
+            )
+            deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=args.deadline)
+            result = await control.drain(site, drone, deadline, args.reason)
     finally:
         await nc.close()
     if args.json:
@@ -117,10 +122,14 @@ async def release(args: argparse.Namespace) -> int:
     site, drone = _target(args)
     nc = await _connect(args)
     try:
-        control = await _control(nc, args)
-        result = await control.release(
-            site, drone, note=args.reason or "operator release", reason=args.reason
-        )
+        with permission_errors(nc):
+            control = await _control(nc, args)
+            await refuse_unknown(
+                nc, control, site, drone, domain=args.domain, force=args.force, command="release"
+            )
+            result = await control.release(
+                site, drone, note=args.reason or "operator release", reason=args.reason
+            )
     finally:
         await nc.close()
     if args.json:
@@ -164,7 +173,9 @@ def _row(view: DroneView, now: float, lost_after_s: float) -> dict[str, Any]:
         "last_fact_age_s": view.last_fact_age_s(now),
         "last_event_received": _iso(view.received_time),
         "last_heartbeat_received": _iso(view.heartbeat_time),
-        "lost": view.is_lost(now, lost_after_s),
+        "lost": not view.ended and view.is_lost(now, lost_after_s),
+        "ended": view.ended or None,
+        "ended_at": _iso(view.ended_time),
         "record_phase": record.label if record is not None else None,
         "record_writer": record.writer if record is not None else None,
         "record_proven": record.proven if record is not None else None,
@@ -183,7 +194,7 @@ def _iso(epoch: float | None) -> str | None:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    header = ("DRONE", "SITE", "STATE", "PAYLOADS", "LAST FACT", "LOST", "RECORD")
+    header = ("DRONE", "SITE", "STATE", "PAYLOADS", "LAST FACT", "LOST/ENDED", "RECORD")
     return format_table(
         header,
         (
@@ -193,7 +204,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
                 row["state"] or "-",
                 str(len(row["payloads"])),
                 _age(row["last_fact_age_s"]),
-                "lost" if row["lost"] else "-",
+                "lost" if row["lost"] else (f"ended: {row['ended']}" if row["ended"] else "-"),
                 row["record_phase"] or "-",
             )
             for row in rows
@@ -231,13 +242,24 @@ async def status(args: argparse.Namespace) -> int:
         views = [v for v in views if v.drone == args.drone]
         if not views:
             raise OperatorError(f"no drone {args.drone!r} known on {args.server}")
+    ended = sum(bool(v.ended) for v in views)
+    if not (args.ended or args.drone):
+        views = [v for v in views if not v.ended]
     rows = [_row(view, now, args.lost_after) for view in views]
     if args.json:
         write_json(rows)
     elif rows:
         print(_table(rows))
-    else:
+    elif not ended:
         print("no drones known", file=sys.stderr)
+    if not args.json:
+        lost = sum(row["lost"] for row in rows)
+        hidden = "" if args.ended or args.drone or not ended else " (hidden; --ended shows them)"
+        print(
+            f"{len(rows) + (0 if args.ended or args.drone else ended)} drones: "
+            f"{lost} lost, {ended} ended{hidden}",
+            file=sys.stderr,
+        )
     return 0
 
 
@@ -286,6 +308,11 @@ def _add_intent(
 ) -> None:
     """The rest of a command that records an intent, then waits for the agent"""
     parser.add_argument("--reason", default=reason, help="why (kept in the record)")
+    parser.add_argument(
+        "--force",
+        action="store_true",
+        help="act on a drone with no event and no record (e.g. one whose agent never started)",
+    )
     _add_timeout(parser, timeout_help)
     _common(parser)
     parser.set_defaults(run=run)
@@ -314,6 +341,12 @@ def add_status(status_cmd: argparse.ArgumentParser) -> None:
     )
     status_cmd.add_argument("drone", nargs="?", help="only this drone")
     status_cmd.add_argument("--site", help="only this site")
+    status_cmd.add_argument(
+        "--ended",
+        "--all",
+        action="store_true",
+        help="show drones whose life ended, too (until they retire)",
+    )
     add_seconds(
         status_cmd,
         "--lost-after",

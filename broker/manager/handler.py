@@ -11,8 +11,26 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 
 from broker.jetstream.messages import Disposition, Handler, metadata
+from broker.manager.notes import TARDIS_STATE, is_note_subject
 from broker.manager.registry import Applied, Registry
 from remote_agent.protocol.events import EVENT_TYPES, kind_of
+
+
+def note_handler(registry: Registry) -> Handler:
+    """The notes consumer's handler: apply each TARDIS state note, then ack or term"""
+    apply = registry.apply_note_message
+
+    def handle(
+        subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
+    ) -> Disposition:
+        try:
+            stream_seq, _, stored, _ = metadata(reply)
+        except ValueError:
+            return Disposition.TERM
+        result = apply(data, subject, stored, stream_seq, headers)
+        return Disposition.TERM if result is Applied.REJECTED else Disposition.ACK
+
+    return handle
 
 
 def event_handler(registry: Registry) -> Handler:
@@ -44,20 +62,24 @@ def event_reader(
     registry: Registry, hidden: set[str] | None
 ) -> Callable[[str, str, bytes, Mapping[str, str] | None], None]:
     """
-    A read_all handler applying events by stream sequence; the subjects of
-    rejected messages that may hide a valid one go into ``hidden``
+    A read_all handler applying events and TARDIS notes by stream sequence; the
+    subjects of rejected events that may hide a valid one go into ``hidden``
     """
     apply = registry.apply_message
     kinds = frozenset(kind_of(event_type) for event_type in EVENT_TYPES)
     prefix = registry.namespace.prefix
+    notes = frozenset({TARDIS_STATE})
+
+    apply_note = registry.apply_note_message
 
     def on_event(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         stream_seq, _, stored, _ = metadata(reply)
-        result = apply(data, subject, stored, stream_seq, headers)
+        note = is_note_subject(subject)
+        result = (apply_note if note else apply)(data, subject, stored, stream_seq, headers)
         if result is Applied.REJECTED and hidden is not None:
             parts = subject.split(".")
-            # only a subject a valid event can arrive on can hide one
-            if len(parts) == 5 and parts[0] == prefix and parts[4] in kinds:
+            # only a subject a valid message can arrive on can hide one
+            if len(parts) == 5 and parts[0] == prefix and parts[4] in (notes if note else kinds):
                 hidden.add(subject)
 
     return on_event

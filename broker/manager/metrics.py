@@ -1,247 +1,52 @@
 """
-Prometheus metrics of the manager, rendered from the counters its parts keep
+Prometheus metrics of the manager: the exposition and its HTTP endpoint
 
-Nothing here keeps state of its own. :class:`MetricsServer` serves ``GET
-/metrics`` (``bus.metrics``, ``docs/operations.md``) with just enough HTTP/1.1
-for a scraper, and never raises into the manager.
+:class:`MetricsServer` serves ``GET /metrics`` (``bus.metrics``,
+``docs/operations.md``) with prometheus_client's WSGI application in a thread of
+its own, so a scrape never blocks the event loop; it never raises into the manager.
+The families are :class:`~broker.manager.collector.ManagerCollector`'s.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
+import socket
+import sys
+import threading
 import time
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
-from typing import Final
+from collections.abc import Callable, Iterable
+from typing import Any, Final
+from wsgiref.simple_server import WSGIRequestHandler, WSGIServer, make_server
+
+from prometheus_client import CollectorRegistry, generate_latest, make_wsgi_app
+from prometheus_client.exposition import ThreadingWSGIServer
 
 from broker.errors import BrokerError
-from broker.jetstream.messages import ConsumerStats
-from broker.manager.registry import Registry
-from remote_agent.protocol.events import DroneState, RecordPhase
+from broker.manager.collector import Sources, collector_registry
+from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("broker.metrics")
+_failures = RateLimitedLog(log)
 
-#: the Content-Type of the text exposition format
+#: the Content-Type of the text exposition format, unless the scraper asks for OpenMetrics
 CONTENT_TYPE: Final = "text/plain; version=0.0.4; charset=utf-8"
 #: a scraper that has not sent its request after this long is disconnected
 CLIENT_TIMEOUT_S: Final = 10.0
-_MAX_REQUEST: Final = 8192
-_PREFIX: Final = "cobald_remote_"
 
+__all__ = ["CONTENT_TYPE", "MetricsServer", "Sources", "parse_address", "render"]
 
-@dataclass(frozen=True, slots=True)
-class Sources:
-    """
-    Where the numbers come from (each part is optional)
-
-    :param registry: the drone registry
-    :param consumer: counters of the event stream's consumer (kept across reconnects)
-    :param connected: whether the manager is connected and consuming
-    :param failures: manager sessions that failed (connection, consumer) so far
-    :param rebuild_seconds: how long the last rebuild took
-    :param tardis_calls: what the TARDIS integration did: by part (``bus``,
-        ``site:<name>``, ``batch_system``), counts by name
-    :param notes_buffered: TARDIS state notes waiting for the bus
-    """
-
-    registry: Registry
-    consumer: ConsumerStats | None = None
-    connected: Callable[[], bool] | None = None
-    failures: Callable[[], int] | None = None
-    rebuild_seconds: Callable[[], float | None] | None = None
-    tardis_calls: Callable[[], Mapping[str, Mapping[str, int]]] | None = None
-    notes_buffered: Callable[[], int] | None = None
-
-
-def _label(value: str) -> str:
-    return value.replace("\\", "\\\\").replace("\n", "\\n").replace('"', '\\"')
-
-
-def _family(
-    lines: list[str],
-    name: str,
-    kind: str,
-    help_text: str,
-    samples: Iterable[tuple[Mapping[str, str], float]],
-) -> None:
-    # counters are named with their _total in all three lines, as in format 0.0.4
-    sample_name = _PREFIX + name + ("_total" if kind == "counter" else "")
-    lines.append(f"# HELP {sample_name} {help_text}")
-    lines.append(f"# TYPE {sample_name} {kind}")
-    for labels, value in samples:
-        text = ",".join(f'{key}="{_label(str(v))}"' for key, v in labels.items())
-        number = repr(float(value)) if isinstance(value, float) else str(value)
-        lines.append(f"{sample_name}{{{text}}} {number}" if text else f"{sample_name} {number}")
+_StartResponse = Callable[..., Any]
 
 
 def render(sources: Sources, now: float | None = None) -> str:
     """
-    The metrics as Prometheus text (version 0.0.4)
-
-    Drone counts by state and by handshake phase list every state and phase,
-    zeros included, so that their series exist from the first scrape.
+    The metrics as Prometheus text (version 0.0.4), as a scrape gets them
 
     :param now: the time to judge lost drones by, epoch seconds (default: now)
     """
-    now = time.time() if now is None else now
-    registry = sources.registry
-    metrics = registry.metrics()
-    views = registry.views()
-    lost_after_s = registry.lost_after_s
-    by_state = dict.fromkeys([str(state) for state in DroneState] + ["unknown"], 0)
-    by_phase = dict.fromkeys([str(phase) for phase in RecordPhase] + ["tampered", "none"], 0)
-    lost = 0
-    for view in views.values():
-        by_state[str(view.state) if view.state is not None else "unknown"] += 1
-        by_phase[view.record.label if view.record is not None else "none"] += 1
-        lost += view.is_lost(now, lost_after_s)
-
-    lines: list[str] = []
-    _family(
-        lines,
-        "registry_events",
-        "counter",
-        "Events the registry handled, by outcome (rejected: see registry_rejected)",
-        [
-            ({"outcome": "applied"}, metrics.applied),
-            ({"outcome": "duplicate"}, metrics.duplicate),
-            ({"outcome": "stale"}, metrics.stale),
-        ],
-    )
-    _family(
-        lines,
-        "registry_rejected",
-        "counter",
-        "Events and records rejected as invalid, by reason; they changed nothing",
-        [({"reason": reason}, count) for reason, count in sorted(metrics.rejected.items())],
-    )
-    _family(
-        lines,
-        "registry_records",
-        "counter",
-        "Handshake-bucket values merged into the registry, by outcome",
-        [
-            ({"outcome": "applied"}, metrics.records_applied),
-            ({"outcome": "ignored"}, metrics.records_ignored),
-        ],
-    )
-    _family(
-        lines,
-        "drones",
-        "gauge",
-        "Drones known to the registry, by the state of their newest event "
-        "(unknown: only a handshake record)",
-        [({"state": state}, count) for state, count in by_state.items()],
-    )
-    _family(
-        lines,
-        "drone_records",
-        "gauge",
-        "Drones by the phase of their handshake record (none: no record)",
-        [({"phase": phase}, count) for phase, count in by_phase.items()],
-    )
-    _family(
-        lines,
-        "drones_lost",
-        "gauge",
-        "Drones whose agent was silent for longer than lost_after_s",
-        [({}, lost)],
-    )
-    stats = sources.consumer
-    if stats is not None:
-        _family(
-            lines,
-            "consumer_messages",
-            "counter",
-            "Event-stream messages the manager's consumer handled, by what it answered "
-            "(termed: rejected, or the handler raised)",
-            [
-                ({"outcome": "acked"}, stats.acked),
-                ({"outcome": "termed"}, stats.termed),
-                ({"outcome": "nacked"}, stats.nacked),
-            ],
-        )
-        _family(
-            lines,
-            "consumer_handler_errors",
-            "counter",
-            "Event-stream messages whose handler raised, by exception type; each was "
-            "terminated and changed nothing",
-            [
-                ({"exception": kind}, count)
-                for kind, count in sorted(stats.handler_error_types.items())
-            ],
-        )
-        _family(
-            lines,
-            "consumer_max_deliveries",
-            "counter",
-            "Messages the server stopped delivering after max_deliver deliveries without an answer",
-            [({}, stats.max_deliveries)],
-        )
-        _family(
-            lines,
-            "consumer_pull_requests",
-            "counter",
-            "Pull requests the manager's consumer sent",
-            [({}, stats.requests)],
-        )
-        _family(
-            lines,
-            "consumer_watchdog",
-            "counter",
-            "Pull requests re-issued because neither messages nor heartbeats came",
-            [({}, stats.watchdog)],
-        )
-    if sources.connected is not None:
-        _family(
-            lines,
-            "connected",
-            "gauge",
-            "1 while the manager is connected, rebuilt and consuming",
-            [({}, int(sources.connected()))],
-        )
-    if sources.failures is not None:
-        _family(
-            lines,
-            "manager_session_failures",
-            "counter",
-            "Manager sessions that failed (connection, consumer) and were started again",
-            [({}, sources.failures())],
-        )
-    if sources.rebuild_seconds is not None:
-        seconds = sources.rebuild_seconds()
-        if seconds is not None:
-            _family(
-                lines,
-                "rebuild_seconds",
-                "gauge",
-                "How long the last rebuild of the registry took",
-                [({}, float(seconds))],
-            )
-    if sources.tardis_calls is not None:
-        _family(
-            lines,
-            "tardis_calls",
-            "counter",
-            "What the TARDIS integration did, by part and name (see docs/operations.md)",
-            [
-                ({"part": part, "call": call}, count)
-                for part, counts in sorted(sources.tardis_calls().items())
-                for call, count in sorted(dict(counts).items())
-            ],
-        )
-    if sources.notes_buffered is not None:
-        _family(
-            lines,
-            "tardis_notes_buffered",
-            "gauge",
-            "TARDIS state notes waiting to be published",
-            [({}, sources.notes_buffered())],
-        )
-    return "\n".join(lines) + "\n"
+    clock = time.time if now is None else (lambda: now)
+    return generate_latest(collector_registry(sources, clock)).decode()
 
 
 def parse_address(value: str) -> tuple[str, int]:
@@ -264,40 +69,92 @@ def parse_address(value: str) -> tuple[str, int]:
     return host, port
 
 
+class _QuietHandler(WSGIRequestHandler):
+    """One request per connection, no access log; a silent client is cut off"""
+
+    def log_message(self, format: str, *args: Any) -> None:
+        pass
+
+
+class _Server(ThreadingWSGIServer):
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        # the stdlib prints a traceback to stderr; a scraper that went away is no news
+        log.debug("metrics request from %s failed: %r", client_address, sys.exc_info()[1])
+
+
 class MetricsServer:
     """
-    ``GET /metrics`` over HTTP, answered with :func:`render` of ``sources``
+    ``GET /metrics`` over HTTP, answered from ``sources`` on every request
 
     :param host: address to bind (loopback unless the scraper is elsewhere)
     :param port: port to bind, ``0`` for a free one (see :attr:`port` once started)
+    :param client_timeout_s: a client silent for this long is disconnected
     """
 
-    def __init__(self, sources: Sources, host: str = "127.0.0.1", port: int = 9464) -> None:
+    def __init__(
+        self,
+        sources: Sources,
+        host: str = "127.0.0.1",
+        port: int = 9464,
+        *,
+        client_timeout_s: float = CLIENT_TIMEOUT_S,
+    ) -> None:
         self.sources = sources
         self.host = host
         self.port = port
-        self.scrapes = 0
-        self._server: asyncio.Server | None = None
+        self.client_timeout_s = client_timeout_s
+        self.registry: CollectorRegistry = collector_registry(sources)
+        self._exposition = make_wsgi_app(self.registry)
+        self._scrapes = 0
+        self._lock = threading.Lock()
+        self._server: WSGIServer | None = None
+        self._thread: threading.Thread | None = None
+
+    @property
+    def scrapes(self) -> int:
+        """Requests for ``/metrics`` answered so far"""
+        return self._scrapes
 
     async def start(self) -> None:
         """
+        Bind and serve in a thread of its own
+
         :raises BrokerError: if the address cannot be bound
         """
         try:
-            self._server = await asyncio.start_server(self._serve, self.host, self.port)
+            server = await asyncio.to_thread(self._bind)
         except OSError as err:
             raise BrokerError(
                 f"cannot serve metrics on {self.host}:{self.port}: {err.strerror or err}"
             ) from err
-        self.port = self._server.sockets[0].getsockname()[1]
+        self._server = server
+        self.port = server.server_address[1]
+        self._thread = threading.Thread(
+            target=server.serve_forever, name="cobald-remote-metrics", daemon=True
+        )
+        self._thread.start()
         log.info("metrics on http://%s:%d/metrics", self.host, self.port)
 
+    def _bind(self) -> WSGIServer:
+        family, *_, address = socket.getaddrinfo(
+            self.host, self.port, type=socket.SOCK_STREAM, flags=socket.AI_PASSIVE
+        )[0]
+        handler = type("Handler", (_QuietHandler,), {"timeout": self.client_timeout_s})
+        server_class = type("Server", (_Server,), {"address_family": family})
+        return make_server(
+            str(address[0]), self.port, self._app, server_class, handler_class=handler
+        )
+
     async def close(self) -> None:
+        """Stop serving and release the port (requests in flight finish on their own)"""
         server, self._server = self._server, None
-        if server is not None:
-            server.close()
-            with contextlib.suppress(Exception):
-                await server.wait_closed()
+        thread, self._thread = self._thread, None
+        if server is None:
+            return
+        await asyncio.to_thread(server.shutdown)  # waits for serve_forever to return
+        server.server_close()
+        if thread is not None:
+            await asyncio.to_thread(thread.join)
 
     async def run(self, stop: asyncio.Event) -> None:
         """Serve until ``stop`` is set; a failure to bind is logged, not raised"""
@@ -311,34 +168,23 @@ class MetricsServer:
         finally:
             await self.close()
 
-    async def _serve(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+    def _app(self, environ: dict[str, Any], start_response: _StartResponse) -> Iterable[bytes]:
+        """The WSGI application: ``/metrics`` only, and no exception into the server"""
+        text = [("Content-Type", "text/plain; charset=utf-8")]
+        if environ.get("REQUEST_METHOD") != "GET":
+            start_response("405 Method Not Allowed", [*text, ("Allow", "GET")])
+            return [b"only GET\n"]
+        if environ.get("PATH_INFO") != "/metrics":
+            start_response("404 Not Found", text)
+            return [b"metrics are at /metrics\n"]
         try:
-            head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), CLIENT_TIMEOUT_S)
-            status, body, content_type = self._answer(head)
-            writer.write(
-                f"HTTP/1.1 {status}\r\nContent-Type: {content_type}\r\n"
-                f"Content-Length: {len(body)}\r\nConnection: close\r\n\r\n".encode()
-                + body
-            )
-            await asyncio.wait_for(writer.drain(), CLIENT_TIMEOUT_S)
-        except (TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, OSError):
-            pass  # a scraper that went away or never asked
-        except Exception:  # never into the manager
-            log.exception("metrics request failed")
-        finally:
-            writer.close()
-            with contextlib.suppress(Exception):
-                await writer.wait_closed()
-
-    def _answer(self, head: bytes) -> tuple[str, bytes, str]:
-        text = "text/plain; charset=utf-8"
-        if len(head) > _MAX_REQUEST:
-            return "431 Request Header Fields Too Large", b"request too large\n", text
-        method, _, rest = head.partition(b"\r\n")[0].decode("latin-1").partition(" ")
-        path = rest.partition(" ")[0].partition("?")[0]
-        if method != "GET":
-            return "405 Method Not Allowed", b"only GET\n", text
-        if path != "/metrics":
-            return "404 Not Found", b"metrics are at /metrics\n", text
-        self.scrapes += 1
-        return "200 OK", render(self.sources).encode(), CONTENT_TYPE
+            body = self._exposition(environ, start_response)
+        except Exception as err:  # a bug in a source: the scrape fails, the manager goes on
+            kind = type(err).__name__
+            if _failures.log(logging.ERROR, kind, "metrics scrape failed: %s: %s", kind, err):
+                log.debug("metrics scrape failed", exc_info=True)
+            start_response("500 Internal Server Error", text, None)
+            return [b"metrics failed; see the manager's log\n"]
+        with self._lock:
+            self._scrapes += 1
+        return list(body)

@@ -1,18 +1,21 @@
 """
-Restore a registry after a restart from the event stream and the handshake bucket
+Restore a registry after a restart from the handshake bucket and the event stream
 
-A drone's state is its valid event stored last and its valid heartbeat stored last,
-so the rebuild reads the last message of every event subject, then every message of
-the few subjects whose last message was invalid, then every handshake record
-(``docs/architecture.md``, "Rebuilding the registry"). The result equals the live
-registry's for any stream content.
+Its rule: the work is bounded by the live fleet, not by history. The rebuild loads every
+handshake record (the bucket holds only drones not yet retired), reads every event and
+TARDIS note stored in the last few heartbeat intervals, then reads the newest messages of
+the few drones that window leaves incomplete (``docs/architecture.md``, "Rebuilding the
+registry"). The result equals the live registry's for every drone that has a record or
+spoke within the window.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import gc
 import logging
 import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 from nats.aio.client import Client
@@ -27,7 +30,10 @@ from remote_agent.protocol.names import DEFAULT_API_PREFIX
 
 log = logging.getLogger("broker.service")
 
-#: subjects read by one consumer when resolving messages hidden behind invalid ones
+#: the window read in full, in multiples of the registry's ``lost_after_s``: a live
+#: agent's heartbeat (its whole snapshot) is in it however its clock runs
+WINDOW_LOST_AFTER: float = 2.0
+#: subjects read by one consumer when reading drones one by one or resolving
 _RESOLVE_SUBJECTS = 100
 
 
@@ -35,7 +41,7 @@ _RESOLVE_SUBJECTS = 100
 class RebuildReport:
     """What :func:`rebuild` read, and from where"""
 
-    events: int  #: last messages of event subjects read (one per drone and kind)
+    events: int  #: messages read: the window's, the incomplete drones' and the resolved
     resolved: int  #: subjects read in full because their last message was invalid
     resolved_messages: int  #: messages read for those
     records: int  #: handshake records loaded
@@ -45,6 +51,10 @@ class RebuildReport:
     resolve_s: float
     records_s: float
     record_next_seq: int = field(default=1)  #: where a record watch continues
+    window_s: float = 0.0  #: the window read in full, seconds before the rebuild
+    window_messages: int = 0  #: messages stored in the window (events and notes)
+    drones_read: int = 0  #: drones the window left incomplete, read one by one
+    drone_messages: int = 0  #: newest messages read for those
 
 
 async def rebuild(
@@ -85,55 +95,101 @@ async def _rebuild(
     ns = registry.namespace
     stream = ns.event_stream
     last_seq = (await js.stream_info(stream)).state.last_seq
-    hidden: set[str] = set()
-    events = await read_all(
+    feed = await load_records(nc, js, registry, api=api)
+    records_done = time.perf_counter()
+    window_s = WINDOW_LOST_AFTER * registry.lost_after_s
+    since = dt.datetime.fromtimestamp(time.time() - window_s, dt.UTC)
+    rejected: set[str] = set()
+    window = await read_all(
         nc,
         js,
         stream,
-        ConsumerConfig(deliver_policy=DeliverPolicy.LAST_PER_SUBJECT, filter_subject=ns.all_events),
-        event_reader(registry, hidden),
+        ConsumerConfig(
+            deliver_policy=DeliverPolicy.BY_START_TIME,
+            opt_start_time=since,
+            filter_subjects=[ns.all_events, ns.all_manager_notes],
+        ),
+        event_reader(registry, rejected),
         headers=True,
         api=api,
     )
+    roots = {subject.rsplit(".", 2)[0] for subject in rejected}
+    roots.update(
+        ns.drone_root(view.site, view.drone)
+        for view in registry.views().values()
+        if view.heartbeat_stream_seq is None
+    )
+    hidden: set[str] = set()
+    drone_messages = await _read_each(
+        nc,
+        js,
+        registry,
+        sorted(f"{root}.>" for root in roots),
+        DeliverPolicy.LAST_PER_SUBJECT,
+        hidden,
+        api,
+    )
     events_done = time.perf_counter()
-    resolved_messages = 0
     subjects = sorted(hidden)
-    for first in range(0, len(subjects), _RESOLVE_SUBJECTS):
-        resolved_messages += await read_all(
-            nc,
-            js,
-            stream,
-            ConsumerConfig(
-                deliver_policy=DeliverPolicy.ALL,
-                filter_subjects=subjects[first : first + _RESOLVE_SUBJECTS],
-            ),
-            event_reader(registry, None),
-            headers=True,
-            api=api,
-        )
-    resolve_done = time.perf_counter()
-    feed = await load_records(nc, js, registry, api=api)
+    resolved_messages = await _read_each(nc, js, registry, subjects, DeliverPolicy.ALL, None, api)
     done = time.perf_counter()
+    registry.rescan()
+    registry.mark_ended(time.time())
     report = RebuildReport(
-        events=events,
+        events=window + drone_messages + resolved_messages,
         resolved=len(subjects),
         resolved_messages=resolved_messages,
         records=registry.records_applied,
         last_seq=last_seq,
         seconds=done - started,
-        events_s=events_done - started,
-        resolve_s=resolve_done - events_done,
-        records_s=done - resolve_done,
+        events_s=events_done - records_done,
+        resolve_s=done - events_done,
+        records_s=records_done - started,
         record_next_seq=feed.next_seq,
+        window_s=window_s,
+        window_messages=window,
+        drones_read=len(roots),
+        drone_messages=drone_messages,
     )
     log.info(
-        "registry rebuilt in %.2fs: %d drones from %d events (up to seq %d), "
-        "%d subjects read in full behind invalid messages, %d records",
+        "registry rebuilt in %.2fs: %d drones from %d records, %d messages of the last "
+        "%.0fs and the newest of %d drones one by one (up to seq %d), "
+        "%d subjects read in full behind invalid messages",
         report.seconds,
         len(registry),
-        events,
+        report.records,
+        window,
+        window_s,
+        len(roots),
         last_seq,
         len(subjects),
-        report.records,
     )
     return report, feed
+
+
+async def _read_each(
+    nc: Client,
+    js: JetStreamContext,
+    registry: Registry,
+    subjects: Iterable[str],
+    policy: DeliverPolicy,
+    hidden: set[str] | None,
+    api: str,
+) -> int:
+    """Read ``subjects`` by ``policy``, a batch of them per consumer"""
+    subjects = list(subjects)
+    read = 0
+    for first in range(0, len(subjects), _RESOLVE_SUBJECTS):
+        read += await read_all(
+            nc,
+            js,
+            registry.namespace.event_stream,
+            ConsumerConfig(
+                deliver_policy=policy,
+                filter_subjects=subjects[first : first + _RESOLVE_SUBJECTS],
+            ),
+            event_reader(registry, hidden),
+            headers=True,
+            api=api,
+        )
+    return read

@@ -24,6 +24,8 @@ from typing import Final
 import msgspec
 
 from broker.errors import Rejected
+from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, EndTracker
+from broker.manager.notes import check_note, noted_view
 from broker.manager.validity import (
     UNSTORED,
     Headers,
@@ -37,6 +39,7 @@ from remote_agent.protocol.events import (
     AnyEvent,
     DroneRecord,
     Heartbeat,
+    TardisState,
     decode_record,
     encode,
 )
@@ -72,6 +75,8 @@ class Registry:
     :param lost_after_s: seconds without any sign of life after which
         :meth:`mark_lost` marks a drone lost
     :param max_message_bytes: larger messages are rejected unread
+    :param retain_ended_s: seconds an ended drone is kept before
+        :meth:`due_retirements` offers it for retirement
     """
 
     def __init__(
@@ -80,13 +85,16 @@ class Registry:
         *,
         lost_after_s: float = DEFAULT_LOST_AFTER_S,
         max_message_bytes: int = DEFAULT_MAX_SIZE,
+        retain_ended_s: float = DEFAULT_RETAIN_ENDED_S,
     ) -> None:
-        if not (lost_after_s > 0 and math.isfinite(lost_after_s)):
-            raise ValueError(f"lost_after_s must be a positive number, not {lost_after_s!r}")
+        for name, value in (("lost_after_s", lost_after_s), ("retain_ended_s", retain_ended_s)):
+            if not (value > 0 and math.isfinite(value)):
+                raise ValueError(f"{name} must be a positive number, not {value!r}")
         self.namespace = namespace or Namespace()
         self.lost_after_s = lost_after_s
         self.max_message_bytes = max_message_bytes
         self._views: dict[tuple[str, str], DroneView] = {}
+        self._ends = EndTracker(self._views, lost_after_s, retain_ended_s)
         self._prefix = self.namespace.prefix
         self.applied = 0
         self.duplicate = 0
@@ -120,7 +128,8 @@ class Registry:
             records_applied=self.records_applied,
             records_ignored=self.records_ignored,
             drones=len(views),
-            lost=sum(view.lost for view in views.values()),
+            lost=sum(view.lost and not view.ended for view in views.values()),
+            ended=sum(bool(view.ended) for view in views.values()),
         )
 
     # ------------------------------------------------------------------ events
@@ -196,6 +205,7 @@ class Registry:
                         heartbeat_time=received_time,
                         heartbeat_interval_s=event.interval_s,  # type: ignore[union-attr]
                     )
+                    self._ends.changed(key)
                 if stream_seq == known:
                     self.duplicate += 1
                     return Applied.DUPLICATE
@@ -203,6 +213,12 @@ class Registry:
                 return Applied.STALE
             # the strings of the old view serve on: the event's copies are freed with it
             site, drone, record = old.site, old.drone, old.record
+            tardis: tuple[int | None, str, float | None] = (None, "", None)
+            ended: tuple[str, float | None] = ("", None)
+            if old.tardis_seq is not None and old.tardis_seq > stream_seq:
+                # TARDIS's note stays the newest word, and so does the end it made
+                tardis = (old.tardis_seq, old.tardis_state, old.tardis_time)
+                ended = (old.ended, old.ended_time)
             beat_seq, beat_stream, beat_time, beat_interval = (
                 old.heartbeat_seq,
                 old.heartbeat_stream_seq,
@@ -216,27 +232,44 @@ class Registry:
             drone = event.drone
             key = (site, drone)
             record = None
+            tardis = (None, "", None)
+            ended = ("", None)
             beat_seq = beat_stream = beat_time = beat_interval = None
         if heartbeat:
             beat_seq, beat_stream, beat_time = event.seq, stream_seq, received_time
             beat_interval = event.interval_s  # type: ignore[union-attr]
-        self._views[key] = DroneView(
-            site=site,
-            drone=drone,
-            encoded=data,
-            seq=event.seq,
-            kind=EVENT_KINDS[type(event)],
-            state=event.snapshot.state,
-            stream_seq=stream_seq,
-            received_time=received_time,
-            heartbeat_seq=beat_seq,
-            heartbeat_stream_seq=beat_stream,
-            heartbeat_time=beat_time,
-            heartbeat_interval_s=beat_interval,
-            record=record,
+        self._put(
+            key,
+            old,
+            DroneView(
+                site=site,
+                drone=drone,
+                encoded=data,
+                seq=event.seq,
+                kind=EVENT_KINDS[type(event)],
+                state=event.snapshot.state,
+                stream_seq=stream_seq,
+                received_time=received_time,
+                heartbeat_seq=beat_seq,
+                heartbeat_stream_seq=beat_stream,
+                heartbeat_time=beat_time,
+                heartbeat_interval_s=beat_interval,
+                record=record,
+                tardis_seq=tardis[0],
+                tardis_state=tardis[1],
+                tardis_time=tardis[2],
+                ended=ended[0],
+                ended_time=ended[1],
+            ),
         )
         self.applied += 1
         return Applied.APPLIED
+
+    def _put(self, key: tuple[str, str], old: DroneView | None, new: DroneView) -> None:
+        """Replace the view of ``key``: the end of its life is derived again next tick"""
+        self._views[key] = new
+        self._ends.changed(key)
+        self._ends.noted(old, new)
 
     # ------------------------------------------------------------------ records
 
@@ -285,6 +318,7 @@ class Registry:
             if old.record.revision == revision and old.record.stored is None and stored_time:
                 confirmed = msgspec.structs.replace(old.record, stored=stored_time)
                 self._views[key] = msgspec.structs.replace(old, record=confirmed)
+                self._ends.changed(key)
             self.records_ignored += 1
             return Applied.DUPLICATE if old.record.revision == revision else Applied.STALE
         new_record = RecordView(
@@ -298,9 +332,10 @@ class Registry:
             note=record.note,
             proven=proven(self.proof_key, record),
         )
-        if old is None:
-            old = DroneView(site=sys.intern(record.site), drone=record.drone)
-        self._views[key] = msgspec.structs.replace(old, record=new_record)
+        new = msgspec.structs.replace(
+            old or DroneView(site=sys.intern(record.site), drone=record.drone), record=new_record
+        )
+        self._put(key, old, new)
         self.records_applied += 1
         return Applied.APPLIED
 
@@ -345,33 +380,90 @@ class Registry:
             stored=stored_time,
             tampered=why,
         )
-        if old is None:
-            old = DroneView(site=sys.intern(key[0]), drone=key[1])
-        self._views[key] = msgspec.structs.replace(old, record=record)
+        new = msgspec.structs.replace(
+            old or DroneView(site=sys.intern(key[0]), drone=key[1]), record=record
+        )
+        self._put(key, old, new)
+
+    # ------------------------------------------------------------------ notes
+
+    def apply_note_message(
+        self,
+        data: bytes,
+        subject: str,
+        stored_time: float,
+        stream_seq: int | None = None,
+        headers: Headers = UNSTORED,
+    ) -> Applied:
+        """
+        Check and apply one TARDIS state note (:mod:`broker.manager.notes`)
+
+        Only the newest note that no agent event follows in the stream counts; a
+        note of a drone nothing is known about counts only if it says TARDIS gave
+        the drone up (then its end is known). Never raises for bad input.
+        """
+        try:
+            note = check_note(data, subject, self._prefix, self.max_message_bytes, headers)
+        except Rejected as err:
+            return self.reject(err.reason, subject, err.detail)
+        return self._apply_note(note, stored_time, stream_seq)
+
+    def _apply_note(self, note: TardisState, stored_time: float, stream_seq: int | None) -> Applied:
+        key = (note.site, note.drone)
+        old = self._views.get(key)
+        new = noted_view(old, note, stored_time, stream_seq)
+        if new is None:
+            return Applied.STALE
+        self._put(key, old, new)
+        return Applied.APPLIED
 
     # ------------------------------------------------------------------ liveness
 
+    def mark_ended(self, now: float) -> list[DroneView]:
+        """
+        Derive the end of every drone whose view changed or whose silence is due
+        (:func:`broker.manager.lifecycle.ended_by`); run it before :meth:`mark_lost`
+
+        :returns: the views of the drones that ended with this call
+        """
+        return self._ends.mark_ended(now)
+
+    @property
+    def pending_ends(self) -> int:
+        """Drones whose end the next :meth:`mark_ended` derives again (beside silent ones)"""
+        return self._ends.pending
+
+    def due_retirements(self, now: float, limit: int = 1000) -> list[DroneView]:
+        """Up to ``limit`` ended drones kept for ``retain_ended_s``: to retire"""
+        return self._ends.due(now, limit)
+
+    def retire(self, view: DroneView) -> bool:
+        """
+        Drop ``view`` from the registry if it is still the drone's view and ended
+
+        :returns: whether it was dropped (not if the drone spoke or changed since)
+        """
+        key = view.key
+        if self._views.get(key) is not view or not view.ended:
+            return False
+        del self._views[key]
+        self._ends.dropped(key)
+        return True
+
+    def retry_retirement(self, view: DroneView, at: float) -> None:
+        """Offer ``view`` for retirement again at ``at``"""
+        self._ends.later(view, at)
+
+    def rescan(self) -> None:
+        """Derive every drone's end on the next :meth:`mark_ended` (after a rebuild)"""
+        self._ends.rescan(self._views.keys())
+
     def mark_lost(self, now: float) -> list[DroneView]:
         """
-        Mark every drone without a sign of life for :attr:`lost_after_s` as lost
+        Mark every drone without a sign of life for :attr:`lost_after_s` as lost;
+        an ended drone is never lost
 
         :param now: the current time, epoch seconds
         :returns: the views of the drones that became lost with this call
         """
-        newly: list[DroneView] = []
-        limit = self.lost_after_s
-        for key, view in list(self._views.items()):
-            lost = view.is_lost(now, limit)
-            if lost != view.lost:
-                updated = msgspec.structs.replace(view, lost=lost)
-                self._views[key] = updated
-                if lost:
-                    newly.append(updated)
-                    log.warning(
-                        "drone %s/%s lost: no sign of life for %.0fs",
-                        view.site,
-                        view.drone,
-                        now - (view.last_seen or now),
-                        extra={"drone": view.drone, "site": view.site},
-                    )
-        return newly
+        return self._ends.mark_lost(now)

@@ -24,10 +24,12 @@ from broker.errors import BrokerError
 from broker.jetstream.messages import ConsumerStats, PullSettings
 from broker.jetstream.pull import PullConsumer
 from broker.manager.control import DEFAULT_REQUEST_TIMEOUT_S, Control
-from broker.manager.handler import event_handler
+from broker.manager.handler import event_handler, note_handler
+from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S
 from broker.manager.rebuild import RebuildReport, rebuild
 from broker.manager.records import watch_records
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, Registry
+from broker.manager.retire import Retired, retire_ended
 from broker.server.durable import DEFAULT_DURABLE, durable_config, ensure_consumer
 from remote_agent.protocol.connect import connect
 from remote_agent.protocol.names import Namespace, api_prefix
@@ -47,7 +49,9 @@ class ManagerSettings:
     :param domain: JetStream domain (leaf-node deployments)
     :param durable: name of the durable consumer on the event stream
     :param lost_after_s: seconds without a sign of life after which a drone is lost
-    :param lost_check_s: how often drones are checked for being lost
+    :param lost_check_s: how often drones are checked for being ended, lost, or due
+        for retirement
+    :param retain_ended_s: seconds an ended drone is kept before it is retired
     :param retry_s: wait before reconnecting after the connection or the consumer failed
     :param request_timeout_s: how long commands wait for an agent's answer
     """
@@ -60,6 +64,7 @@ class ManagerSettings:
     ack_wait_s: float = 30.0
     lost_after_s: float = DEFAULT_LOST_AFTER_S
     lost_check_s: float = 5.0
+    retain_ended_s: float = DEFAULT_RETAIN_ENDED_S
     retry_s: float = 5.0
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     pull: PullSettings = field(default_factory=PullSettings)
@@ -77,7 +82,11 @@ class ManagerService:
     def __init__(self, settings: ManagerSettings, registry: Registry | None = None) -> None:
         self.settings = settings
         if registry is None:
-            registry = Registry(settings.namespace, lost_after_s=settings.lost_after_s)
+            registry = Registry(
+                settings.namespace,
+                lost_after_s=settings.lost_after_s,
+                retain_ended_s=settings.retain_ended_s,
+            )
         self.registry = registry
         self.control: Control | None = None
         self.ready = asyncio.Event()
@@ -85,9 +94,13 @@ class ManagerService:
         self.failures = 0
         #: counters of the event stream's consumer, across reconnects
         self.consumer_stats = ConsumerStats()
+        #: ended drones retired since the service started, and their records purged
+        self.retired = Retired()
         self._stop = asyncio.Event()
         self._pulls: list[PullConsumer] = []
         self._api = api_prefix(settings.domain)
+        #: the session is closing its connection itself (stop, cancel, or a failure)
+        self._closing = False
 
     def stop(self) -> None:
         """Ask :meth:`run` to end (tests and the CLI; COBalD never stops it)"""
@@ -117,6 +130,7 @@ class ManagerService:
 
     async def _session(self) -> None:
         settings = self.settings
+        self._closing = False
         nc = await connect(
             list(settings.servers),
             name="cobald-remote-manager",
@@ -135,9 +149,15 @@ class ManagerService:
             js = nc.jetstream(domain=settings.domain)
             ns = self.registry.namespace
             config = durable_config(ns.all_events, settings.durable, ack_wait_s=settings.ack_wait_s)
-            # create the durable before the rebuild reads the stream's end, so
+            # TARDIS's notes on a durable of their own: the registry orders notes
+            # and events by stream sequence, whichever consumer delivers first
+            notes_config = durable_config(
+                ns.all_manager_notes, f"{settings.durable}-notes", ack_wait_s=settings.ack_wait_s
+            )
+            # create the durables before the rebuild reads the stream's end, so
             # no event falls between the two
             await ensure_consumer(js, ns.event_stream, config)
+            await ensure_consumer(js, ns.event_stream, notes_config)
             # the proof key first: the rebuild checks the records' proofs with it
             control = await Control.open(
                 nc,
@@ -158,18 +178,29 @@ class ManagerService:
                 api=self._api,
                 stats=self.consumer_stats,
             )
-            self._pulls.append(consumer)
+            notes = PullConsumer(
+                nc,
+                ns.event_stream,
+                f"{settings.durable}-notes",
+                note_handler(self.registry),
+                headers=True,
+                settings=settings.pull,
+                api=self._api,
+                stats=self.consumer_stats,
+            )
+            self._pulls.extend((consumer, notes))
             self.ready.set()
             try:
                 async with asyncio.TaskGroup() as tg:
                     tasks = [
                         tg.create_task(consumer.run(self._stop)),
+                        tg.create_task(notes.run(self._stop)),
                         tg.create_task(
                             watch_records(
                                 nc, js, feed, self._stop, api=self._api, on_pull=self._pulls
                             )
                         ),
-                        tg.create_task(self._mark_lost()),
+                        tg.create_task(self._liveness(js)),
                     ]
                     await self._stop.wait()
                     for task in tasks:
@@ -177,12 +208,19 @@ class ManagerService:
             finally:
                 self._pulls.clear()
         finally:
+            self._closing = True
             with contextlib.suppress(Exception):
                 await nc.close()
 
-    async def _mark_lost(self) -> None:
+    async def _liveness(self, js: nats.js.JetStreamContext) -> None:
+        """Ended first (an ended drone is never lost), then lost, then retirement"""
         while not self._stop.is_set():
-            self.registry.mark_lost(time.time())
+            now = time.time()
+            self.registry.mark_ended(now)
+            self.registry.mark_lost(now)
+            done = await retire_ended(js, self.registry, now)
+            if done.retired or done.purged or done.kept or done.retried:
+                self.retired = _added(self.retired, done)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._stop.wait(), self.settings.lost_check_s)
 
@@ -192,14 +230,23 @@ class ManagerService:
             await pull.reconnected()
 
     async def _disconnected(self) -> None:
-        # nats-py calls this on close, too
-        if self._stop.is_set():
-            log.info("disconnected from NATS: stopping")
+        # nats-py calls this on close, too: on a stop, a cancel (COBalD's exit) or a failure
+        if self._stop.is_set() or self._closing:
+            log.info("disconnected from NATS: connection closed")
         else:
             log.warning("disconnected from NATS; reconnecting")
 
     async def _error(self, err: Exception) -> None:
         log.debug("nats: %r", err)
+
+
+def _added(total: Retired, more: Retired) -> Retired:
+    return Retired(
+        total.retired + more.retired,
+        total.purged + more.purged,
+        total.kept + more.kept,
+        total.retried + more.retried,
+    )
 
 
 def _describe(err: BaseException) -> str:

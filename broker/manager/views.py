@@ -83,9 +83,16 @@ class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     heartbeat_time: float | None = None
     heartbeat_interval_s: float | None = None
     record: RecordView | None = None
-    #: set by :meth:`Registry.mark_lost`, cleared by the next event
+    #: TARDIS's newest state note about the drone, if no agent event is newer: its
+    #: stream sequence, the state (a class name, e.g. ``DownState``) and when it was stored
+    tardis_seq: int | None = None
+    tardis_state: str = ""
+    tardis_time: float | None = None
+    #: set by :meth:`Registry.mark_lost`, cleared by the next event; never set once ended
     lost: bool = False
-    #: why the drone's life ended (``""``: it has not), and when the manager saw it end
+    #: why the drone's life ended (``""``: it has not), and the time of the fact that
+    #: ended it (stream times, so a rebuilt registry agrees); see
+    #: :mod:`broker.manager.lifecycle`
     ended: str = ""
     ended_time: float | None = None
 

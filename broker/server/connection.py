@@ -38,4 +38,7 @@ async def connect_once(url: str, creds: str | None = None, *, name: str) -> Clie
             allow_reconnect=False,
         )
     except (OSError, nats.errors.Error) as err:
-        raise ConnectError(f"cannot connect to {url}: {err}") from None
+        hint = ""
+        if "authorization violation" in str(err).lower():
+            hint = ": the server refused the credentials; check --creds (a .creds file it trusts)"
+        raise ConnectError(f"cannot connect to {url}: {err}{hint}") from None

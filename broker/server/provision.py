@@ -7,6 +7,7 @@ server will not resolve is a :class:`ProvisioningError` that says what and where
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from dataclasses import dataclass, field
@@ -31,6 +32,8 @@ Action = Literal["created", "updated", "unchanged"]
 _SUBJECT_OVERLAP = 10065
 _JETSTREAM_DISABLED = (10039, 10076)
 _STORAGE_EXCEEDED = 10047
+#: "stream configuration update can not cancel deny purge"
+_CANNOT_CANCEL_DENY_PURGE = 10052
 
 #: the event stream's size cap: room for the history of thousands of drones
 DEFAULT_EVENT_MAX_BYTES: Final = 4 * 1024**3
@@ -88,26 +91,30 @@ class Topology:
         The handshake KV bucket, as the stream nats-py's ``create_key_value`` makes
 
         One record per drone (history 1), compare-and-set writes only. No
-        rollups and no purges: a drone may put any header on a write to its
-        own key, and with rollups allowed ``Nats-Rollup: all`` there would
-        erase every other drone's record (nats-server refuses the header with
-        "rollup not permitted", nats-server ``server/stream.go:7094``). The server keeps
-        both settings once set: it refuses to lift ``deny_purge`` again.
+        rollups: a drone may put any header on a write to its own key, and with
+        rollups allowed ``Nats-Rollup: all`` there would erase every other drone's
+        record (nats-server refuses the header with "rollup not permitted",
+        nats-server ``server/stream.go:7094``). Purges through the JetStream API are
+        allowed: the manager purges the records of retired drones
+        (:mod:`broker.manager.retire`), and drones may not publish to the API.
+        The server refuses to lift ``deny_purge`` from a bucket made with it
+        (:func:`ensure_stream` keeps it then, and says so).
         """
         return self._bucket(
             self.namespace.record_bucket,
             "cobald-remote drone handshake records",
             max_msg_size=self.max_message_bytes,
+            deny_purge=False,
         )
 
     def manager_bucket(self) -> StreamConfig:
         """
         The manager's own KV bucket (the record proof key), as ``create_key_value`` makes it
 
-        Drones have no permission to read it (``broker/server/auth/``). Its key is written
-        once, by :func:`provision`: the bucket refuses every later message on the
-        key's subject (discard new per subject), also a server's answer that a
-        drone's reply subject would send there.
+        No purges. Drones have no permission to read it (``broker/server/auth/``).
+        Its key is written once, by :func:`provision`: the bucket refuses every
+        later message on the key's subject (discard new per subject), also a
+        server's answer that a drone's reply subject would send there.
         """
         return self._bucket(
             self.namespace.manager_bucket,
@@ -117,9 +124,15 @@ class Topology:
         )
 
     def _bucket(
-        self, bucket: str, description: str, *, max_msg_size: int, **extra: Any
+        self,
+        bucket: str,
+        description: str,
+        *,
+        max_msg_size: int,
+        deny_purge: bool = True,
+        **extra: Any,
     ) -> StreamConfig:
-        """A KV bucket's stream as ``create_key_value`` makes it, with no rollups and no purges"""
+        """A KV bucket's stream as ``create_key_value`` makes it, with no rollups"""
         return StreamConfig(
             name=kv_stream(bucket),
             description=description,
@@ -134,7 +147,7 @@ class Topology:
             allow_rollup_hdrs=False,
             allow_direct=True,
             deny_delete=True,
-            deny_purge=True,
+            deny_purge=deny_purge,
             **extra,
         )
 
@@ -219,15 +232,44 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> Action:
         log.debug("stream %s is up to date", name)
         return "unchanged"
     try:
-        await js.update_stream(config)
+        changed = await _update(js, config, info.config, changed)
     except nats.js.errors.APIError as err:
         raise ProvisioningError(
             name,
             f"the existing stream differs in {', '.join(changed)} and the server refused "
             f"to update it: {_explain(name, err)}",
         ) from err
+    if not changed:
+        return "unchanged"
     log.info("updated stream %s (%s)", name, ", ".join(changed), extra={"stream": name})
     return "updated"
+
+
+async def _update(
+    js: JetStreamContext, config: StreamConfig, have: StreamConfig, changed: list[str]
+) -> list[str]:
+    """
+    Update in place; a ``deny_purge`` the server will not lift is kept, with a warning
+
+    :returns: the fields changed
+    """
+    try:
+        await js.update_stream(config)
+        return changed
+    except nats.js.errors.APIError as err:
+        if err.err_code != _CANNOT_CANCEL_DENY_PURGE or not have.deny_purge:
+            raise
+    log.warning(
+        "stream %s denies purges and the server will not lift that: the records of "
+        "retired drones stay in it (recreate the bucket to allow purges, "
+        "docs/operations.md#retention)",
+        config.name,
+        extra={"stream": config.name},
+    )
+    rest = [name for name in changed if name != "deny_purge"]
+    if rest:
+        await js.update_stream(dataclasses.replace(config, deny_purge=True))
+    return rest
 
 
 async def check_jetstream(js: JetStreamContext) -> None:

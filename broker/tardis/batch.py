@@ -7,7 +7,6 @@ Nothing may escape these calls (no drone state catches them): each returns a saf
 from __future__ import annotations
 
 import collections
-import logging
 import math
 from typing import Any, Final
 
@@ -16,8 +15,6 @@ from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStat
 from broker.manager.views import DroneView
 from broker.tardis.bus import RemoteBus
 from remote_agent.protocol.events import DroneState
-
-log = logging.getLogger("broker.tardis_adapter")
 
 #: the overlay batch system's view of a drone, from its agent's state
 _MACHINE_STATUS: Final = {
@@ -67,13 +64,8 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
             return await getattr(self._inner, call)(drone_uuid=drone_uuid)
         except Exception as err:
             self.counts[f"{call}_failed"] += 1
-            log.warning(
-                "batch system %s(%s) failed, answering %r: %r",
-                call,
-                drone_uuid,
-                default,
-                err,
-                extra={"drone": drone_uuid},
+            self._bus.call_log.failed(
+                f"batch system {call}", drone_uuid, err, f"answering {default!r}"
             )
             return default
 
@@ -92,7 +84,9 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
             handled = await self._self_drain(drone_uuid)
         except Exception as err:
             self.counts["drain_failed"] += 1
-            log.warning("self-drain of %s failed: %r", drone_uuid, err, extra={"drone": drone_uuid})
+            self._bus.call_log.failed(
+                "self-drain", drone_uuid, err, "the wrapped adapter drains it in the overlay pool"
+            )
             handled = False
         if not handled:
             await self._fallback("drain_machine", drone_uuid, None)

@@ -24,6 +24,7 @@ from broker.manager.registry import Registry
 from broker.manager.service import ManagerService
 from broker.manager.views import DroneView
 from broker.tardis.config import BusConfig
+from broker.tardis.failures import CallLog
 from remote_agent.protocol.environment import TARDIS_ENV_PREFIX, TARDIS_SETTINGS_ENV, site_of
 from remote_agent.protocol.events import TardisState, encode, utcnow
 from remote_agent.protocol.names import MSG_ID, Namespace
@@ -56,6 +57,8 @@ class RemoteBus:
         #: TARDIS's latest state of every drone, by drone uuid (class name)
         self.tardis_states: dict[str, str] = {}
         self.counts: collections.Counter[str] = collections.Counter()
+        #: the log lines of the adapters' failed calls and deferred removals
+        self.call_log = CallLog(log)
         #: every counter of the integration, by part: the bus, each site, the batch system
         self.count_sources: dict[str, collections.Counter[str]] = {"bus": self.counts}
         self._notes: collections.deque[TardisState] = collections.deque()

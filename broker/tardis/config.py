@@ -1,39 +1,66 @@
-"""The ``bus:`` section of the pool factory, parsed once into :class:`BusConfig`"""
+"""
+The ``bus:`` section of the pool factory, decoded once into the frozen :class:`BusConfig`
+
+Its one rule: every problem is one line that names its key and what the key expects,
+``bus.<key>: expected <what>, got <value>``, and all of a section's problems are reported
+at once (:class:`~broker.errors.ConfigError`).
+"""
 
 from __future__ import annotations
 
-import math
+import os
+import re
 from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, fields
-from typing import Any
+from typing import Annotated, Any, Final
 
+import msgspec
+
+from broker.errors import ConfigError
 from broker.manager.control import DEFAULT_DRAIN_S, DEFAULT_REQUEST_TIMEOUT_S
+from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S
 from broker.manager.metrics import parse_address
 from broker.manager.registry import DEFAULT_LOST_AFTER_S
 from broker.manager.service import ManagerSettings
 from broker.server.durable import DEFAULT_DURABLE
-from remote_agent.protocol.environment import split_urls
+from remote_agent.protocol.environment import URL_SCHEMES, server_url_problem, split_urls
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.names import DEFAULT_PREFIX, Namespace, check_token
 
+#: how long an ended drone is kept (registry, bucket) before it is retired
+#: the longest duration a timing key accepts: any finite span a site means (10 years)
+LONGEST_S: Final = 10 * 365 * 86_400.0
 
-def _servers(value: object, key: str) -> tuple[str, ...]:
-    if isinstance(value, str):
-        items = split_urls(value)
-    elif isinstance(value, Sequence):
-        items = [str(part).strip() for part in value]
-    else:
-        raise ValueError(f"bus.{key} must be a URL, a comma-separated string or a list")
-    urls = tuple(item for item in items if item)
-    if not urls:
-        raise ValueError(f"bus.{key} names no URL")
-    return urls
+Seconds = Annotated[float, msgspec.Meta(gt=0, le=LONGEST_S)]
+Urls = Annotated[tuple[str, ...], msgspec.Meta(min_length=1)]
+
+_SECONDS = "a number of seconds > 0 (at most 10 years)"
+_TOKEN = "1-128 of A-Z a-z 0-9 _ - (no dots, wildcards or whitespace)"
+_URLS = (
+    f"NATS URLs ({', '.join(f'{s}://' for s in URL_SCHEMES)}HOST:PORT), "
+    "a list or one comma-separated string"
+)
+#: what each key expects, in the words of its error line
+EXPECTED: Final[Mapping[str, str]] = {
+    "servers": _URLS,
+    "drone_servers": _URLS,
+    "creds": "the path of the manager's NATS credentials file",
+    "domain": f"a JetStream domain ({_TOKEN})",
+    "prefix": f"a subject token ({_TOKEN})",
+    "durable": f"a consumer name ({_TOKEN})",
+    "lost_after_s": _SECONDS,
+    "drain_deadline_s": _SECONDS,
+    "lost_removal_after_s": _SECONDS,
+    "request_timeout_s": _SECONDS,
+    "retain_ended_s": _SECONDS,
+    "drone_environment": "true or false",
+    "note_buffer": "a whole number > 0",
+    "metrics": "host:port (e.g. 127.0.0.1:9464), or a port on loopback",
+}
 
 
-@dataclass(frozen=True, slots=True)
-class BusConfig:
+class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields=True):
     """
-    The ``bus:`` section of the pool factory, parsed once
+    The ``bus:`` section of the pool factory, decoded once (:meth:`from_mapping`)
 
     :param servers: NATS URLs the manager connects to
     :param drone_servers: NATS URLs given to the drones (default ``servers``;
@@ -49,64 +76,41 @@ class BusConfig:
     :param lost_removal_after_s: a lost drone whose batch job still runs is
         removed only after this much silence (and not before its drain deadline)
     :param request_timeout_s: how long commands wait for an agent's answer
+    :param retain_ended_s: how long an ended drone is kept before it is retired
     :param drone_environment: pass ``servers``/site/prefix into each drone job
     :param note_buffer: TARDIS state notes kept while the bus is unreachable
     :param metrics: ``host:port`` to serve Prometheus metrics on (``/metrics``);
         ``None``: no metrics endpoint
     """
 
-    servers: tuple[str, ...]
+    servers: Urls
     drone_servers: tuple[str, ...] = ()
     creds: str | None = None
     domain: str | None = None
     prefix: str = DEFAULT_PREFIX
     durable: str = DEFAULT_DURABLE
-    lost_after_s: float = DEFAULT_LOST_AFTER_S
-    drain_deadline_s: float = DEFAULT_DRAIN_S
-    lost_removal_after_s: float = DEFAULT_DRAIN_S
-    request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
+    lost_after_s: Seconds = DEFAULT_LOST_AFTER_S
+    drain_deadline_s: Seconds = DEFAULT_DRAIN_S
+    lost_removal_after_s: Seconds = DEFAULT_DRAIN_S
+    request_timeout_s: Seconds = DEFAULT_REQUEST_TIMEOUT_S
+    retain_ended_s: Seconds = DEFAULT_RETAIN_ENDED_S
     drone_environment: bool = True
-    note_buffer: int = 10_000
+    note_buffer: Annotated[int, msgspec.Meta(gt=0)] = 10_000
     metrics: str | None = None
 
+    def __post_init__(self) -> None:
+        if not self.drone_servers:
+            msgspec.structs.force_setattr(self, "drone_servers", self.servers)
+
     @classmethod
-    def from_mapping(cls, mapping: Mapping[str, Any]) -> BusConfig:
+    def from_mapping(cls, mapping: object) -> BusConfig:
         """
-        :raises ValueError: for unknown keys, missing servers or bad values
+        :raises ConfigError: listing every problem of the section, one line each
         """
-        if not isinstance(mapping, Mapping):
-            raise ValueError("bus must be a mapping with at least 'servers'")
-        known = {f.name for f in fields(cls)}
-        unknown = sorted(set(mapping) - known)
-        if unknown:
-            raise ValueError(f"unknown bus settings: {', '.join(unknown)} (known: {sorted(known)})")
-        if "servers" not in mapping:
-            raise ValueError("bus.servers is required, e.g. nats://nats.example.org:4222")
-        values = dict(mapping)
-        values["servers"] = _servers(values["servers"], "servers")
-        if values.get("drone_servers"):
-            values["drone_servers"] = _servers(values["drone_servers"], "drone_servers")
-        else:
-            values["drone_servers"] = values["servers"]
-        for name in (
-            "lost_after_s",
-            "drain_deadline_s",
-            "lost_removal_after_s",
-            "request_timeout_s",
-        ):
-            if name in values:
-                number = float(values[name])
-                if not (number > 0 and math.isfinite(number)):
-                    raise ValueError(f"bus.{name} must be a positive number of seconds")
-                values[name] = number
-        try:
-            check_token(str(values.get("prefix", DEFAULT_PREFIX)), "bus.prefix")
-        except SchemaError as err:
-            raise ValueError(str(err)) from None
-        if values.get("metrics") is not None:
-            values["metrics"] = str(values["metrics"])
-            parse_address(values["metrics"])  # raises ValueError with the reason
-        return cls(**values)
+        config, problems = decode_bus(mapping)
+        if config is None:
+            raise ConfigError(problems)
+        return config
 
     @property
     def metrics_address(self) -> tuple[str, int] | None:
@@ -122,7 +126,99 @@ class BusConfig:
             durable=self.durable,
             lost_after_s=self.lost_after_s,
             request_timeout_s=self.request_timeout_s,
+            retain_ended_s=self.retain_ended_s,
         )
+
+
+#: msgspec's ``- at `$.key``` / ``- at `$.key[0]``` suffix, and its key-level messages
+_AT_RE = re.compile(r" - at `\$\.(?P<key>\w+)(?P<index>\[\d+\])?`$")
+_FIELD_RE = re.compile(r"^Object (?P<what>missing required|contains unknown) field `(?P<key>.+)`$")
+
+
+def problem(key: str, value: object) -> str:
+    """The one line for ``bus.<key>``: what it expects and what it got"""
+    return f"bus.{key}: expected {EXPECTED[key]}, got {value!r}"
+
+
+def _explain(err: msgspec.ValidationError, raw: Mapping[str, Any]) -> tuple[str | None, str]:
+    """msgspec's error as ``(key, line)``; ``key`` is ``None`` if none is named"""
+    text = str(err)
+    at = _AT_RE.search(text)
+    if at is not None and at["key"] in EXPECTED:
+        return at["key"], problem(at["key"], raw.get(at["key"]))
+    field = _FIELD_RE.match(text)
+    if field is not None and field["what"] == "contains unknown":
+        return field["key"], f"bus.{field['key']}: unknown key (known: {', '.join(EXPECTED)})"
+    if field is not None:
+        return None, f"bus.{field['key']}: required, e.g. nats://nats.example.org:4222"
+    if text.startswith("Expected `str` - at `key`"):
+        return None, "bus: every key must be a string"
+    return None, f"bus: {text}"
+
+
+def _prepared(mapping: Mapping[Any, Any]) -> dict[Any, Any]:
+    """
+    The section as written, with comma-separated URLs split, a bare metrics port as
+    text, and a key set to null as if it were not given (its default)
+    """
+    values = {key: value for key, value in mapping.items() if value is not None}
+    for key in ("servers", "drone_servers"):
+        if isinstance(values.get(key), str):
+            values[key] = split_urls(values[key])
+    metrics = values.get("metrics")
+    if isinstance(metrics, int) and not isinstance(metrics, bool):
+        values["metrics"] = str(metrics)
+    return values
+
+
+def _meanings(config: BusConfig, raw: Mapping[str, Any]) -> list[str]:
+    """The checks that are rules of their own (URLs, tokens, the metrics address)"""
+    problems = []
+    for key in ("servers", "drone_servers"):
+        urls = getattr(config, key)
+        if key in raw and (why := server_url_problem(urls)) is not None:
+            problems.append(problem(key, raw[key]) + (f" ({why})" if len(urls) > 1 else ""))
+    for key in ("prefix", "durable", "domain"):
+        value = getattr(config, key)
+        try:
+            if value is not None:
+                check_token(value, key)
+        except SchemaError:
+            problems.append(problem(key, value))
+    try:
+        _ = config.metrics_address
+    except ValueError as err:
+        problems.append(f"{problem('metrics', raw.get('metrics'))} ({err})")
+    return problems
+
+
+def decode_bus(mapping: object) -> tuple[BusConfig | None, list[str]]:
+    """
+    The section as :class:`BusConfig`, or ``None`` and every problem (one line each)
+
+    msgspec stops at the first problem; a key found wrong is set aside and the
+    rest decoded again, so one pass names them all.
+    """
+    if not isinstance(mapping, Mapping):
+        return None, [f"bus: expected a mapping with at least 'servers', got {mapping!r}"]
+    candidate = _prepared(mapping)
+    problems: list[str] = []
+    for _ in range(len(mapping) + 2):
+        try:
+            config = msgspec.convert(candidate, BusConfig, strict=True)
+        except msgspec.ValidationError as err:
+            key, line = _explain(err, mapping)
+            problems.append(line)
+            if key is None and ("servers" in candidate or line.startswith("bus: ")):
+                return None, problems  # nothing to set aside: stop here
+            if key == "servers" or key is None:  # wrong or missing: stand in, find the rest
+                candidate["servers"] = ["nats://placeholder"]
+            else:
+                del candidate[key]
+        else:
+            problems += _meanings(config, mapping)
+            return (config if not problems else None), problems
+    return None, problems
 
 
 def site_token(site_name: str) -> str:
@@ -138,3 +234,39 @@ def site_token(site_name: str) -> str:
         return check_token(site_name.lower(), f"site name {site_name!r}")
     except SchemaError as err:
         raise ValueError(str(err)) from None
+
+
+def site_problems(names: Sequence[object]) -> list[str]:
+    """One line for each TARDIS site name that cannot name the site on the bus"""
+    problems = []
+    for name in names:
+        try:
+            site_token(str(name))
+        except ValueError:
+            problems.append(
+                f"tardis.Sites: site name {name!r} in lower case is not a subject token "
+                f"({_TOKEN}): drone uuids and subjects are made of it"
+            )
+    return problems
+
+
+def creds_problem(path: str) -> str | None:
+    """
+    What keeps this process from reading the credentials file ``path``, and what to do;
+    ``None`` if it can read it
+    """
+    try:
+        with open(path, "rb"):
+            return None
+    except FileNotFoundError:
+        return (
+            f"bus.creds: {path} does not exist; write it with "
+            f"`cobald-remote auth manager --authority FILE --out {path}`"
+        )
+    except PermissionError:
+        return (
+            f"bus.creds: {path} is not readable by uid {os.getuid()}; let the user that "
+            "runs COBalD read it (chown that user, mode 0600)"
+        )
+    except OSError as err:
+        return f"bus.creds: cannot read {path}: {err.strerror or err}"

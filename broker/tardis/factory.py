@@ -1,11 +1,15 @@
 """
 :func:`create_composite_pool`: TARDIS's composite pool with the bus between TARDIS and its adapters
 
-Without a ``bus`` section nothing is wrapped (stock TARDIS behaviour).
+Without a ``bus`` section nothing is wrapped (stock TARDIS behaviour). A configuration
+error is logged one line per problem and ends the COBalD daemon without tracebacks.
 """
 
 from __future__ import annotations
 
+import logging
+import os
+import sys
 from collections.abc import Mapping, Sequence
 from functools import partial
 from importlib import import_module
@@ -22,12 +26,56 @@ from tardis.agents.siteagent import SiteAgent
 from tardis.configuration.configuration import Configuration
 from tardis.resources.poolfactory import create_drone, get_drones_to_restore, load_plugins
 
+from broker.errors import ConfigError
 from broker.tardis.batch import RemoteBatchSystemAdapter
 from broker.tardis.bus import RemoteBus
-from broker.tardis.config import BusConfig
+from broker.tardis.config import BusConfig, creds_problem, decode_bus, site_problems
 from broker.tardis.notes import TardisStateNotes
 from broker.tardis.pool import RemoteFactoryPool
 from broker.tardis.site import RemoteSiteAdapter
+
+log = logging.getLogger("broker.tardis_adapter")
+
+
+def in_cobald_daemon() -> bool:
+    """Whether this process is COBalD's daemon (``python -m cobald.daemon`` or ``cobald``)"""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if spec is not None and spec.name == "cobald.daemon.__main__":
+        return True
+    return os.path.basename(sys.argv[0]) == "cobald"
+
+
+def refuse(err: ConfigError) -> ConfigError:
+    """
+    Log each of ``err``'s problems in one line; in COBalD's daemon, drop the tracebacks
+
+    COBalD reports an exception from loading its configuration three times, each with
+    its traceback (``cobald/daemon/runners/base_runner.py:72-74``,
+    ``cobald/daemon/runners/meta_runner.py:72-74``, and the ``RuntimeError`` that ends
+    the process), and has no exception type it reports without one; ``SystemExit``
+    adds a fourth. A configuration error is told in full by its lines, and the daemon
+    is about to end, so its tracebacks are suppressed there (``sys.tracebacklimit``).
+    """
+    for line in err.problems:
+        log.error("invalid configuration: %s", line)
+    if in_cobald_daemon():
+        sys.tracebacklimit = 0
+    return err
+
+
+def bus_config(bus: object, sites: Sequence[str]) -> BusConfig:
+    """
+    The ``bus`` section, checked with TARDIS's site names; warns of an unreadable creds file
+
+    :raises ConfigError: for every problem, after :func:`refuse`
+    """
+    config, problems = decode_bus(bus)
+    problems += site_problems(sites)
+    if config is None or problems:
+        raise refuse(ConfigError(problems))
+    if config.creds is not None and (why := creds_problem(config.creds)) is not None:
+        log.warning("%s", why)
+    return config
 
 
 def load_object(name: str) -> Any:
@@ -90,10 +138,15 @@ def create_composite_pool(
     :param bus: the ``bus:`` section (:class:`BusConfig`)
     :param observers: more TARDIS plugins, ``{"pkg.mod:Class": {kwargs}}``
         or a list of names (TARDIS itself loads plugins only from ``tardis.plugins``)
-    :raises ValueError: for an invalid ``bus`` section or adapter name
+    :raises ConfigError: for an invalid ``bus`` section or site name (:func:`bus_config`)
+    :raises ValueError: for an invalid adapter name
     """
     config = Configuration(configuration)
-    remote = RemoteBus(BusConfig.from_mapping(bus)) if bus is not None else None
+    remote = (
+        RemoteBus(bus_config(bus, [site.name for site in config.Sites]))
+        if bus is not None
+        else None
+    )
     batch_cls = load_adapter("batchsystems", config.BatchSystem.adapter)
     batch_adapter: Any = batch_cls()
     if remote is not None:

@@ -5,6 +5,8 @@ The wrapped adapter removes a drone only when
 :meth:`~broker.manager.control.Control.may_remove` says yes; otherwise the
 policy releases or drains the drone and raises
 ``TardisResourceStatusUpdateFailed``, so that TARDIS tries again next heartbeat.
+:class:`~broker.tardis.site.RemoteSiteAdapter` asks it before TARDIS calls a
+removal, so that a deliberately pending removal does not show as a failed one.
 """
 
 from __future__ import annotations
@@ -56,36 +58,80 @@ class RemovalPolicy:
         try:
             response = await self._inner.resource_status(resource_attributes)
         except Exception as err:
-            log.info("cannot ask the site about %s: %r", resource_attributes.drone_uuid, err)
+            self._bus.call_log.failed(
+                "resource_status",
+                resource_attributes.drone_uuid,
+                err,
+                then="whether its batch job runs counts as unknown",
+            )
             return None
         status = response.get("resource_status") if isinstance(response, Mapping) else None
         if not isinstance(status, ResourceStatus):
             return None
         return status not in (ResourceStatus.Deleted, ResourceStatus.Error)
 
-    async def remove(self, resource_attributes: AttributeDict, action: str) -> None:
-        """``action`` (``stop_resource`` or ``terminate_resource``) if the verdict allows"""
+    async def verdict(self, resource_attributes: AttributeDict, action: str) -> Verdict | None:
+        """
+        The verdict on ``action`` for the drone, after releasing or draining it if needed
+
+        ``None`` while the manager is not connected to the bus.
+        """
         site, drone = self._site, resource_attributes.drone_uuid
         control = self._bus.control
         if control is None:
-            self.counts[f"{action}_deferred"] += 1
-            raise TardisResourceStatusUpdateFailed(
-                f"{action} of {drone} deferred: not connected to the bus"
-            )
+            return None
         lbs = await self.lbs_running(resource_attributes)
         verdict = control.may_remove(site, drone, lbs)
         if not verdict:
             verdict = await self._make_removable(control, site, drone, verdict, lbs, action)
-        extra = {"drone": drone, "site": site, "reason": str(verdict.reason)}
-        if not verdict:
-            self.counts[f"{action}_deferred"] += 1
-            log.info("%s of %s/%s deferred: %s", action, site, drone, verdict.detail, extra=extra)
-            raise TardisResourceStatusUpdateFailed(
-                f"{action} of {drone} deferred: {verdict.detail}"
-            )
+        return verdict
+
+    async def check(self, resource_attributes: AttributeDict, action: str) -> Verdict:
+        """
+        The allowing verdict on ``action``, or ``TardisResourceStatusUpdateFailed`` saying why not
+
+        A deferral is logged once per drone and reason change (:class:`CallLog`).
+        """
+        verdict = await self.verdict(resource_attributes, action)
+        if verdict:
+            return verdict
+        detail = self._deferred(resource_attributes.drone_uuid, verdict, action)
+        raise TardisResourceStatusUpdateFailed(
+            f"{action} of {resource_attributes.drone_uuid} deferred: {detail}"
+        )
+
+    async def remove(self, resource_attributes: AttributeDict, action: str) -> None:
+        """
+        ``action`` (``stop_resource`` or ``terminate_resource``) if the verdict allows
+
+        A deferred ``terminate_resource`` returns: TARDIS's CleanupState stays
+        CleanupState and calls it again next heartbeat whether it returns or raises
+        (dronestates.py:305-326), and warns only when it raises.
+        """
+        site, drone = self._site, resource_attributes.drone_uuid
+        if action == "terminate_resource":
+            verdict = await self.verdict(resource_attributes, action)
+            if not verdict:
+                self._deferred(drone, verdict, action)
+                return
+        else:
+            verdict = await self.check(resource_attributes, action)
         self.counts[f"{action}_allowed"] += 1
+        extra = {"drone": drone, "site": site, "reason": str(verdict.reason)}
         log.info("%s of %s/%s: %s", action, site, drone, verdict.detail, extra=extra)
+        self._bus.call_log.settled(drone)
         await getattr(self._inner, action)(resource_attributes)
+
+    def _deferred(self, drone: str, verdict: Verdict | None, action: str) -> str:
+        """Count and log (once per reason) a deferral; its detail"""
+        reason, detail = (
+            ("not_connected", "not connected to the bus")
+            if verdict is None
+            else (str(verdict.reason), verdict.detail)
+        )
+        self.counts[f"{action}_deferred"] += 1
+        self._bus.call_log.deferred(action, self._site, drone, reason, detail)
+        return detail
 
     async def _make_removable(
         self,
@@ -117,7 +163,10 @@ class RemovalPolicy:
             deadline = self._bus.lost_deadline(view)
             now = time.time()
             if now >= deadline:
-                log.warning(
+                self._bus.call_log.once(
+                    drone,
+                    "removal_deadline_passed",
+                    logging.WARNING,
                     "removing lost drone %s/%s: %s, and its removal deadline passed",
                     site,
                     drone,

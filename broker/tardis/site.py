@@ -1,15 +1,18 @@
 """
 :class:`RemoteSiteAdapter`: wraps one TARDIS site adapter, forwarding to it
 
-Status answers come from the registry while the drone's agent is heard from;
-removals go through :class:`~broker.tardis.removal.RemovalPolicy`. Only the
-exceptions TARDIS handles for a call may leave it.
+Status answers come from the registry while the drone's agent is heard from, and
+from the drone's final record once its agent has exited; removals go through
+:class:`~broker.tardis.removal.RemovalPolicy`. Only the exceptions TARDIS handles
+for a call may leave it, and each failure turned into one is logged.
 """
 
 from __future__ import annotations
 
 import collections
 import contextlib
+import logging
+import time
 from collections.abc import Awaitable, Callable, Iterator, Mapping
 from typing import Any, Final
 
@@ -23,10 +26,13 @@ from tardis.exceptions.tardisexceptions import (
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.utilities.attributedict import AttributeDict
 
+from broker.manager.views import DroneView
 from broker.tardis.bus import RemoteBus
 from broker.tardis.config import site_token
 from broker.tardis.removal import RemovalPolicy
-from remote_agent.protocol.events import DroneState
+from remote_agent.protocol.events import DroneState, RecordPhase
+
+log = logging.getLogger("broker.tardis_adapter")
 
 #: the exceptions TARDIS's drone states handle for each site call; anything
 #: else that escapes aborts the whole COBalD daemon (docs/tardis.md)
@@ -64,6 +70,41 @@ _UP_STATES: Final = frozenset(
     }
 )
 
+#: the answers on which TARDIS calls ``stop_resource`` next, by its state
+#: (tardis/resources/dronestates.py: ShutDownState :256-259 on Running)
+_REMOVAL_NEXT: Final[Mapping[tuple[str, ResourceStatus], str]] = {
+    ("ShutDownState", ResourceStatus.Running): "stop_resource",
+}
+
+
+def finished(view: DroneView | None, now: float, lost_after_s: float) -> str:
+    """
+    Why the drone's batch job is over, by its final record and its agent's end; ``""``: unknown
+
+    Final: released with the manager's proof, or drained or deadline expired as
+    the agent wrote it; and the agent said it is exiting or fell silent. A drone
+    whose agent never came up is not known to be over: its job may be queued.
+    """
+    if view is None:
+        return ""
+    if view.ended:
+        return view.ended
+    record = view.record
+    if record is None or view.encoded is None:
+        return ""
+    if view.state is DroneState.EXITING:
+        exited = "its agent exited"
+    elif view.is_lost(now, lost_after_s):
+        exited = "its agent fell silent"
+    else:
+        return ""
+    phase = record.phase
+    if phase is RecordPhase.RELEASED and record.proven:
+        return f"released, and {exited}"
+    if phase in (RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED) and record.writer == "agent":
+        return f"{phase}, and {exited}"
+    return ""
+
 
 def _forwarded(name: str, convert: Callable[[Any], Any] = lambda value: value) -> Any:
     """A property that reads ``name`` of the wrapped site adapter"""
@@ -85,7 +126,7 @@ class RemoteSiteAdapter(SiteAdapter):
         self._site = site_token(inner.site_name)
         self._extra_env = bus.drone_environment(self._site)
         self.counts: collections.Counter[str] = collections.Counter()
-        bus.count_sources[f"site:{inner.site_name}"] = self.counts
+        bus.count_sources[f"site:{self._site}"] = self.counts  # the token, as drones name it
         self._removal = RemovalPolicy(inner, bus, self._site, self.counts)
         if self._extra_env:
             # the adapters call self.drone_environment(...) on *themselves*:
@@ -133,42 +174,76 @@ class RemoteSiteAdapter(SiteAdapter):
 
     # ------------------------------------------------------------ calls
 
-    async def _guarded(self, call: str, action: Callable[[], Awaitable[Any]]) -> Any:
-        """Run ``action``; let out only what TARDIS handles for ``call``"""
+    async def _guarded(self, call: str, drone: str, action: Callable[[], Awaitable[Any]]) -> Any:
+        """Run ``action``; let out only what TARDIS handles for ``call``, logging the rest"""
         try:
             return await action()
         except _HANDLED[call]:
             raise
         except Exception as err:
             self.counts[f"{call}_failed"] += 1
+            self._bus.call_log.failed(call, drone, err)
             raise TardisResourceStatusUpdateFailed(f"{call}: {type(err).__name__}: {err}") from err
 
     async def deploy_resource(self, resource_attributes: AttributeDict) -> Any:
-        self._bus.sites[resource_attributes.drone_uuid] = self._site
+        drone = resource_attributes.drone_uuid
+        self._bus.sites[drone] = self._site
         return await self._guarded(
-            "deploy_resource", lambda: self._inner.deploy_resource(resource_attributes)
+            "deploy_resource", drone, lambda: self._inner.deploy_resource(resource_attributes)
         )
 
     async def resource_status(self, resource_attributes: AttributeDict) -> Any:
+        """
+        The drone's status; a removal TARDIS would call next that must wait raises instead
+
+        TARDIS keeps the drone's state, silently, when this raises
+        ``TardisResourceStatusUpdateFailed`` (dronestates.py:72-74), and calls
+        neither removal: a pending removal is then no failed ``stop_resource``.
+        """
         drone = resource_attributes.drone_uuid
         self._bus.sites[drone] = self._site
-        view = self._bus.fresh(self._site, drone)
+        answer = await self._status(resource_attributes)
+        status = answer.get("resource_status") if isinstance(answer, Mapping) else None
+        tardis_state = self._bus.tardis_states.get(drone, "")
+        action = _REMOVAL_NEXT.get((tardis_state, status)) if status is not None else None
+        if action is not None:
+            await self._guarded(
+                "resource_status", drone, lambda: self._removal.check(resource_attributes, action)
+            )
+        return answer
+
+    async def _status(self, resource_attributes: AttributeDict) -> Any:
+        drone = resource_attributes.drone_uuid
+        now = time.time()
+        why = finished(
+            self._bus.registry.view(self._site, drone), now, self._bus.config.lost_after_s
+        )
+        if why:
+            # Deleted leads every state to DownState without another site call;
+            # Stopped would lead to CleanupState and condor_rm (dronestates.py)
+            self.counts["status_from_record"] += 1
+            log.debug("%s/%s: its job is over (%s): Deleted", self._site, drone, why)
+            return AttributeDict(resource_status=ResourceStatus.Deleted)
+        view = self._bus.fresh(self._site, drone, now)
         if view is not None and view.state in _UP_STATES:
             self.counts["status_from_agent"] += 1
             return AttributeDict(resource_status=ResourceStatus.Running)
         self.counts["status_from_adapter"] += 1
         return await self._guarded(
-            "resource_status", lambda: self._inner.resource_status(resource_attributes)
+            "resource_status", drone, lambda: self._inner.resource_status(resource_attributes)
         )
 
     async def stop_resource(self, resource_attributes: AttributeDict) -> Any:
         return await self._guarded(
-            "stop_resource", lambda: self._removal.remove(resource_attributes, "stop_resource")
+            "stop_resource",
+            resource_attributes.drone_uuid,
+            lambda: self._removal.remove(resource_attributes, "stop_resource"),
         )
 
     async def terminate_resource(self, resource_attributes: AttributeDict) -> Any:
         return await self._guarded(
             "terminate_resource",
+            resource_attributes.drone_uuid,
             lambda: self._removal.remove(resource_attributes, "terminate_resource"),
         )
 
@@ -180,6 +255,8 @@ class RemoteSiteAdapter(SiteAdapter):
         except TARDIS_EXCEPTIONS:
             raise
         except Exception as err:  # e.g. TardisError, which would abort the daemon
+            self.counts["site_call_failed"] += 1
+            self._bus.call_log.failed("a site call", "", err)
             raise TardisResourceStatusUpdateFailed(f"{type(err).__name__}: {err}") from err
 
     async def lbs_running(self, resource_attributes: AttributeDict) -> bool | None:

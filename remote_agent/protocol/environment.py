@@ -10,6 +10,8 @@ digits>`` (``tardis/resources/drone.py:50``, ``tardis/interfaces/siteadapter.py:
 from __future__ import annotations
 
 import re
+import urllib.parse
+from collections.abc import Sequence
 from typing import Final
 
 #: the prefix TARDIS's site adapters put before each key of the drone's environment
@@ -27,6 +29,10 @@ TARDIS_SETTINGS_ENV: Final = {
     "domain": "TardisDroneCobaldRemoteDomain",
 }
 
+#: URL schemes nats-py connects with (``nats/aio/client.py:1488-1491``)
+URL_SCHEMES: Final = ("nats", "tls", "ws", "wss")
+_WEBSOCKET_SCHEMES: Final = ("ws", "wss")
+
 _DRONE_UUID_RE = re.compile(r"^(?P<site>.+)-[0-9a-f]{10}\Z")
 
 
@@ -39,3 +45,25 @@ def site_of(drone: str) -> str | None:
 def split_urls(text: str) -> list[str]:
     """``nats://a:4222,nats://b:4222`` as a list of URLs (nats-py does not split commas)"""
     return [url.strip() for url in text.split(",") if url.strip()]
+
+
+def server_url_problem(urls: Sequence[str]) -> str | None:
+    """
+    Why ``urls`` are not NATS server URLs that drones and the manager connect with, or ``None``
+
+    Each must be ``nats|tls|ws|wss://HOST[:PORT]``; websocket and plain URLs may not be
+    mixed (nats-py refuses that, ``nats/aio/client.py:1519-1523``).
+    """
+    for url in urls:
+        try:
+            parts = urllib.parse.urlsplit(url)
+            parts.port  # noqa: B018 (raises ValueError for a port that is not a number)
+        except ValueError:
+            return f"{url!r} is not a URL"
+        if parts.scheme not in URL_SCHEMES:
+            return f"{url!r} is not one of {', '.join(URL_SCHEMES)}://HOST:PORT"
+        if not parts.hostname:
+            return f"{url!r} names no host"
+    if len({urllib.parse.urlsplit(url).scheme in _WEBSOCKET_SCHEMES for url in urls}) > 1:
+        return "ws:// or wss:// URLs mixed with nats:// or tls:// ones"
+    return None

@@ -308,8 +308,8 @@ class TardisState(Message, frozen=True, kw_only=True, tag="tardis_state"):
 
     Published by the TARDIS integration (``broker/tardis_adapter.py``) on
     ``<prefix>.<site>.<drone>.mgr.tardis_state``, so that a drone's timeline
-    shows TARDIS's view beside the drone's own events. The registry never
-    reads notes: it consumes ``<prefix>.*.*.evt.>`` only.
+    shows TARDIS's view beside the drone's own events. The registry reads
+    them to see a drone's end: TARDIS's ``DownState`` (``broker/manager/lifecycle.py``).
     """
 
     site: Token

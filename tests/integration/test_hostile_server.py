@@ -285,9 +285,10 @@ async def test_provisioning_puts_the_caps_on_existing_streams(nc: Client) -> Non
         False,
     )
     bucket: StreamConfig = (await js.stream_info(f"KV_{NS.record_bucket}")).config
+    # purges stay allowed: the manager purges the records of retired drones
     assert (bucket.allow_rollup_hdrs, bucket.deny_purge, bucket.deny_delete) == (
         False,
-        True,
+        False,
         True,
     )
     assert (await js.stream_info(NS.event_stream)).state.messages == 1  # nothing lost

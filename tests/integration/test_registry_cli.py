@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+from pathlib import Path
 
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from support.drones import FakeDrone, answer_commands, publish
 from support.processes import CLI, run_process
+from support.servers import drone_creds, secured_server
 
 from broker.cli import main
 from broker.commands.ops import EXIT_UNCONFIRMED
@@ -42,9 +44,14 @@ async def test_status_table_and_json(
     for event in (idle.started(), idle.ready(), idle.heartbeat()):
         await publish(js, NS, event)
     await store.release(SITE, "site1-00000000d1")
+    done = FakeDrone(SITE, "site1-00000000e1")
+    await publish(js, NS, done.started())
+    await store.claim(SITE, done.drone, done.incarnation)
+    await store.finish(SITE, done.drone, done.incarnation, ev.RecordPhase.DRAINED)
+    await publish(js, NS, done.exiting())
 
     code, out, err = await run_process(*CLI, "status", "--server", nats_server.url)
-    assert (code, err) == (0, "")
+    assert (code, err) == (0, "4 drones: 0 lost, 1 ended (hidden; --ended shows them)\n")
     lines = out.splitlines()
     assert lines[0].split() == [
         "DRONE",
@@ -53,15 +60,21 @@ async def test_status_table_and_json(
         "PAYLOADS",
         "LAST",
         "FACT",
-        "LOST",
+        "LOST/ENDED",
         "RECORD",
     ]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
+    assert done.drone not in rows
     assert rows[busy.drone][1:4] == [SITE, "busy", "1"]
     assert rows[busy.drone][-2:] == ["-", "up"]
     assert rows[idle.drone][1:4] == ["site2", "idle", "0"]
     assert rows["site1-00000000d1"][1:4] == [SITE, "-", "0"]
     assert rows["site1-00000000d1"][-1] == "released"
+
+    code, out, err = await run_process(*CLI, "status", "--ended", "--server", nats_server.url)
+    ended = [line.split() for line in out.splitlines() if line.startswith(done.drone)]
+    assert ended[0][-3:] == ["ended:", "drained", "drained"]
+    assert err == "4 drones: 0 lost, 1 ended\n"
 
     code, out, err = await run_process(
         *CLI, "status", busy.drone, "--json", "--server", nats_server.url
@@ -88,8 +101,19 @@ async def test_release_and_drain(
     nats_server: EmbeddedServer, nc: Client, store: RecordStore
 ) -> None:
     url = nats_server.url
-    code, out, err = await run_process(*CLI, "release", "site1-0000000001", "--server", url)
-    assert (code, err) == (0, "")
+    # never heard of (no event, no record): a typo must not leave a record behind
+    for command in ("release", "drain"):
+        code, out, err = await run_process(*CLI, command, "site1-0000000001", "--server", url)
+        assert (code, out) == (1, "")
+        assert err == (
+            "cobald-remote: site1/site1-0000000001: no event and no record of this drone: "
+            f"check the uuid (cobald-remote status), or give --force to {command} it anyway\n"
+        )
+    assert await store.read(SITE, "site1-0000000001") is None
+    code, out, err = await run_process(
+        *CLI, "release", "site1-0000000001", "--force", "--server", url
+    )
+    assert code == 0 and "warning: site1/site1-0000000001: no event and no record" in err
     assert out.startswith("site1/site1-0000000001: released:")
     assert "may be removed" in out
     record = await store.read(SITE, "site1-0000000001")
@@ -99,7 +123,9 @@ async def test_release_and_drain(
     assert code == 0 and "drain released" in out
 
     # never announced: drain refuses and says what to do instead
-    code, out, err = await run_process(*CLI, "drain", "site1-0000000002", "--server", url)
+    code, out, err = await run_process(
+        *CLI, "drain", "site1-0000000002", "--force", "--server", url
+    )
     assert code == 1 and "drain not_announced" in out and "release it instead" in out
     assert await store.read(SITE, "site1-0000000002") is None
 
@@ -131,7 +157,7 @@ async def test_release_and_drain(
 
     # an explicit site for a uuid that does not carry it
     code, out, err = await run_process(
-        *CLI, "release", "odd_name", "--site", "siteX", "--server", url
+        *CLI, "release", "odd_name", "--site", "siteX", "--force", "--server", url
     )
     assert code == 0 and out.startswith("siteX/odd_name: released")
     code, out, err = await run_process(*CLI, "release", "odd_name", "--server", url)
@@ -142,3 +168,21 @@ async def test_unreachable_server_fails_fast() -> None:
     for command in (["status"], ["drain", "site1-0123456789"], ["release", "site1-0123456789"]):
         code, _, err = await run_process(*CLI, *command, "--server", "nats://127.0.0.1:1")
         assert code == 1 and "cannot connect" in err
+
+
+async def test_a_refused_permission_or_credential_says_what_to_do(tmp_path: Path) -> None:
+    drone = "site1-0123456789"
+    async with secured_server(tmp_path) as (server, authority_file):
+        creds = drone_creds(tmp_path, authority_file, SITE, drone)
+        # a drone's credentials may not touch the records: one line, what to do
+        code, out, err = await run_process(
+            *CLI, "release", drone, "--creds", str(creds), "--server", server.url
+        )
+        assert (code, out) == (1, "")
+        assert len(err.splitlines()) == 1 and "Traceback" not in err
+        assert "permissions violation" in err.lower()
+        assert "need the manager's credentials" in err
+        # no credentials at all: the server refuses the connection
+        code, out, err = await run_process(*CLI, "drain", drone, "--server", server.url)
+        assert (code, out) == (1, "")
+        assert len(err.splitlines()) == 1 and "check --creds" in err

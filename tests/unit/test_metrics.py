@@ -4,17 +4,26 @@ from __future__ import annotations
 
 import asyncio
 import collections
+import shutil
+import subprocess
 import time
+from collections.abc import Mapping
+from platform import python_version as platform
+from types import MappingProxyType
 
+import msgspec
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 from support.drones import FakeDrone
 
 from broker.jetstream.messages import ConsumerStats
 from broker.manager import metrics as metrics_module
+from broker.manager.collector import tardis_labels
 from broker.manager.metrics import MetricsServer, Sources, parse_address, render
 from broker.manager.registry import Registry
+from broker.manager.views import DroneView
 from broker.tardis_adapter import BusConfig
+from remote_agent import __version__
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 
@@ -75,7 +84,10 @@ def test_render_is_valid_exposition_with_the_registry_counts() -> None:
         requests=2,
         watchdog=1,
     )
-    counts = {"bus": collections.Counter(notes_published=4), "site:Site1": {"drain_accepted": 2}}
+    counts = {
+        "bus": collections.Counter(notes_published=4),
+        "site:Site1": {"drain_accepted": 2, "deploy_resource_failed": 3},
+    }
     text = render(
         Sources(
             registry=registry,
@@ -100,13 +112,14 @@ def test_render_is_valid_exposition_with_the_registry_counts() -> None:
     assert value("cobald_remote_registry_rejected_total", reason="malformed") == 1
     assert value("cobald_remote_registry_rejected_total", reason="sender") == 0
     assert value("cobald_remote_registry_records_total", outcome="applied") == 1
-    assert value("cobald_remote_drones", state="idle") == 1
-    assert value("cobald_remote_drones", state="busy") == 1
-    assert value("cobald_remote_drones", state="starting") == 1
-    assert value("cobald_remote_drones", state="unknown") == 1  # only a record
-    assert value("cobald_remote_drones", state="draining") == 0  # every state listed
-    assert value("cobald_remote_drone_records", phase="released") == 1
-    assert value("cobald_remote_drone_records", phase="none") == 3
+    assert value("cobald_remote_drones", site=SITE, state="idle") == 1
+    assert value("cobald_remote_drones", site=SITE, state="busy") == 1
+    assert value("cobald_remote_drones", site=SITE, state="starting") == 1
+    assert value("cobald_remote_drones", site=SITE, state="unknown") == 1  # only a record
+    assert value("cobald_remote_drones", site=SITE, state="draining") == 0  # every state
+    assert value("cobald_remote_drone_records", site=SITE, phase="released") == 1
+    assert value("cobald_remote_drone_records", site=SITE, phase="none") == 3
+    assert value("cobald_remote_drones_ended") == metrics.ended
     assert value("cobald_remote_drones_lost") == 1
     assert value("cobald_remote_consumer_messages_total", outcome="acked") == 6
     assert value("cobald_remote_consumer_messages_total", outcome="termed") == 3
@@ -119,8 +132,11 @@ def test_render_is_valid_exposition_with_the_registry_counts() -> None:
     assert value("cobald_remote_connected") == 1
     assert value("cobald_remote_manager_session_failures_total") == 3
     assert value("cobald_remote_rebuild_seconds") == 0.25
-    assert value("cobald_remote_tardis_calls_total", part="bus", call="notes_published") == 4
-    assert value("cobald_remote_tardis_calls_total", part="site:Site1", call="drain_accepted") == 2
+    calls = "cobald_remote_tardis_calls_total"
+    assert value(calls, part="bus", site="", call="notes_published", outcome="ok") == 4
+    assert value(calls, part="site", site="Site1", call="drain_accepted", outcome="ok") == 2
+    assert value(calls, part="site", site="Site1", call="deploy_resource", outcome="failed") == 3
+    assert value("cobald_remote_build_info", version=__version__, python=platform()) == 1
     assert value("cobald_remote_tardis_notes_buffered") == 5
     families = {family.name: family.type for family in text_string_to_metric_families(text)}
     assert families["cobald_remote_registry_events"] == "counter"
@@ -130,14 +146,18 @@ def test_render_is_valid_exposition_with_the_registry_counts() -> None:
 def test_render_with_only_a_registry_names_no_other_family() -> None:
     text = render(Sources(registry=Registry(NS)))
     names = {family.name for family in text_string_to_metric_families(text)}
-    assert names == {
+    assert {name for name in names if name.startswith("cobald_remote_")} == {
         "cobald_remote_registry_events",
         "cobald_remote_registry_rejected",
         "cobald_remote_registry_records",
         "cobald_remote_drones",
         "cobald_remote_drone_records",
         "cobald_remote_drones_lost",
+        "cobald_remote_drones_ended",
+        "cobald_remote_build_info",
     }
+    assert "process_resident_memory_bytes" in names
+    assert "process_cpu_seconds" in names
 
 
 def test_label_values_are_escaped() -> None:
@@ -147,7 +167,12 @@ def test_label_values_are_escaped() -> None:
         _samples(text)[
             (
                 "cobald_remote_tardis_calls_total",
-                (("call", 'odd "name"\\with\nnewline'), ("part", "bus")),
+                (
+                    ("call", 'odd "name"\\with\nnewline'),
+                    ("outcome", "ok"),
+                    ("part", "bus"),
+                    ("site", ""),
+                ),
             )
         ]
         == 1
@@ -210,20 +235,18 @@ async def test_endpoint_serves_metrics_and_nothing_else() -> None:
         status, headers, body = await _request(
             server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
         )
-        assert status == "HTTP/1.1 200 OK"
+        assert status.split()[1] == "200"
         assert headers["content-type"] == metrics_module.CONTENT_TYPE
         assert int(headers["content-length"]) == len(body)
-        assert _samples(body.decode())[("cobald_remote_drones", (("state", "busy"),))] == 1
-        assert (await _request(server.port, b"GET / HTTP/1.1\r\n\r\n"))[0].startswith(
-            "HTTP/1.1 404"
-        )
-        assert (await _request(server.port, b"POST /metrics HTTP/1.1\r\n\r\n"))[0].startswith(
-            "HTTP/1.1 405"
-        )
+        busy = (("site", SITE), ("state", "busy"))
+        assert _samples(body.decode())[("cobald_remote_drones", busy)] == 1
+        assert (await _request(server.port, b"GET / HTTP/1.1\r\n\r\n"))[0].split()[1] == "404"
+        status = (await _request(server.port, b"POST /metrics HTTP/1.1\r\n\r\n"))[0]
+        assert status.split()[1] == "405"
         # a client that connects and sends nothing is cut off; the server goes on
         _, writer = await asyncio.open_connection("127.0.0.1", server.port)
         status, _, _ = await _request(server.port, b"GET /metrics?x=1 HTTP/1.0\r\n\r\n")
-        assert status == "HTTP/1.1 200 OK"
+        assert status.split()[1] == "200"
         writer.close()
         assert server.scrapes == 2
     finally:
@@ -233,9 +256,8 @@ async def test_endpoint_serves_metrics_and_nothing_else() -> None:
         await asyncio.open_connection("127.0.0.1", server.port)
 
 
-async def test_silent_client_is_disconnected(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(metrics_module, "CLIENT_TIMEOUT_S", 0.2)
-    server = MetricsServer(Sources(registry=Registry(NS)), "127.0.0.1", 0)
+async def test_silent_client_is_disconnected() -> None:
+    server = MetricsServer(Sources(registry=Registry(NS)), "127.0.0.1", 0, client_timeout_s=0.2)
     await server.start()
     try:
         reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
@@ -254,3 +276,154 @@ async def test_an_address_in_use_is_logged_not_raised(caplog: pytest.LogCaptureF
         assert "cannot serve metrics on 127.0.0.1" in caplog.text
     finally:
         await first.close()
+
+
+def _full_sources(registry: Registry) -> Sources:
+    stats = ConsumerStats(acked=1, handler_error_types={"KeyError": 1})
+    counts = {
+        "bus": collections.Counter(notes_published=1, notes_dropped=2),
+        "site:Site1": {"deploy_resource_failed": 1, "stop_resource_deferred": 2},
+        "site:Site2": {"status_from_agent": 3},
+        "batch_system": {"drain_failed": 1, "drain_accepted": 1},
+    }
+    return Sources(
+        registry=registry,
+        consumer=stats,
+        connected=lambda: False,
+        failures=lambda: 0,
+        rebuild_seconds=lambda: 1.5,
+        tardis_calls=lambda: counts,
+        notes_buffered=lambda: 0,
+    )
+
+
+def test_exposition_names_every_family_once_with_help_and_type() -> None:
+    registry = Registry(NS)
+    _fleet(registry, time.time())
+    text = render(_full_sources(registry))
+    families = list(text_string_to_metric_families(text))
+    names = [family.name for family in families]
+    assert len(names) == len(set(names))
+    assert all(family.documentation for family in families)
+    series = [
+        (sample.name, tuple(sorted(sample.labels.items())))
+        for family in families
+        for sample in family.samples
+    ]
+    assert len(series) == len(set(series))
+    lines = text.splitlines()
+    for kind in ("HELP", "TYPE"):
+        declared = [line.split()[2] for line in lines if line.startswith(f"# {kind} ")]
+        assert len(declared) == len(set(declared)) == len(families)
+    sampled = {line.split("{")[0].split()[0] for line in lines if not line.startswith("#")}
+    typed = {line.split()[2] for line in lines if line.startswith("# TYPE ")}
+    assert sampled <= typed
+
+
+@pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
+def test_promtool_finds_nothing_to_complain_about() -> None:
+    registry = Registry(NS)
+    _fleet(registry, time.time())
+    promtool = shutil.which("promtool")
+    assert promtool is not None
+    done = subprocess.run(
+        [promtool, "check", "metrics"],
+        input=render(_full_sources(registry)),
+        capture_output=True,
+        text=True,
+        timeout=30,
+        check=False,
+    )
+    assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+class _EndingRegistry(Registry):
+    """A registry whose views of ``ending`` drones say their life ended"""
+
+    ending: frozenset[str] = frozenset()
+
+    def views(self) -> Mapping[tuple[str, str], DroneView]:
+        return MappingProxyType(
+            {
+                key: msgspec.structs.replace(view, ended="drained", ended_time=0.0)
+                if view.drone in self.ending
+                else view
+                for key, view in super().views().items()
+            }
+        )
+
+
+def test_an_ended_drone_is_neither_a_live_drone_nor_lost() -> None:
+    now = time.time()
+    registry = _EndingRegistry(NS)
+    _fleet(registry, now)
+    before = _samples(render(Sources(registry=registry), now=now))
+    registry.ending = frozenset({"site1-0000000003"})  # the silent one
+    after = _samples(render(Sources(registry=registry), now=now))
+    starting = ("cobald_remote_drones", (("site", SITE), ("state", "starting")))
+    assert (before[starting], after[starting]) == (1, 0)
+    assert (
+        before[("cobald_remote_drones_lost", ())],
+        after[("cobald_remote_drones_lost", ())],
+    ) == (
+        1,
+        0,
+    )
+    none = ("cobald_remote_drone_records", (("phase", "none"), ("site", SITE)))
+    assert before[none] == after[none] == 3  # its record is still known
+
+
+@pytest.mark.parametrize(
+    ("part", "name", "labels"),
+    [
+        ("bus", "notes_published", ("bus", "", "notes_published", "ok")),
+        ("site:Site1", "deploy_resource_failed", ("site", "Site1", "deploy_resource", "failed")),
+        ("site:Site1", "stop_resource_deferred", ("site", "Site1", "stop_resource_deferred", "ok")),
+        ("batch_system", "drain_failed", ("batch_system", "", "drain", "failed")),
+        ("bus", "_failed", ("bus", "", "_failed", "ok")),
+    ],
+)
+def test_tardis_labels_split_part_site_call_and_outcome(
+    part: str, name: str, labels: tuple[str, str, str, str]
+) -> None:
+    assert tardis_labels(part, name) == labels
+
+
+async def test_a_failing_source_fails_its_scrape_not_the_server(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    broken = True
+
+    def notes() -> int:
+        if broken:
+            raise RuntimeError("boom")
+        return 7
+
+    server = MetricsServer(Sources(registry=Registry(NS), notes_buffered=notes), "127.0.0.1", 0)
+    await server.start()
+    try:
+        status, _, _ = await _request(server.port, b"GET /metrics HTTP/1.0\r\n\r\n")
+        assert status.split()[1] == "500"
+        assert "metrics scrape failed: RuntimeError: boom" in caplog.text
+        broken = False
+        status, _, body = await _request(server.port, b"GET /metrics HTTP/1.0\r\n\r\n")
+        assert status.split()[1] == "200"
+        assert _samples(body.decode())[("cobald_remote_tardis_notes_buffered", ())] == 7
+    finally:
+        await server.close()
+
+
+async def test_two_managers_in_one_process_serve_their_own_numbers() -> None:
+    servers = [
+        MetricsServer(Sources(registry=Registry(NS), notes_buffered=lambda n=n: n), "127.0.0.1", 0)
+        for n in (1, 2)
+    ]
+    for server in servers:
+        await server.start()
+    try:
+        for n, server in enumerate(servers, 1):
+            _, _, body = await _request(server.port, b"GET /metrics HTTP/1.0\r\n\r\n")
+            assert _samples(body.decode())[("cobald_remote_tardis_notes_buffered", ())] == n
+    finally:
+        for server in servers:
+            await server.close()

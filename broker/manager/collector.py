@@ -1,0 +1,281 @@
+"""
+The manager's Prometheus collector, read from the live counters of its parts
+
+Its rule: it keeps no counts of its own; every scrape reads the registry, the
+consumer and the TARDIS integration anew, so nothing is counted twice.
+"""
+
+from __future__ import annotations
+
+import platform
+import time
+from collections import defaultdict
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from dataclasses import dataclass
+from typing import Final
+
+from prometheus_client.core import (
+    CounterMetricFamily,
+    GaugeMetricFamily,
+    InfoMetricFamily,
+    Metric,
+)
+from prometheus_client.platform_collector import PlatformCollector
+from prometheus_client.process_collector import ProcessCollector
+from prometheus_client.registry import Collector, CollectorRegistry
+
+from broker.jetstream.messages import ConsumerStats
+from broker.manager.registry import Registry
+from remote_agent import __version__
+from remote_agent.protocol.events import DroneState, RecordPhase
+
+PREFIX: Final = "cobald_remote_"
+#: a part of the TARDIS integration named ``site:<name>`` counts for TARDIS's site ``<name>``
+SITE_PART: Final = "site:"
+#: a TARDIS count named ``<call>_failed`` counts the failures of ``<call>``
+FAILED: Final = "_failed"
+
+_STATES: Final = (*(str(state) for state in DroneState), "unknown")
+_PHASES: Final = (*(str(phase) for phase in RecordPhase), "tampered", "none")
+
+
+@dataclass(frozen=True, slots=True)
+class Sources:
+    """
+    Where the numbers come from (each part but the registry is optional)
+
+    Every callable may be called from the metrics server's thread: it must only
+    read (the registry's views are immutable and replaced whole).
+
+    :param registry: the drone registry
+    :param consumer: counters of the event stream's consumer (kept across reconnects)
+    :param connected: whether the manager is connected and consuming
+    :param failures: manager sessions that failed (connection, consumer) so far
+    :param rebuild_seconds: how long the last rebuild took
+    :param tardis_calls: what the TARDIS integration did: by part (``bus``,
+        ``site:<name>``, ``batch_system``), counts by name (``<call>_failed``: failures)
+    :param notes_buffered: TARDIS state notes waiting for the bus
+    """
+
+    registry: Registry
+    consumer: ConsumerStats | None = None
+    connected: Callable[[], bool] | None = None
+    failures: Callable[[], int] | None = None
+    rebuild_seconds: Callable[[], float | None] | None = None
+    tardis_calls: Callable[[], Mapping[str, Mapping[str, int]]] | None = None
+    notes_buffered: Callable[[], int] | None = None
+
+
+def tardis_labels(part: str, name: str) -> tuple[str, str, str, str]:
+    """
+    The labels ``part``, ``site``, ``call``, ``outcome`` of one TARDIS count
+
+    ``("site:Site1", "deploy_resource_failed")`` is ``("site", "Site1",
+    "deploy_resource", "failed")``; a count without ``_failed`` is ``ok``.
+    """
+    site = ""
+    if part.startswith(SITE_PART):
+        part, site = "site", part.removeprefix(SITE_PART)
+    if name.endswith(FAILED) and len(name) > len(FAILED):
+        return part, site, name.removesuffix(FAILED), "failed"
+    return part, site, name, "ok"
+
+
+def _counter(
+    name: str, help_text: str, label: str, samples: Iterable[tuple[str, int]]
+) -> CounterMetricFamily:
+    """A counter family with one label, a sample per ``(label value, count)``"""
+    family = CounterMetricFamily(PREFIX + name, help_text, labels=(label,))
+    for value, count in samples:
+        family.add_metric([value], count)
+    return family
+
+
+def _by_site(
+    name: str, help_text: str, label: str, counts: Mapping[str, Mapping[str, int]]
+) -> GaugeMetricFamily:
+    family = GaugeMetricFamily(PREFIX + name, help_text, labels=("site", label))
+    for site, by_key in sorted(counts.items()):
+        for key, count in by_key.items():
+            family.add_metric([site, key], count)
+    return family
+
+
+class ManagerCollector(Collector):
+    """
+    Every ``cobald_remote_*`` family, from :class:`Sources`
+
+    Drone counts by state and by handshake phase list every state and phase,
+    zeros included, for every site with a drone.
+
+    :param clock: the time to judge lost drones by, epoch seconds
+    """
+
+    def __init__(self, sources: Sources, clock: Callable[[], float] = time.time) -> None:
+        self.sources = sources
+        self.clock = clock
+
+    def collect(self) -> Iterator[Metric]:
+        yield from self._registry()
+        yield from self._drones()
+        if self.sources.consumer is not None:
+            yield from self._consumer(self.sources.consumer)
+        yield from self._manager()
+        yield from self._tardis()
+        build = InfoMetricFamily(
+            PREFIX + "build", "The version of cobald-remote and of Python the manager runs"
+        )
+        build.add_metric([], {"version": __version__, "python": platform.python_version()})
+        yield build
+
+    def _registry(self) -> Iterator[Metric]:
+        metrics = self.sources.registry.metrics()
+        yield _counter(
+            "registry_events",
+            "Events the registry handled, by outcome (rejected: see registry_rejected)",
+            "outcome",
+            [
+                ("applied", metrics.applied),
+                ("duplicate", metrics.duplicate),
+                ("stale", metrics.stale),
+            ],
+        )
+        yield _counter(
+            "registry_rejected",
+            "Events and records rejected as invalid, by reason; they changed nothing",
+            "reason",
+            sorted(metrics.rejected.items()),
+        )
+        yield _counter(
+            "registry_records",
+            "Handshake-bucket values merged into the registry, by outcome",
+            "outcome",
+            [("applied", metrics.records_applied), ("ignored", metrics.records_ignored)],
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "drones_ended",
+            "Drones whose life ended (drained, released, removed), kept until their retention ends",
+            value=metrics.ended,
+        )
+
+    def _drones(self) -> Iterator[Metric]:
+        registry = self.sources.registry
+        now = self.clock()
+        by_state: defaultdict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_STATES, 0))
+        by_phase: defaultdict[str, dict[str, int]] = defaultdict(lambda: dict.fromkeys(_PHASES, 0))
+        lost = 0
+        for view in registry.views().values():
+            by_phase[view.site][view.record.label if view.record is not None else "none"] += 1
+            if view.ended:
+                continue
+            by_state[view.site][str(view.state) if view.state is not None else "unknown"] += 1
+            lost += view.is_lost(now, registry.lost_after_s)
+        yield _by_site(
+            "drones",
+            "Drones whose life has not ended, by site and the state of their newest event "
+            "(unknown: only a handshake record)",
+            "state",
+            by_state,
+        )
+        yield _by_site(
+            "drone_records",
+            "Drones known to the registry (ended ones too), by site and the phase of their "
+            "handshake record (none: no record)",
+            "phase",
+            by_phase,
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "drones_lost",
+            "Drones whose life has not ended and whose agent was silent for longer than "
+            "lost_after_s",
+            value=lost,
+        )
+
+    def _consumer(self, stats: ConsumerStats) -> Iterator[Metric]:
+        yield _counter(
+            "consumer_messages",
+            "Event-stream messages the manager's consumer handled, by what it answered "
+            "(termed: rejected, or the handler raised)",
+            "outcome",
+            [("acked", stats.acked), ("termed", stats.termed), ("nacked", stats.nacked)],
+        )
+        yield _counter(
+            "consumer_handler_errors",
+            "Event-stream messages whose handler raised, by exception type; each was "
+            "terminated and changed nothing",
+            "exception",
+            sorted(dict(stats.handler_error_types).items()),
+        )
+        yield CounterMetricFamily(
+            PREFIX + "consumer_max_deliveries",
+            "Messages the server stopped delivering after max_deliver deliveries without an answer",
+            value=stats.max_deliveries,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "consumer_pull_requests",
+            "Pull requests the manager's consumer sent",
+            value=stats.requests,
+        )
+        yield CounterMetricFamily(
+            PREFIX + "consumer_watchdog",
+            "Pull requests re-issued because neither messages nor heartbeats came",
+            value=stats.watchdog,
+        )
+
+    def _manager(self) -> Iterator[Metric]:
+        sources = self.sources
+        if sources.connected is not None:
+            yield GaugeMetricFamily(
+                PREFIX + "connected",
+                "1 while the manager is connected, rebuilt and consuming",
+                value=int(sources.connected()),
+            )
+        if sources.failures is not None:
+            yield CounterMetricFamily(
+                PREFIX + "manager_session_failures",
+                "Manager sessions that failed (connection, consumer) and were started again",
+                value=sources.failures(),
+            )
+        seconds = sources.rebuild_seconds() if sources.rebuild_seconds is not None else None
+        if seconds is not None:
+            yield GaugeMetricFamily(
+                PREFIX + "rebuild_seconds",
+                "How long the last rebuild of the registry took",
+                value=float(seconds),
+            )
+        if sources.notes_buffered is not None:
+            yield GaugeMetricFamily(
+                PREFIX + "tardis_notes_buffered",
+                "TARDIS state notes waiting to be published",
+                value=sources.notes_buffered(),
+            )
+
+    def _tardis(self) -> Iterator[Metric]:
+        if self.sources.tardis_calls is None:
+            return
+        calls = CounterMetricFamily(
+            PREFIX + "tardis_calls",
+            "What the TARDIS integration did, by part (bus, site, batch_system), TARDIS's "
+            "site name, call and outcome (see docs/operations.md)",
+            labels=("part", "site", "call", "outcome"),
+        )
+        # copies first: the TARDIS side adds counts on the event loop meanwhile
+        parts = dict(self.sources.tardis_calls())
+        for part, counts in sorted(parts.items()):
+            for name, count in sorted(dict(counts).items()):
+                calls.add_metric(list(tardis_labels(part, name)), count)
+        yield calls
+
+
+def collector_registry(
+    sources: Sources, clock: Callable[[], float] = time.time
+) -> CollectorRegistry:
+    """
+    A registry of its own (not prometheus_client's global one) with the manager's
+    families and the process's (memory, CPU, open files) and Python's
+    """
+    registry = CollectorRegistry()
+    registry.register(ManagerCollector(sources, clock))
+    ProcessCollector(registry=registry)
+    PlatformCollector(registry=registry)
+    return registry

@@ -1,0 +1,276 @@
+"""
+The end of a drone's life: when the registry calls a drone ended, and when it retires it
+
+Its rule (:func:`ended_by`) is a function of the drone's view alone, and every time in it
+is a stream or bucket time, so a rebuilt registry ends the same drones at the same times.
+:class:`EndTracker` keeps the work per tick proportional to the views that changed.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import logging
+from collections.abc import Iterable, MutableMapping
+from typing import Final
+
+import msgspec
+
+from broker.manager.views import DroneView
+from remote_agent.protocol.events import DroneState, RecordPhase
+from remote_agent.protocol.ratelog import RateLimitedLog
+
+log = logging.getLogger("broker.registry")
+#: the operator's lines, at most one a second per kind, so no drone can flood the log
+lines = RateLimitedLog(log, interval_s=1.0)
+
+#: TARDIS's state of a drone it has given up: the batch system reported its job gone.
+#: The note carries ``str(state)``, the class name (tardis ``interfaces/state.py:15``,
+#: ``resources/dronestates.py:329``).
+TARDIS_DOWN: Final = "DownState"
+#: default seconds an ended drone is kept before it is retired (dropped, its record purged)
+DEFAULT_RETAIN_ENDED_S: Final = 86400.0
+
+
+class Ending(enum.StrEnum):
+    """Why a drone's life ended (:attr:`DroneView.ended`)"""
+
+    DRAINED = "drained"  #: its record is drained and its agent exited or fell silent
+    RELEASED = "released"  #: released by the manager, and its agent said it is exiting
+    DEADLINE_EXPIRED = "deadline_expired"  #: its drain deadline expired, and its agent exited
+    REMOVED = "removed"  #: TARDIS gave it up after its batch job was gone
+
+
+def _agent_final(view: DroneView) -> bool:
+    return view.state is DroneState.EXITING
+
+
+def ended_by(view: DroneView, lost_after_s: float) -> tuple[Ending, float] | float | None:
+    """
+    Why and since when the drone of ``view`` has ended; else when it will by silence
+
+    A drone has ended when nothing newer came from its agent than:
+
+    - TARDIS's note that it is down (:data:`TARDIS_DOWN`);
+    - a drained record (the agent's, or proven) and an ``exiting`` event, or
+      ``lost_after_s`` of silence after it;
+    - a released record (proven) or a deadline-expired record (the agent's), and an
+      ``exiting`` event. A released drone whose agent never spoke has not ended by
+      silence: its job may still be queued, and could start after its record is gone.
+
+    :returns: ``(why, when)`` if it has ended; the time at which silence will end it
+        (a drained drone not heard from since); ``None`` if neither
+    """
+    if view.tardis_state == TARDIS_DOWN and view.tardis_time is not None:
+        return Ending.REMOVED, view.tardis_time
+    record = view.record
+    if record is None or record.phase is None:
+        return None
+    phase = record.phase
+    exited = _agent_final(view) and view.received_time is not None
+    if phase is RecordPhase.DRAINED and (record.writer == "agent" or record.proven):
+        if exited:
+            return Ending.DRAINED, max(view.received_time or 0.0, record.stored or record.at)
+        since = view.last_seen or record.stored or record.at
+        return since + lost_after_s
+    if not exited:
+        return None
+    if phase is RecordPhase.RELEASED and record.proven:
+        return Ending.RELEASED, max(view.received_time or 0.0, record.stored or record.at)
+    if phase is RecordPhase.DEADLINE_EXPIRED and record.writer == "agent":
+        return Ending.DEADLINE_EXPIRED, max(view.received_time or 0.0, record.stored or record.at)
+    return None
+
+
+def _extra(view: DroneView) -> dict[str, str]:
+    return {"site": view.site, "drone": view.drone}
+
+
+class EndTracker:
+    """
+    Which views to look at when: those changed since the last tick, drained drones whose
+    silence is due, and ended drones whose retention is over
+
+    :param views: the registry's views, changed in place
+    """
+
+    def __init__(
+        self,
+        views: MutableMapping[tuple[str, str], DroneView],
+        lost_after_s: float,
+        retain_ended_s: float,
+    ) -> None:
+        self._views = views
+        self.lost_after_s = lost_after_s
+        self.retain_ended_s = retain_ended_s
+        self._changed: set[tuple[str, str]] = set()
+        self._silence: list[tuple[float, tuple[str, str]]] = []  # heap
+        self._retire: list[tuple[float, tuple[str, str]]] = []  # heap
+        #: drones that started a payload since their agent started (for one line each)
+        self._served: set[tuple[str, str]] = set()
+
+    @property
+    def pending(self) -> int:
+        """Views changed since the last :meth:`mark_ended` (what the next one looks at)"""
+        return len(self._changed)
+
+    def changed(self, key: tuple[str, str]) -> None:
+        """The view of ``key`` was replaced (cheap: called for every applied message)"""
+        self._changed.add(key)
+
+    def mark_ended(self, now: float) -> list[DroneView]:
+        """
+        Derive :attr:`DroneView.ended` for every view that changed or fell silent
+
+        An ended drone is never lost. :returns: the views that ended with this call
+        """
+        keys = self._changed
+        self._changed = set()
+        silence = self._silence
+        while silence and silence[0][0] <= now:
+            keys.add(heapq.heappop(silence)[1])
+        newly = []
+        for key in keys:
+            view = self._views.get(key)
+            if view is not None and self._derive(key, view, now):
+                newly.append(self._views[key])
+        return newly
+
+    def _derive(self, key: tuple[str, str], view: DroneView, now: float) -> bool:
+        found = ended_by(view, self.lost_after_s)
+        if isinstance(found, float):
+            if found > now:
+                heapq.heappush(self._silence, (found, key))
+                found = None
+            else:
+                found = (Ending.DRAINED, found)
+        why, when = found if found is not None else ("", None)
+        if (why, when) == (view.ended, view.ended_time):
+            return False
+        self._views[key] = msgspec.structs.replace(
+            view, ended=str(why), ended_time=when, lost=view.lost and not why
+        )
+        if not why:
+            lines.log(
+                logging.INFO,
+                "back",
+                "drone %s/%s is back after its end (%s)",
+                view.site,
+                view.drone,
+                view.ended,
+                extra=_extra(view),
+            )
+            return False
+        assert when is not None
+        heapq.heappush(self._retire, (when + self.retain_ended_s, key))
+        if not view.ended:
+            lines.log(
+                logging.INFO,
+                "ended",
+                "drone %s/%s ended: %s",
+                view.site,
+                view.drone,
+                why,
+                extra=_extra(view),
+            )
+        return not view.ended
+
+    def mark_lost(self, now: float) -> list[DroneView]:
+        """Mark every drone silent for ``lost_after_s`` and not ended as lost (all views)"""
+        newly: list[DroneView] = []
+        limit = self.lost_after_s
+        for key, view in list(self._views.items()):
+            lost = not view.ended and view.is_lost(now, limit)
+            if lost != view.lost:
+                updated = msgspec.structs.replace(view, lost=lost)
+                self._views[key] = updated
+                if lost:
+                    newly.append(updated)
+                    log.warning(
+                        "drone %s/%s lost: no sign of life for %.0fs",
+                        view.site,
+                        view.drone,
+                        now - (view.last_seen or now),
+                        extra=_extra(view),
+                    )
+        return newly
+
+    def due(self, now: float, limit: int) -> list[DroneView]:
+        """Up to ``limit`` ended views whose retention is over at ``now`` (oldest first)"""
+        found: dict[tuple[str, str], DroneView] = {}
+        heap = self._retire
+        while heap and heap[0][0] <= now and len(found) < limit:
+            key = heapq.heappop(heap)[1]
+            view = self._views.get(key)
+            if view is None or not view.ended or view.ended_time is None:
+                continue  # spoke after its end, or retired already
+            if view.ended_time + self.retain_ended_s <= now:
+                found[key] = view
+        return list(found.values())
+
+    def later(self, view: DroneView, at: float) -> None:
+        """Look at ``view`` for retirement again at ``at`` (its purge failed for now)"""
+        heapq.heappush(self._retire, (at, view.key))
+
+    def dropped(self, key: tuple[str, str]) -> None:
+        self._changed.discard(key)
+        self._served.discard(key)
+
+    def rescan(self, keys: Iterable[tuple[str, str]]) -> None:
+        """Look at every one of ``keys`` on the next tick (after a rebuild)"""
+        self._changed.update(keys)
+
+    def noted(self, old: DroneView | None, new: DroneView) -> None:
+        """The operator's lines for one view replaced by another (rate-limited by kind)"""
+        fresh = old is None or old.seq != new.seq  # a new event, not a new record
+        first = old is None or old.encoded is None
+        restarted = fresh and new.kind == "agent_started"
+        if new.encoded is not None and (first or restarted):
+            lines.log(
+                logging.INFO,
+                "announced",
+                "drone %s/%s announced itself (%s, %s)",
+                new.site,
+                new.drone,
+                new.kind,
+                new.state,
+                extra=_extra(new),
+            )
+        if restarted:
+            self._served.discard(new.key)  # a new incarnation: its first payload is to come
+        elif new.state is DroneState.BUSY and new.key not in self._served:
+            self._served.add(new.key)
+            lines.log(
+                logging.INFO,
+                "payload",
+                "drone %s/%s started its first payload",
+                new.site,
+                new.drone,
+                extra=_extra(new),
+            )
+        if old is not None and old.ended and not new.ended and fresh:
+            lines.log(
+                logging.INFO,
+                "spoke",
+                "drone %s/%s spoke after its end (%s): %s",
+                new.site,
+                new.drone,
+                old.ended,
+                new.kind,
+                extra=_extra(new),
+            )
+        phase = new.phase
+        if phase is not (old.phase if old is not None else None) and phase in (
+            RecordPhase.RELEASED,
+            RecordPhase.DRAINING,
+        ):
+            lines.log(
+                logging.INFO,
+                str(phase),
+                "drone %s/%s %s (record by the %s)",
+                new.site,
+                new.drone,
+                "released" if phase is RecordPhase.RELEASED else "draining",
+                new.record.writer if new.record is not None else "?",
+                extra=_extra(new),
+            )

@@ -1,0 +1,98 @@
+"""
+The validity rule of a stored TARDIS state note, which the registry reads to see a drone's end
+
+A note is valid if it is at most the size limit, passes the strict decoder, arrived on the
+``tardis_state`` note subject of the site and drone it names, and was stored as the manager
+published it. Only the manager's users may publish there; the checks are the same as for
+events all the same, since a server's answer relayed by a reply subject lands there too.
+"""
+
+from __future__ import annotations
+
+import sys
+from typing import Final
+
+import msgspec
+
+from broker.errors import Rejected
+from broker.manager.lifecycle import TARDIS_DOWN
+from broker.manager.validity import (
+    UNSTORED,
+    Headers,
+    Rejection,
+    published_by_writer,
+    relayed,
+)
+from broker.manager.views import DroneView
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.events import TardisState, decode_note
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.names import MSG_ID
+
+#: the note kind (the last subject token) the registry reads
+TARDIS_STATE: Final = "tardis_state"
+
+
+def is_note_subject(subject: str) -> bool:
+    """Whether ``subject`` is a manager note's (``<prefix>.<site>.<drone>.mgr.<kind>``)"""
+    parts = subject.split(".")
+    return len(parts) == 5 and parts[3] == "mgr"
+
+
+def check_note(
+    data: bytes,
+    subject: str,
+    prefix: str,
+    max_size: int = DEFAULT_MAX_SIZE,
+    headers: Headers = UNSTORED,
+) -> TardisState:
+    """
+    The TARDIS state note in ``data`` if it is valid as stored on ``subject`` with ``headers``
+
+    :param headers: as for :func:`broker.manager.validity.check_event`
+    :raises Rejected: with the reason otherwise
+    """
+    if headers is not UNSTORED and relayed(headers):
+        raise Rejected(Rejection.RELAYED, "a server's answer, relayed by a reply subject")
+    if len(data) > max_size:
+        raise Rejected(
+            Rejection.OVERSIZED, f"{len(data)} bytes exceed the limit of {max_size} bytes"
+        )
+    try:
+        note = decode_note(data, max_size)
+    except SchemaError as err:
+        raise Rejected(Rejection.MALFORMED, str(err)) from None
+    if subject != f"{prefix}.{note.site}.{note.drone}.mgr.{TARDIS_STATE}":
+        raise Rejected(
+            Rejection.SENDER, f"note for {note.site}/{note.drone} arrived on {subject!r}"
+        )
+    if headers is not UNSTORED and not published_by_writer(headers, note.id):
+        raise Rejected(Rejection.RELAYED, f"stored without its writer's {MSG_ID}")
+    return note
+
+
+def noted_view(
+    old: DroneView | None, note: TardisState, stored_time: float, stream_seq: int | None
+) -> DroneView | None:
+    """
+    The view after the valid ``note``, or ``None`` if it changes nothing
+
+    Only the newest note that no agent event follows in the stream counts; a note
+    of a drone nothing is known about counts only if it says TARDIS gave the drone
+    up (then its end is known).
+    """
+    newest = (
+        0
+        if old is None
+        else max(old.stream_seq or 0, old.heartbeat_stream_seq or 0, old.tardis_seq or 0)
+    )
+    if stream_seq is None:
+        stream_seq = newest + 1
+    if (old is None and note.state != TARDIS_DOWN) or stream_seq <= newest:
+        return None
+    return msgspec.structs.replace(
+        old or DroneView(site=sys.intern(note.site), drone=note.drone),
+        tardis_seq=stream_seq,
+        tardis_state=sys.intern(note.state),
+        tardis_time=stored_time,
+    )

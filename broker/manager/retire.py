@@ -1,0 +1,87 @@
+"""
+Retirement of ended drones: dropped from the registry, their records purged from the bucket
+
+Its rule: only a drone that is still ended, with the very view the registry offered, loses
+its record, by a subject-filtered purge of the bucket's stream (no marker: watchers see
+nothing). Events stay in the event stream until its age limit, for ``timeline``.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Final
+
+import nats.errors
+import nats.js.errors
+from nats.js import JetStreamContext
+
+from broker.manager.registry import Registry
+from remote_agent.protocol.ratelog import RateLimitedLog
+
+log = logging.getLogger("broker.registry")
+_failures = RateLimitedLog(log)
+
+#: seconds before a purge that failed for a passing reason is tried again
+RETRY_PURGE_S: Final = 60.0
+#: drones retired at most per call, so one call never holds the loop long
+RETIRE_BATCH: Final = 1000
+
+
+@dataclass(frozen=True, slots=True)
+class Retired:
+    """What one :func:`retire_ended` call did"""
+
+    retired: int = 0  #: drones dropped from the registry
+    purged: int = 0  #: records purged from the bucket
+    kept: int = 0  #: records the server refused to purge (the bucket denies purges)
+    retried: int = 0  #: purges that failed for now; tried again later
+
+
+async def retire_ended(
+    js: JetStreamContext, registry: Registry, now: float, *, limit: int = RETIRE_BATCH
+) -> Retired:
+    """
+    Retire up to ``limit`` drones that ended ``retain_ended_s`` before ``now``
+
+    A record the server refuses to purge (a bucket provisioned with ``deny_purge``,
+    which the server never lifts) stays, and the drone is dropped from memory all the
+    same: a rebuild finds it ended again and retires it again. A purge that fails for
+    a passing reason (a timeout, no connection) keeps the drone for a later call.
+    """
+    ns = registry.namespace
+    retired = purged = kept = retried = 0
+    for view in registry.due_retirements(now, limit):
+        if view.record is not None:
+            if registry.view(view.site, view.drone) is not view or not view.ended:
+                continue  # it changed while an earlier purge was awaited
+            try:
+                await js.purge_stream(
+                    ns.record_stream, subject=ns.record_subject(view.site, view.drone)
+                )
+                purged += 1
+            except nats.js.errors.APIError as err:
+                kept += 1
+                _failures.warning(
+                    "purge refused",
+                    "cannot purge the record of ended drone %s/%s: %s; "
+                    "it stays in the bucket (docs/operations.md#retention)",
+                    view.site,
+                    view.drone,
+                    err.description,
+                    extra={"site": view.site, "drone": view.drone},
+                )
+            except (nats.errors.Error, TimeoutError) as err:
+                retried += 1
+                registry.retry_retirement(view, now + RETRY_PURGE_S)
+                _failures.warning(
+                    "purge failed",
+                    "cannot purge the record of ended drone %s/%s yet: %r",
+                    view.site,
+                    view.drone,
+                    err,
+                    extra={"site": view.site, "drone": view.drone},
+                )
+                continue
+        retired += registry.retire(view)
+    return Retired(retired, purged, kept, retried)

@@ -1,0 +1,186 @@
+"""Ended drones on a real server: retired without a trace in the bucket; rebuilds bounded"""
+
+from __future__ import annotations
+
+import datetime as dt
+from pathlib import Path
+
+import nats
+import nats.js.errors
+import pytest
+from nats.aio.client import Client
+from nats.js import JetStreamContext
+from support.drones import FakeDrone, publish
+from support.servers import drone_creds
+
+from broker.manager.lifecycle import TARDIS_DOWN, Ending
+from broker.manager.rebuild import rebuild
+from broker.manager.records import RecordFeed, load_records
+from broker.manager.registry import Registry
+from broker.manager.retire import retire_ended
+from broker.server.embedded import EmbeddedServer
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.handshake import RecordStore
+from remote_agent.protocol.names import MSG_ID, Namespace
+
+NS = Namespace()
+SITE = "site1"
+LOST = 60.0
+
+
+def _fresh(registry: Registry | None = None) -> Registry:
+    fresh = Registry(NS, lost_after_s=LOST, retain_ended_s=10.0)
+    if registry is not None:
+        fresh.proof_key = registry.proof_key
+    return fresh
+
+
+async def _life(js: JetStreamContext, store: RecordStore, drone: FakeDrone) -> None:
+    """A whole life: claim, run, drain, exit"""
+    await publish(js, NS, drone.started())
+    await store.claim(SITE, drone.drone, drone.incarnation)
+    await publish(js, NS, drone.heartbeat())
+    await store.finish(SITE, drone.drone, drone.incarnation, ev.RecordPhase.DRAINED)
+    await publish(js, NS, drone.drained())
+    await publish(js, NS, drone.exiting())
+
+
+async def _note(js: JetStreamContext, drone: str, state: str) -> None:
+    note = ev.TardisState(
+        site=SITE, drone=drone, state=state, at=dt.datetime.now(dt.UTC), id=f"{drone}-{state}"
+    )
+    await js.publish(
+        NS.manager_note(SITE, drone, "tardis_state"), ev.encode(note), headers={MSG_ID: note.id}
+    )
+
+
+async def test_retirement_purges_the_record_without_a_marker(
+    nc: Client, stream: JetStreamContext, store: RecordStore
+) -> None:
+    drone = FakeDrone(SITE, "site1-00000000a1")
+    await _life(stream, store, drone)
+    registry = _fresh()
+    _, feed = await rebuild(nc, stream, registry)
+    view = registry.view(SITE, drone.drone)
+    assert view is not None and view.ended == Ending.DRAINED and view.ended_time is not None
+    assert (await retire_ended(stream, registry, view.ended_time + 5)).retired == 0
+    done = await retire_ended(stream, registry, view.ended_time + 10)
+    assert (done.retired, done.purged, done.kept) == (1, 1, 0)
+    assert registry.view(SITE, drone.drone) is None
+    assert await store.read(SITE, drone.drone) is None
+    # nothing left for a watcher: no delete or purge marker on the key
+    info = await stream.stream_info(NS.record_stream)
+    assert info.state.messages == 0
+    later = RecordFeed(registry, NS.record_bucket)
+    assert (await load_records(nc, stream, _fresh())).next_seq == feed.next_seq
+    assert later.next_seq == 1
+    # the events stay, for the timeline
+    assert (await stream.stream_info(NS.event_stream)).state.messages == 4
+
+
+async def test_a_drone_cannot_purge_the_bucket(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    server, authority_file = secured
+    drone = "site1-00000000a2"
+    creds = drone_creds(tmp_path, authority_file, SITE, drone)
+    agent = await nats.connect(
+        server.url, user_credentials=str(creds), inbox_prefix=f"_INBOX_{drone}"
+    )
+    try:
+        with pytest.raises((nats.errors.NoRespondersError, nats.errors.TimeoutError)):
+            await agent.jetstream(timeout=1).purge_stream(
+                NS.record_stream, subject=NS.record_subject(SITE, drone)
+            )
+    finally:
+        await agent.close()
+
+
+async def test_rebuild_reads_the_live_fleet_not_the_retired(
+    nc: Client, stream: JetStreamContext, store: RecordStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Retired drones' events stay in the stream and are not read; ended state survives"""
+    import broker.manager.rebuild as rebuild_module
+
+    retired = [FakeDrone(SITE, f"site1-0000000{n:03x}") for n in range(40)]
+    for drone in retired:
+        await _life(stream, store, drone)
+    registry = _fresh()
+    registry.lost_after_s = LOST
+    await rebuild(nc, stream, registry)
+    assert registry.metrics().ended == 40
+    done = await retire_ended(stream, registry, 1e12)
+    assert done.purged == 40 and len(registry) == 0
+    live = [FakeDrone(SITE, f"site1-0000001{n:03x}") for n in range(5)]
+    for drone in live:
+        await publish(stream, NS, drone.started())
+        await store.claim(SITE, drone.drone, drone.incarnation)
+        await publish(stream, NS, drone.heartbeat())
+    ended = FakeDrone(SITE, "site1-00000002aa")
+    await _life(stream, store, ended)
+    removed = FakeDrone(SITE, "site1-00000002bb")
+    await publish(stream, NS, removed.started())
+    await store.claim(SITE, removed.drone, removed.incarnation)
+    await _note(stream, removed.drone, "BootingState")
+    await _note(stream, removed.drone, TARDIS_DOWN)
+    await stream.publish(NS.event(SITE, live[0].drone, "heartbeat"), b"junk")  # hostile
+
+    # retirement comes a retention after the end, long after the window: shrink the window
+    monkeypatch.setattr(rebuild_module, "WINDOW_LOST_AFTER", 1e-9)
+    first = _fresh(registry)
+    report, _ = await rebuild(nc, stream, first)
+    assert report.window_messages == 0
+    assert report.drones_read == 7  # the drones with a record, none of the retired
+    # the newest of each of their subjects, and the hostile heartbeat's subject in full
+    assert report.resolved == 1
+    views = first.views()
+    assert len(views) == 7
+    ended_view, removed_view = views[SITE, ended.drone], views[SITE, removed.drone]
+    assert (ended_view.ended, removed_view.ended) == (Ending.DRAINED, Ending.REMOVED)
+    again = _fresh(registry)
+    await rebuild(nc, stream, again)
+    assert dict(again.views()) == dict(views)
+
+
+async def test_rebuild_window_bounds_what_is_read(
+    nc: Client, stream: JetStreamContext, store: RecordStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """With a tiny window, only live drones' newest messages are read, one drone at a time"""
+    import broker.manager.rebuild as rebuild_module
+
+    for n in range(30):  # retired: events in the stream, no record
+        drone = FakeDrone(SITE, f"site1-0000003{n:03x}")
+        for _ in range(5):
+            await publish(stream, NS, drone.heartbeat())
+    live = FakeDrone(SITE, "site1-00000004aa")
+    await publish(stream, NS, live.started())
+    await store.claim(SITE, live.drone, live.incarnation)
+    await publish(stream, NS, live.heartbeat())
+    monkeypatch.setattr(rebuild_module, "WINDOW_LOST_AFTER", 1e-9)
+    registry = _fresh()
+    report, _ = await rebuild(nc, stream, registry)
+    assert report.window_messages == 0
+    assert (report.drones_read, report.drone_messages) == (1, 2)
+    assert list(registry.views()) == [(SITE, live.drone)]
+
+
+async def test_a_bucket_that_denies_purges_keeps_records(
+    nc: Client, js: JetStreamContext, caplog: pytest.LogCaptureFixture
+) -> None:
+    """An old bucket the server will not open to purges: provisioned, warned, drones retired"""
+    import dataclasses
+
+    from broker.server.provision import Topology, provision
+
+    topology = Topology()
+    await js.add_stream(dataclasses.replace(topology.record_bucket(), deny_purge=True))
+    assert (await provision(js))[NS.record_stream] == "unchanged"
+    assert "denies purges" in caplog.text
+    store = await RecordStore.open(js, NS)
+    drone = FakeDrone(SITE, "site1-00000005aa")
+    await _life(js, store, drone)
+    registry = _fresh()
+    await rebuild(nc, js, registry)
+    done = await retire_ended(js, registry, 1e12)
+    assert (done.retired, done.purged, done.kept) == (1, 0, 1)
+    assert await store.read(SITE, drone.drone) is not None
