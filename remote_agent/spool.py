@@ -12,6 +12,7 @@ and :meth:`Spool.synced` waits until it has.
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
@@ -94,6 +95,23 @@ class Spool:
         spool = cls(directory, max_events, compact_bytes)
         spool._open()
         return spool
+
+    @classmethod
+    async def open_in_thread(cls, directory: Path, max_events: int = 10_000) -> Spool:
+        """
+        :meth:`open` in a thread, off the event loop; cancelled meanwhile, it still waits
+        for the opening and closes that spool, so its lock is not left behind
+
+        :raises SpoolError: as :meth:`open`
+        """
+        opening = asyncio.ensure_future(asyncio.to_thread(cls.open, directory, max_events))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            await asyncio.wait([opening])
+            if not opening.cancelled() and opening.exception() is None:
+                opening.result().close()
+            raise
 
     def _open(self) -> None:
         try:

@@ -192,7 +192,7 @@ class Agent:
         """
         settings, drone = self.settings, self.settings.drone
         # reading and rewriting the spool is disk I/O: not on the loop the gate serves from
-        spool = await asyncio.to_thread(Spool.open, settings.spool_dir, settings.spool_max_events)
+        spool = await Spool.open_in_thread(settings.spool_dir, settings.spool_max_events)
         loop = asyncio.get_running_loop()
         signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
         for sig in signals:

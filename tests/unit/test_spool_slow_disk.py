@@ -135,3 +135,14 @@ async def test_the_gate_says_yes_only_once_the_record_is_on_disk(tmp_path: Path)
         assert await asked == GateDecisionReply(allow=True)
     finally:
         await server.close()
+
+
+@pytest.mark.timeout(30)
+async def test_a_cancelled_open_leaves_no_lock_behind(tmp_path: Path, slow: SlowDisk) -> None:
+    opening = asyncio.ensure_future(Spool.open_in_thread(tmp_path))
+    await asyncio.sleep(0.1)  # the thread is in the middle of its first fsync
+    opening.cancel()
+    with pytest.raises(asyncio.CancelledError):
+        await opening
+    spool = await Spool.open_in_thread(tmp_path)  # the lock is free again
+    await asyncio.to_thread(spool.close)
