@@ -1,8 +1,9 @@
 """
 The narrow seams inside the agent: the startd it supervises and the gate's handler
 
-:class:`GateHandler` methods are synchronous on purpose: they run in the agent's event
-loop without awaiting, so a payload start and a drain never interleave.
+:class:`GateHandler` decisions are synchronous on purpose: they run in the agent's event
+loop without awaiting, so a payload start and a drain never interleave. Only the reply
+waits, until what a decision recorded is on disk (:meth:`GateHandler.settled`).
 """
 
 from __future__ import annotations
@@ -113,7 +114,7 @@ SELF_EXIT_STATUSES = frozenset({0, 99})
 
 
 class GateHandler(Protocol):
-    """The agent, as the gate socket sees it; every call is synchronous (see module doc)"""
+    """The agent, as the gate socket sees it; each decision is synchronous (see module doc)"""
 
     def prepare_job(self, job: JobStart) -> GateDecision:
         """Allow (and record as started) or refuse one payload"""
@@ -123,4 +124,8 @@ class GateHandler(Protocol):
         self, job_id: str, how: PayloadEnd, exit_code: int | None, duration_s: float | None
     ) -> None:
         """Record that a payload ended (JOB_EXIT hook)"""
+        ...
+
+    async def settled(self) -> None:
+        """Return once what the calls so far recorded is on disk; the gate replies after it"""
         ...

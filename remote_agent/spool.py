@@ -5,16 +5,18 @@ An event leaves the spool only once JetStream acknowledged it. ``events.spool`` 
 :data:`MAGIC`, then records ``<type:1><length:4><crc32:4><payload>`` (big-endian): ``E`` an
 event (msgpack of :class:`SpooledEvent`), ``X`` the id of an event that left the spool,
 ``S`` the highest sequence number so far (8 bytes, written on compaction). Each record is
-one ``write(2)``; a torn or damaged tail fails its CRC and is cut off on opening.
+written whole; a torn or damaged tail fails its CRC and is cut off on opening. The
+in-memory order changes at once; the file follows in a thread (:mod:`remote_agent.spool_disk`),
+and :meth:`Spool.synced` waits until it has.
 """
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import fcntl
 import logging
 import os
-import struct
 import time
 import zlib
 from collections import OrderedDict
@@ -27,12 +29,12 @@ import msgspec
 
 from remote_agent.errors import SpoolError
 from remote_agent.private_dir import private_directory
+from remote_agent.spool_disk import HEADER, MAGIC, SEQ, DiskWriter, SpooledEvent
+
+__all__ = ["FINAL_KINDS", "MAGIC", "Spool", "SpooledEvent"]
 
 log = logging.getLogger(__name__)
 
-MAGIC: Final = b"cobald-remote spool 1\n"
-_HEADER = struct.Struct(">cII")
-_SEQ = struct.Struct(">Q")
 #: a record larger than this is corruption, not an event (events are <= 64 KiB)
 _MAX_RECORD = 1 << 20
 
@@ -49,29 +51,7 @@ FINAL_KINDS: Final = frozenset(
 )
 
 
-class SpooledEvent(msgspec.Struct, frozen=True, array_like=True):
-    """One encoded event waiting for its PubAck"""
-
-    id: str  #: the dedupe id, sent as ``Nats-Msg-Id``
-    seq: int
-    kind: str
-    subject: str
-    data: bytes  #: the encoded event
-
-
-_entry_encoder = msgspec.msgpack.Encoder()
 _entry_decoder = msgspec.msgpack.Decoder(SpooledEvent)
-
-
-def _size(entry: SpooledEvent) -> int:
-    """About the bytes ``entry`` takes in the file"""
-    return (
-        _HEADER.size + 16 + len(entry.id) + len(entry.kind) + len(entry.subject) + len(entry.data)
-    )
-
-
-def _record(kind: bytes, payload: bytes) -> bytes:
-    return _HEADER.pack(kind, len(payload), zlib.crc32(payload)) + payload
 
 
 class Spool:
@@ -96,16 +76,12 @@ class Spool:
         self.path = directory / "events.spool"
         self._pending: OrderedDict[str, SpooledEvent] = OrderedDict()
         self._last_seq: int | None = None
-        self._fd: int | None = None
         self._lock_fd: int | None = None
-        self._file_bytes = 0
-        self._live_bytes = 0
+        self._disk = DiskWriter(self.path, compact_bytes)
         #: events dropped because the spool was full, since it was opened
         self.dropped = 0
         #: bytes cut off a damaged file when it was opened
         self.discarded_bytes = 0
-        #: whether writing to disk failed, so the spool only holds events in memory
-        self.degraded = False
 
     # ------------------------------------------------------------------ open/close
 
@@ -119,6 +95,23 @@ class Spool:
         spool = cls(directory, max_events, compact_bytes)
         spool._open()
         return spool
+
+    @classmethod
+    async def open_in_thread(cls, directory: Path, max_events: int = 10_000) -> Spool:
+        """
+        :meth:`open` in a thread, off the event loop; cancelled meanwhile, it still waits
+        for the opening and closes that spool, so its lock is not left behind
+
+        :raises SpoolError: as :meth:`open`
+        """
+        opening = asyncio.ensure_future(asyncio.to_thread(cls.open, directory, max_events))
+        try:
+            return await asyncio.shield(opening)
+        except asyncio.CancelledError:
+            await asyncio.wait([opening])
+            if not opening.cancelled() and opening.exception() is None:
+                opening.result().close()
+            raise
 
     def _open(self) -> None:
         try:
@@ -136,10 +129,11 @@ class Spool:
             ) from None
         try:
             self._load()
-            self._rewrite()
+            self._disk.rewrite(list(self._pending.values()), self._last_seq)
         except OSError as err:
             self.close()
             raise SpoolError(f"cannot write spool {str(self.path)!r}: {err}") from None
+        self._disk.start()
 
     def _load(self) -> None:
         try:
@@ -176,10 +170,10 @@ class Spool:
 
     @staticmethod
     def _parse(data: bytes, offset: int) -> tuple[bytes, bytes, int] | None:
-        end = offset + _HEADER.size
+        end = offset + HEADER.size
         if end > len(data):
             return None
-        kind, length, crc = _HEADER.unpack_from(data, offset)
+        kind, length, crc = HEADER.unpack_from(data, offset)
         if kind not in (b"E", b"X", b"S") or length > _MAX_RECORD or end + length > len(data):
             return None
         payload = data[end : end + length]
@@ -199,20 +193,23 @@ class Spool:
         elif kind == b"X":
             self._pending.pop(payload.decode(errors="replace"), None)
         else:
-            self._see_seq(_SEQ.unpack(payload)[0])
+            self._see_seq(SEQ.unpack(payload)[0])
 
     def _see_seq(self, seq: int) -> None:
         if self._last_seq is None or seq > self._last_seq:
             self._last_seq = seq
 
     def close(self) -> None:
-        """Close the file and release the lock; pending events stay on disk"""
-        for name in ("_fd", "_lock_fd"):
-            fd = getattr(self, name)
-            if fd is not None:
-                setattr(self, name, None)
-                with contextlib.suppress(OSError):
-                    os.close(fd)
+        """
+        Write what is queued, close the file and release the lock; pending events stay on disk
+
+        Blocks until the disk has the last changes: call it when the agent ends.
+        """
+        self._disk.close()
+        fd, self._lock_fd = self._lock_fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
 
     def __enter__(self) -> Self:
         return self
@@ -226,6 +223,27 @@ class Spool:
         self.close()
 
     # ------------------------------------------------------------------ queries
+
+    @property
+    def degraded(self) -> bool:
+        """Whether writing to disk failed, so the spool only holds events in memory"""
+        return self._disk.degraded
+
+    @property
+    def syncs(self) -> int:
+        """fsyncs of the file and its directory since the spool was opened"""
+        return self._disk.syncs
+
+    async def synced(self) -> None:
+        """
+        Return once every change so far is on disk: the events appended are written and
+        fsynced (or the disk failed, which :attr:`degraded` tells and the log says)
+        """
+        await self._disk.synced()
+
+    def flush(self) -> None:
+        """:meth:`synced`, blocking: for tools and tests, never on the event loop"""
+        self._disk.flush()
 
     @property
     def last_seq(self) -> int | None:
@@ -247,18 +265,17 @@ class Spool:
 
     def append(self, entry: SpooledEvent) -> SpooledEvent | None:
         """
-        Add ``entry`` as the newest event
+        Add ``entry`` as the newest event; it is on disk once :meth:`synced` returns
 
         :returns: the event dropped to make room, if the spool was full
         """
         self._pending[entry.id] = entry
         self._see_seq(entry.seq)
-        self._live_bytes += _size(entry)
-        self._write(_record(b"E", _entry_encoder.encode(entry)))
+        self._disk.append(entry)
         if len(self._pending) <= self.max_events:
             return None
         victim = self._victim()
-        self._remove(victim.id)
+        self.remove(victim.id)
         self.dropped += 1
         log.warning(
             "spool full (%d events): dropped %s seq %d; the newer events' snapshots still "
@@ -287,77 +304,8 @@ class Spool:
 
         :returns: whether it was still pending
         """
-        if not self._remove(event_id):
-            return False
-        emptied = not self._pending and self._file_bytes > 4096
-        bloated = self._file_bytes > max(self.compact_bytes, 4 * self._live_bytes)
-        if emptied or bloated:
-            self._compact()
-        return True
-
-    def _remove(self, event_id: str) -> bool:
         entry = self._pending.pop(event_id, None)
         if entry is None:
             return False
-        self._live_bytes -= _size(entry)
-        self._write(_record(b"X", event_id.encode()))
+        self._disk.remove(event_id)
         return True
-
-    def _write(self, record: bytes) -> None:
-        if self._fd is None:
-            return
-        try:
-            written = os.write(self._fd, record)
-            if written != len(record):
-                raise OSError(f"short write ({written} of {len(record)} bytes)")
-            self._file_bytes += written
-        except OSError as err:
-            self._degrade(err)
-
-    def _degrade(self, err: OSError) -> None:
-        log.error(
-            "spool %s cannot be written (%s): keeping events in memory only; they are "
-            "lost if the agent dies before the broker has them",
-            self.path,
-            err,
-        )
-        self.degraded = True
-        if self._fd is not None:
-            with contextlib.suppress(OSError):
-                os.close(self._fd)
-            self._fd = None
-
-    def _compact(self) -> None:
-        try:
-            self._rewrite()
-        except OSError as err:
-            self._degrade(err)
-
-    def _rewrite(self) -> None:
-        """Write what is pending to a new file and put it in place of the old one"""
-        if self._fd is not None:
-            os.close(self._fd)
-            self._fd = None
-        parts = [MAGIC]
-        if self._last_seq is not None:
-            parts.append(_record(b"S", _SEQ.pack(self._last_seq)))
-        parts.extend(_record(b"E", _entry_encoder.encode(e)) for e in self._pending.values())
-        data = b"".join(parts)
-        tmp = self.path.with_name(self.path.name + ".tmp")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        try:
-            view = memoryview(data)
-            while view:
-                view = view[os.write(fd, view) :]
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        os.replace(tmp, self.path)
-        dir_fd = os.open(self.directory, os.O_RDONLY)
-        try:
-            os.fsync(dir_fd)
-        finally:
-            os.close(dir_fd)
-        self._fd = os.open(self.path, os.O_WRONLY | os.O_APPEND)
-        self._file_bytes = len(data)
-        self._live_bytes = sum(_size(e) for e in self._pending.values())

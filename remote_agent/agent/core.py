@@ -176,6 +176,10 @@ class Agent:
         """
         self._ledger.job_exited(job_id, how, exit_code, duration_s)
 
+    async def settled(self) -> None:
+        """Return once the events recorded so far are on disk (the spool's fsync)"""
+        await self.emitter.settled()
+
     # ================================================================== run
 
     async def run(self, *, handle_signals: bool = False) -> int:
@@ -187,7 +191,8 @@ class Agent:
         :raises SpoolError: if the spool directory cannot be used
         """
         settings, drone = self.settings, self.settings.drone
-        spool = Spool.open(settings.spool_dir, settings.spool_max_events)
+        # reading and rewriting the spool is disk I/O: not on the loop the gate serves from
+        spool = await Spool.open_in_thread(settings.spool_dir, settings.spool_max_events)
         loop = asyncio.get_running_loop()
         signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
         for sig in signals:

@@ -96,6 +96,11 @@ class Emitter:
         )
         return event
 
+    async def settled(self) -> None:
+        """Return once every event emitted so far is on disk"""
+        if self.spool is not None:
+            await self.spool.synced()
+
     async def heartbeats(self, interval_s: float, on_beat: Callable[[], None]) -> None:
         """A heartbeat every ``interval_s`` until the agent winds down; ``on_beat`` after each"""
         while not self.status.winding_down:

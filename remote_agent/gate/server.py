@@ -80,7 +80,7 @@ class GateServer:
 
     Counters in :attr:`counts`: ``prepare_job``, ``allowed``, ``refused``,
     ``job_exit``, and the errors ``peer_refused``, ``oversized``, ``malformed``,
-    ``timeout``, ``handler_error``, ``reply_failed``, ``internal_error``.
+    ``timeout``, ``handler_error``, ``not_settled``, ``reply_failed``, ``internal_error``.
     Every error is logged rate-limited.
     """
 
@@ -245,8 +245,22 @@ class GateServer:
                 "malformed", "malformed gate request rejected: %s", _short(str(err)), extra=peer
             )
             return GateErrorReply(error=_short(f"malformed request: {err}"))
-        # from here to the reply nothing awaits: the handler decides in one step of the loop
-        return self._dispatch(request, peer)
+        # the handler decides in one step of the loop; a yes or an ack is sent only once
+        # what it recorded is on disk
+        reply = self._dispatch(request, peer)
+        if isinstance(reply, GateAck) or (isinstance(reply, GateDecisionReply) and reply.allow):
+            try:
+                async with asyncio.timeout(self.request_timeout_s):
+                    await self.handler.settled()
+            except TimeoutError:
+                self._reject(
+                    "not_settled",
+                    "the agent's record of a gate request was not on disk within %gs",
+                    self.request_timeout_s,
+                    extra=peer,
+                )
+                return GateErrorReply(error="the agent's disk did not take the record in time")
+        return reply
 
     def _dispatch(self, request: AnyGateRequest, peer: dict[str, int]) -> AnyGateReply:
         extra = {**peer, "job": request.job_id}

@@ -36,6 +36,9 @@ class FakeAgent:
         self.threads.add(threading.get_ident())
         self.exited.append((job_id, how, exit_code, duration_s))
 
+    async def settled(self) -> None:
+        return None
+
 
 #: starts a gate socket served by a fresh :class:`FakeAgent`; options go to ``GateServer``
 GateFactory = Callable[..., Awaitable[tuple[GateServer, FakeAgent]]]

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from remote_agent import spool_disk
 from remote_agent.errors import SpoolError
 from remote_agent.spool import FINAL_KINDS, MAGIC, Spool, SpooledEvent
 
@@ -140,17 +141,25 @@ def test_the_file_is_compacted_when_it_grows(tmp_path: Path) -> None:
             if seq > 3:
                 spool.remove(f"d:inc:{seq - 3}")
         assert len(spool) == 3
+        spool.flush()
         assert (tmp_path / "events.spool").stat().st_size < 4096 * 2
     with Spool.open(tmp_path) as spool:
         assert [e.seq for e in spool] == [1997, 1998, 1999]
 
 
-def test_a_write_error_keeps_events_in_memory(tmp_path: Path) -> None:
+def test_a_write_error_keeps_events_in_memory(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    def broken(fd: int) -> None:
+        raise OSError(5, "Input/output error")
+
     with Spool.open(tmp_path) as spool:
         spool.append(entry(1))
-        assert spool._fd is not None
-        os.close(spool._fd)  # the disk went away under the agent: writes fail
-        spool._fd = os.open(tmp_path / "events.spool", os.O_RDONLY)
+        spool.flush()
+        monkeypatch.setattr(spool_disk, "fsync", broken)  # the disk went away under the agent
         spool.append(entry(2))
+        spool.flush()
         assert spool.degraded and [e.seq for e in spool] == [1, 2]
         assert spool.remove("d:inc:1")
+        spool.append(entry(3))
+        assert [e.seq for e in spool] == [2, 3]

@@ -48,6 +48,9 @@ class Recorder:
     ) -> None:
         self.exited.append(job_id)
 
+    async def settled(self) -> None:
+        return None
+
 
 @pytest.fixture
 async def served(tmp_path: Path) -> AsyncIterator[tuple[GateServer, Recorder]]:
