@@ -13,7 +13,6 @@ the caller (when the stream stored each message). Readers on other threads use
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 import sys
@@ -32,7 +31,7 @@ from broker.manager.validity import (
     Rejection,
     check_event,
 )
-from broker.manager.views import DroneView, Metrics, RecordView
+from broker.manager.views import Applied, DroneView, Metrics, RecordView
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
     EVENT_KINDS,
@@ -56,15 +55,7 @@ _rejections = RateLimitedLog(log)
 DEFAULT_LOST_AFTER_S: Final = 90.0
 
 #: names importers of this module use, beside its own
-
-
-class Applied(enum.StrEnum):
-    """What :meth:`Registry.apply` did with one event"""
-
-    APPLIED = "applied"  #: newer than anything known: the drone's state is now this event's
-    DUPLICATE = "duplicate"  #: same ``seq`` as the newest known event
-    STALE = "stale"  #: older ``seq`` than the newest known event
-    REJECTED = "rejected"  #: invalid; see the counted reason
+__all__ = ["DEFAULT_LOST_AFTER_S", "Applied", "Registry"]
 
 
 class Registry:
