@@ -310,15 +310,19 @@ class Registry(RecordMerge):
         """Up to ``limit`` ended drones kept for ``retain_ended_s``: to retire"""
         return self._ends.due(now, limit)
 
+    def retirable(self, view: DroneView) -> bool:
+        """Whether ``view`` is still the drone's view, and ended (what :meth:`retire` drops)"""
+        return self._views.get(view.key) is view and bool(view.ended)
+
     def retire(self, view: DroneView) -> bool:
         """
-        Drop ``view`` from the registry if it is still the drone's view and ended
+        Drop ``view`` from the registry if it is :meth:`retirable`
 
         :returns: whether it was dropped (not if the drone spoke or changed since)
         """
-        key = view.key
-        if self._views.get(key) is not view or not view.ended:
+        if not self.retirable(view):
             return False
+        key = view.key
         del self._views[key]
         self._ends.dropped(key)
         return True
