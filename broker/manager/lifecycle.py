@@ -68,17 +68,19 @@ def ended_by(view: DroneView, lost_after_s: float) -> tuple[Ending, float] | flo
         return None
     phase = record.phase
     exited = _agent_final(view) and view.received_time is not None
+    # an exited drone ended with the later of its exit and its record
+    when = max(view.received_time or 0.0, record.stored or record.at)
     if phase is RecordPhase.DRAINED and (record.writer == "agent" or record.proven):
         if exited:
-            return Ending.DRAINED, max(view.received_time or 0.0, record.stored or record.at)
+            return Ending.DRAINED, when
         since = view.last_seen or record.stored or record.at
         return since + lost_after_s
     if not exited:
         return None
     if phase is RecordPhase.RELEASED and record.proven:
-        return Ending.RELEASED, max(view.received_time or 0.0, record.stored or record.at)
+        return Ending.RELEASED, when
     if phase is RecordPhase.DEADLINE_EXPIRED and record.writer == "agent":
-        return Ending.DEADLINE_EXPIRED, max(view.received_time or 0.0, record.stored or record.at)
+        return Ending.DEADLINE_EXPIRED, when
     return None
 
 

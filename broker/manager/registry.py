@@ -5,15 +5,13 @@ Its rule: a drone's state is its valid event (:mod:`broker.manager.validity`) th
 event stream stored last, and its valid heartbeat stored last, ordered by stream
 sequence, which no drone can forge; so lost, repeated, reordered and replayed
 deliveries converge to the same state, and a rebuilt registry equals the lost one.
-Handshake records merge by KV revision; a removed or invalid one is kept as
-*tampered*, never forgotten, since its drone may be up. Times are epoch seconds from
-the caller (when the stream stored each message). Readers on other threads use
-:meth:`Registry.view` and :meth:`Registry.views` (``docs/architecture.md``).
+Handshake records merge by KV revision (:mod:`broker.manager.recordmerge`). Times are
+epoch seconds from the caller (when the stream stored each message). Readers on other
+threads use :meth:`Registry.view` and :meth:`Registry.views` (``docs/architecture.md``).
 """
 
 from __future__ import annotations
 
-import enum
 import logging
 import math
 import sys
@@ -26,26 +24,23 @@ import msgspec
 from broker.errors import Rejected
 from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, EndTracker
 from broker.manager.notes import check_note, noted_view
+from broker.manager.recordmerge import RecordMerge
 from broker.manager.validity import (
     UNSTORED,
     Headers,
     Rejection,
     check_event,
 )
-from broker.manager.views import DroneView, Metrics, RecordView
-from remote_agent.protocol.errors import SchemaError
+from broker.manager.views import Applied, DroneView, Metrics
 from remote_agent.protocol.events import (
     EVENT_KINDS,
     AnyEvent,
-    DroneRecord,
     Heartbeat,
     TardisState,
-    decode_record,
     encode,
 )
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
-from remote_agent.protocol.names import Namespace, is_token
-from remote_agent.protocol.proof import proven
+from remote_agent.protocol.names import Namespace
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("broker.registry")
@@ -56,18 +51,10 @@ _rejections = RateLimitedLog(log)
 DEFAULT_LOST_AFTER_S: Final = 90.0
 
 #: names importers of this module use, beside its own
+__all__ = ["DEFAULT_LOST_AFTER_S", "Applied", "Registry"]
 
 
-class Applied(enum.StrEnum):
-    """What :meth:`Registry.apply` did with one event"""
-
-    APPLIED = "applied"  #: newer than anything known: the drone's state is now this event's
-    DUPLICATE = "duplicate"  #: same ``seq`` as the newest known event
-    STALE = "stale"  #: older ``seq`` than the newest known event
-    REJECTED = "rejected"  #: invalid; see the counted reason
-
-
-class Registry:
+class Registry(RecordMerge):
     """
     Latest state per drone, fed with events and handshake records
 
@@ -271,120 +258,6 @@ class Registry:
         self._ends.changed(key)
         self._ends.noted(old, new)
 
-    # ------------------------------------------------------------------ records
-
-    def _record_key(self, key: str) -> tuple[str, str] | None:
-        site, dot, drone = key.partition(".")
-        return (site, drone) if dot and is_token(site) and is_token(drone) else None
-
-    def apply_record_message(
-        self, key: str, data: bytes, revision: int, stored_time: float
-    ) -> Applied:
-        """
-        Merge one value of the handshake bucket (from a KV watch)
-
-        Ignores revisions not newer than the known one. A value that is not a
-        valid record, or one whose site or drone disagree with its key, is
-        rejected, counted as :attr:`Rejection.RECORD`, and makes the drone's
-        record *tampered*: it replaced whatever was there (the bucket keeps
-        one value per key), so the registry does not pretend to know better.
-        A key that names no drone changes nothing.
-        """
-        target = self._record_key(key)
-        if target is None:
-            return self.reject(Rejection.RECORD, key, "not a <site>.<drone> key")
-        try:
-            record = decode_record(data, self.max_message_bytes)
-            if (record.site, record.drone) != target:
-                raise SchemaError(f"record of {record.site}/{record.drone} under key {key!r}")
-        except SchemaError as err:
-            self.reject(Rejection.RECORD, key, err)
-            self._tamper(target, revision, stored_time, "invalid value")
-            return Applied.REJECTED
-        return self.apply_record(record, revision, stored_time)
-
-    def apply_record(
-        self, record: DroneRecord, revision: int, stored_time: float | None
-    ) -> Applied:
-        """
-        Merge a decoded handshake record at ``revision`` (the KV revision)
-
-        :param stored_time: when the bucket stored it (from the KV watch), or
-            ``None`` for a record the manager just read or wrote itself
-        """
-        key = (record.site, record.drone)
-        old = self._views.get(key)
-        if old is not None and old.record is not None and old.record.revision >= revision:
-            if old.record.revision == revision and old.record.stored is None and stored_time:
-                confirmed = msgspec.structs.replace(old.record, stored=stored_time)
-                self._views[key] = msgspec.structs.replace(old, record=confirmed)
-                self._ends.changed(key)
-            self.records_ignored += 1
-            return Applied.DUPLICATE if old.record.revision == revision else Applied.STALE
-        new_record = RecordView(
-            phase=record.phase,
-            writer=record.writer,
-            revision=revision,
-            incarnation=record.incarnation,
-            drain=record.drain,
-            at=record.at.timestamp(),
-            stored=stored_time,
-            note=record.note,
-            proven=proven(self.proof_key, record),
-        )
-        new = msgspec.structs.replace(
-            old or DroneView(site=sys.intern(record.site), drone=record.drone), record=new_record
-        )
-        self._put(key, old, new)
-        self.records_applied += 1
-        return Applied.APPLIED
-
-    def record_relayed(self, key: str, revision: int, stored_time: float, why: str) -> Applied:
-        """
-        A value on ``key`` that no writer of records published (a server's answer
-        relayed there, :func:`relayed`): the record is tampered
-
-        It replaced the drone's record in the bucket; whatever it says, it is
-        nobody's word about the drone.
-        """
-        target = self._record_key(key)
-        if target is None:
-            return self.reject(Rejection.RELAYED, key, "not a <site>.<drone> key")
-        self.reject(Rejection.RELAYED, key, why)
-        self._tamper(target, revision, stored_time, "relayed by the server")
-        return Applied.REJECTED
-
-    def record_removed(self, key: str, revision: int, stored_time: float, how: str) -> Applied:
-        """
-        A delete or purge marker of ``key`` at ``revision``: the record is tampered
-
-        Neither side removes records, and a removed record is no sign that the
-        drone never came up; the drone keeps a tampered record.
-        """
-        target = self._record_key(key)
-        if target is None:
-            return self.reject(Rejection.RECORD, key, "not a <site>.<drone> key")
-        self.reject(Rejection.RECORD, key, f"the record was removed ({how})")
-        self._tamper(target, revision, stored_time, f"removed ({how})")
-        return Applied.REJECTED
-
-    def _tamper(self, key: tuple[str, str], revision: int, stored_time: float, why: str) -> None:
-        old = self._views.get(key)
-        if old is not None and old.record is not None and old.record.revision >= revision:
-            return
-        record = RecordView(
-            phase=None,
-            writer="",
-            revision=revision,
-            at=stored_time,
-            stored=stored_time,
-            tampered=why,
-        )
-        new = msgspec.structs.replace(
-            old or DroneView(site=sys.intern(key[0]), drone=key[1]), record=record
-        )
-        self._put(key, old, new)
-
     # ------------------------------------------------------------------ notes
 
     def apply_note_message(
@@ -437,15 +310,19 @@ class Registry:
         """Up to ``limit`` ended drones kept for ``retain_ended_s``: to retire"""
         return self._ends.due(now, limit)
 
+    def retirable(self, view: DroneView) -> bool:
+        """Whether ``view`` is still the drone's view, and ended (what :meth:`retire` drops)"""
+        return self._views.get(view.key) is view and bool(view.ended)
+
     def retire(self, view: DroneView) -> bool:
         """
-        Drop ``view`` from the registry if it is still the drone's view and ended
+        Drop ``view`` from the registry if it is :meth:`retirable`
 
         :returns: whether it was dropped (not if the drone spoke or changed since)
         """
-        key = view.key
-        if self._views.get(key) is not view or not view.ended:
+        if not self.retirable(view):
             return False
+        key = view.key
         del self._views[key]
         self._ends.dropped(key)
         return True

@@ -53,7 +53,7 @@ async def retire_ended(
     retired = purged = kept = retried = 0
     for view in registry.due_retirements(now, limit):
         if view.record is not None:
-            if registry.view(view.site, view.drone) is not view or not view.ended:
+            if not registry.retirable(view):
                 continue  # it changed while an earlier purge was awaited
             try:
                 await js.purge_stream(

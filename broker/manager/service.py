@@ -2,9 +2,10 @@
 The manager side as one long-running service
 
 :class:`ManagerService` owns the connection, the durable consumer on the event
-stream, the watch on the handshake bucket, the registry and the periodic
-lost-marking. Its rule: :meth:`~ManagerService.run` never returns and never raises
-(COBalD aborts the daemon on either); failures are logged and retried.
+stream, the watch on the handshake bucket, the registry and the periodic pass that
+marks drones ended and lost and retires them. Its rule: :meth:`~ManagerService.run`
+never returns and never raises (COBalD aborts the daemon on either); failures are
+logged and retried.
 """
 
 from __future__ import annotations
@@ -35,8 +36,6 @@ from remote_agent.protocol.connect import connect
 from remote_agent.protocol.names import Namespace, api_prefix
 
 log = logging.getLogger("broker.service")
-
-#: names importers of this module use, beside its own
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,7 +172,7 @@ class ManagerService:
                 ns.event_stream,
                 settings.durable,
                 event_handler(self.registry),
-                headers=True,  # a relayed answer is told by its headers (registry.relayed)
+                headers=True,  # a relayed answer is told by its headers (validity.relayed)
                 settings=settings.pull,
                 api=self._api,
                 stats=self.consumer_stats,

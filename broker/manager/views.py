@@ -1,13 +1,15 @@
 """
-What the registry knows about one drone, as immutable views
+What the registry knows about one drone, as immutable views, and what it counts
 
 A :class:`DroneView` keeps the newest valid event as the bytes that came off the
-stream and decodes the rest when someone reads it. Its rule: a view is replaced,
+stream and decodes the rest when someone reads it; :class:`Applied` says what one
+message did, :class:`Metrics` counts it. Its rule: a view is replaced,
 never changed, so readers on other threads see each one whole.
 """
 
 from __future__ import annotations
 
+import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
 
@@ -165,6 +167,15 @@ class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         """
         seen = self.last_seen
         return seen is not None and now - seen >= lost_after_s
+
+
+class Applied(enum.StrEnum):
+    """What :meth:`~broker.manager.registry.Registry.apply` did with one event"""
+
+    APPLIED = "applied"  #: newer than anything known: the drone's state is now this event's
+    DUPLICATE = "duplicate"  #: same ``seq`` as the newest known event
+    STALE = "stale"  #: older ``seq`` than the newest known event
+    REJECTED = "rejected"  #: invalid; see the counted reason
 
 
 @dataclass(frozen=True, slots=True)
