@@ -164,7 +164,7 @@ async def test_a_handler_that_raises_terms_and_counts(
         applied[event["drone"]] = event["seq"]
         return Disposition.ACK
 
-    caplog.set_level(logging.WARNING, logger="broker.consumer")
+    caplog.set_level(logging.WARNING, logger="cobald.runtime.cobald_remote.consumer")
     pull = PullConsumer(nc, NS.event_stream, name, handler, settings=FAST, direct=direct)
     stop = asyncio.Event()
     task = asyncio.create_task(pull.run(stop))
@@ -182,7 +182,7 @@ async def test_a_handler_that_raises_terms_and_counts(
     assert stats.handler_error_types == {"ValueError": 3, "RuntimeError": 3, "RecursionError": 3}
     assert stats.acked == total - 9
     # rate-limited: one line per kind, naming the subject and the type, never the payload
-    lines = [r.getMessage() for r in caplog.records if r.name == "broker.consumer"]
+    lines = [r.getMessage() for r in caplog.records if r.name == "cobald.runtime.cobald_remote.consumer"]
     assert len(lines) == 3
     assert any(
         "RecursionError" in line and NS.event(SITE, drones[0].drone, "heartbeat") in line
