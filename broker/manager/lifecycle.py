@@ -188,7 +188,7 @@ class EndTracker:
         newly: list[DroneView] = []
         limit = self.lost_after_s
         for key, view in list(self._views.items()):
-            lost = not view.ended and view.is_lost(now, limit)
+            lost = view.counts_lost(now, limit)
             if lost != view.lost:
                 updated = msgspec.structs.replace(view, lost=lost)
                 self._views[key] = updated
