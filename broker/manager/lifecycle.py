@@ -52,18 +52,27 @@ def ended_by(view: DroneView, lost_after_s: float) -> tuple[Ending, float] | flo
 
     A drone has ended when nothing newer came from its agent than:
 
-    - TARDIS's note that it is down (:data:`TARDIS_DOWN`);
     - a drained record (the agent's, or proven) and an ``exiting`` event, or
       ``lost_after_s`` of silence after it;
     - a released record (proven) or a deadline-expired record (the agent's), and an
       ``exiting`` event. A released drone whose agent never spoke has not ended by
-      silence: its job may still be queued, and could start after its record is gone.
+      silence: its job may still be queued, and could start after its record is gone;
+    - TARDIS's note that it is down (:data:`TARDIS_DOWN`), unless the drone's own end
+      came first: then that is why it ended.
 
     :returns: ``(why, when)`` if it has ended; the time at which silence will end it
         (a drained drone not heard from since); ``None`` if neither
     """
+    own = _own_end(view, lost_after_s)
     if view.tardis_state == TARDIS_DOWN and view.tardis_time is not None:
+        if isinstance(own, tuple) and own[1] <= view.tardis_time:
+            return own
         return Ending.REMOVED, view.tardis_time
+    return own
+
+
+def _own_end(view: DroneView, lost_after_s: float) -> tuple[Ending, float] | float | None:
+    """:func:`ended_by` from the record and the agent's events alone"""
     record = view.record
     if record is None or record.phase is None:
         return None
