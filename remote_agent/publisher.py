@@ -180,7 +180,7 @@ class Publisher:
     async def _disconnected(self) -> None:
         nc = self._nc
         # a refusal closes the client for good: _closed says so
-        if self.connected.is_set() and not credentials_refused(nc and nc.last_error):
+        if self.connected.is_set() and not credentials_refused(nc.last_error if nc else None):
             log.warning("disconnected from the broker; events wait in the spool")
         self.connected.clear()
 
