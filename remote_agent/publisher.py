@@ -3,6 +3,7 @@ The agent's connection to NATS and its single, ordered event publisher (``docs/a
 
 One task publishes the spool's events oldest first, each with ``Nats-Msg-Id`` set to its id,
 and removes an event only after JetStream acknowledged it; the connection retries forever.
+While the agent cannot get through it says so, and why, at most once a minute.
 """
 
 from __future__ import annotations
@@ -21,11 +22,15 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from remote_agent.protocol.backoff import Backoff
-from remote_agent.protocol.connect import connect
+from remote_agent.protocol.connect import connect, credentials_refused
 from remote_agent.protocol.names import MSG_ID
+from remote_agent.protocol.ratelog import RateLimitedLog
 from remote_agent.spool import Spool, SpooledEvent
 
 log = logging.getLogger(__name__)
+
+#: seconds between two lines saying that the agent still cannot get through
+SAY_EVERY_S = 60.0
 
 #: errors after which the same event is tried again (the broker is away or busy)
 _TRANSIENT = (
@@ -85,7 +90,14 @@ class Publisher:
         self._wake = asyncio.Event()
         self._empty = asyncio.Event()
         self._listeners: list[Callable[[], None]] = []
+        self._refused: list[Callable[[str], None]] = []
         self._connect_errors = 0
+        #: when the current run of failed attempts began
+        self._failing_since = time.monotonic()
+        self._say = RateLimitedLog(log, SAY_EVERY_S)
+        self._closing = False
+        #: why the broker refused the credentials and closed the connection, for good
+        self.refused: str | None = None
         #: events acknowledged (including duplicates), duplicates, events rejected for good
         self.published = 0
         self.duplicates = 0
@@ -98,12 +110,26 @@ class Publisher:
         return self._nc
 
     @property
+    def failed_attempts(self) -> int:
+        """Connection attempts failed since the client was last connected"""
+        return self._connect_errors
+
+    @property
     def js(self) -> JetStreamContext | None:
         return self._js
 
     def on_connect(self, listener: Callable[[], None]) -> None:
         """Call ``listener`` (synchronously) after the first connect and every reconnect"""
         self._listeners.append(listener)
+
+    def on_refused(self, listener: Callable[[str], None]) -> None:
+        """
+        Call ``listener(reason)`` when the broker refused the credentials and closed for good
+
+        nats-py does not reconnect a client that the server closed with an error
+        (nats/aio/client.py, ``_process_err``): the agent is off the bus from then on.
+        """
+        self._refused.append(listener)
 
     def wake(self) -> None:
         """Tell the publishing task that the spool has a new event"""
@@ -113,16 +139,48 @@ class Publisher:
     # ------------------------------------------------------------------ connection
 
     async def _error(self, err: Exception) -> None:
+        if self._closing:
+            log.debug("nats, while closing: %r", err)
+            return
+        if not self._connect_errors:
+            self._failing_since = time.monotonic()
         self._connect_errors += 1
+        reason = credentials_refused(err)
+        if reason is not None:
+            self._say.log(
+                logging.ERROR,
+                "refused",
+                "the broker refused this drone's credentials (%s): they were revoked or are"
+                " invalid; %s (trying for %.0fs)",
+                reason,
+                "events wait in the spool" if self._nc else "the gate stays shut",
+                self._failing_for(),
+            )
+        elif self._nc is None:  # the first connect: the record is not claimed yet
+            self._say.log(
+                logging.WARNING,
+                "unreachable",
+                "cannot reach the broker at %s (%s); the gate stays shut until the agent gets"
+                " through and claims its record (trying for %.0fs)",
+                ", ".join(self.servers),
+                err,
+                self._failing_for(),
+            )
         # one line per outage at warning level, the rest at debug: a drone can wait for hours
-        quiet = self.connected.is_set() or self._connect_errors % 100
-        if self._connect_errors == 1 or not quiet:
+        elif self._connect_errors == 1 or not (
+            self.connected.is_set() or self._connect_errors % 100
+        ):
             log.warning("nats: %s (%d errors so far)", err, self._connect_errors)
         else:
             log.debug("nats: %s", err)
 
+    def _failing_for(self) -> float:
+        return time.monotonic() - self._failing_since
+
     async def _disconnected(self) -> None:
-        if self.connected.is_set():
+        nc = self._nc
+        # a refusal closes the client for good: _closed says so
+        if self.connected.is_set() and not credentials_refused(nc.last_error if nc else None):
             log.warning("disconnected from the broker; events wait in the spool")
         self.connected.clear()
 
@@ -133,9 +191,29 @@ class Publisher:
 
     async def _closed(self) -> None:
         self.connected.clear()
+        nc = self._nc
+        if self._closing or nc is None:
+            return
+        err = nc.last_error
+        reason = credentials_refused(err)
+        if reason is None:
+            log.error(
+                "the broker closed the connection for good (%s); events wait in the spool", err
+            )
+            return
+        self.refused = reason
+        log.error(
+            "the broker refused this drone's credentials (%s) and closed the connection: they"
+            " were revoked or expired; the gate is shut and the drone drains (the next drone"
+            " job needs new credentials: cobald-remote auth drone)",
+            reason,
+        )
+        for listener in self._refused:
+            listener(reason)
 
     def _connected(self) -> None:
         self._connect_errors = 0
+        self._say = RateLimitedLog(log, SAY_EVERY_S)
         self.connected.set()
         self._wake.set()
         for listener in self._listeners:
@@ -158,7 +236,16 @@ class Publisher:
         )
         self._nc = nc
         self._js = nc.jetstream(timeout=self.publish_timeout_s, domain=self.domain)
-        log.info("connected to %s", nc.connected_url.netloc if nc.connected_url else "?")
+        url = nc.connected_url.netloc if nc.connected_url else "?"
+        if self._connect_errors:
+            log.info(
+                "connected to %s after %d failed attempts in %.0fs",
+                url,
+                self._connect_errors,
+                self._failing_for(),
+            )
+        else:
+            log.info("connected to %s", url)
         self._connected()
         return nc
 
@@ -170,8 +257,14 @@ class Publisher:
             try:
                 await self.connect()
                 break
-            except Exception as err:  # nats-py retries I/O itself; this is e.g. bad credentials
-                log.error("cannot connect to %s: %r", ", ".join(self.servers), err)
+            except Exception as err:  # nats-py retries refusals and I/O itself (-1 attempts)
+                self._say.log(
+                    logging.ERROR,
+                    "connect",
+                    "cannot connect to %s: %r; the gate stays shut",
+                    ", ".join(self.servers),
+                    err,
+                )
                 await asyncio.sleep(max(self.reconnect_wait_s, 1.0))
         backoff = Backoff(first=0.05, most=2.0)
         while True:
@@ -234,7 +327,7 @@ class Publisher:
         :returns: whether the spool is empty
         """
         deadline = time.monotonic() + timeout_s
-        while len(self.spool):
+        while len(self.spool) and self.refused is None:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 return False
@@ -242,10 +335,11 @@ class Publisher:
             self._wake.set()
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._empty.wait(), min(remaining, 0.1))
-        return True
+        return not len(self.spool)
 
     async def close(self) -> None:
         """Close the connection; events still spooled stay on disk"""
+        self._closing = True
         nc, self._nc = self._nc, None
         self.connected.clear()
         if nc is not None and not nc.is_closed:

@@ -107,7 +107,7 @@ class Agent:
         status.on_gate_change(startd_.sync_accepting)
         self._record = record = RecordClient(parts)
         controls = Controls(ledger, record, startd_, worker)
-        drain = Drain(parts, controls)
+        self._drain = drain = Drain(parts, controls)
         self._watch = watch = RecordWatch(parts, controls, drain, claimable=claimable)
         self._commands = CommandServer(parts, controls, drain, watch)
 
@@ -213,6 +213,7 @@ class Agent:
             )
             self.emitter.attach(spool, publisher, seq)
             publisher.on_connect(self._watch.recheck)
+            publisher.on_refused(self._cut_off)
             async with asyncio.TaskGroup() as tg:
                 self._tasks.group = tg
                 bus = tg.create_task(publisher.run(), name="publisher")
@@ -226,9 +227,11 @@ class Agent:
                         await self._tasks.cancel()
                     if not await publisher.flush(settings.exit_flush_s):
                         log.warning(
-                            "exiting with %d events unpublished (broker unreachable for %.0fs)",
+                            "exiting with %d events unpublished (%s)",
                             len(spool),
-                            settings.exit_flush_s,
+                            f"the broker refused the credentials: {publisher.refused}"
+                            if publisher.refused
+                            else f"broker unreachable for {settings.exit_flush_s:.0f}s",
                             extra=self._parts.extra,
                         )
                 finally:
@@ -259,6 +262,23 @@ class Agent:
         if was_open:
             self.emitter.emit(GateClosed, reason=f"the agent received {name}")
         self._worker.forward(signum)
+
+    def _cut_off(self, reason: str) -> None:
+        """
+        The broker refused the credentials and closed the connection: shut the gate, drain
+
+        The agent never gets back on the bus, so it can neither tell the manager of a
+        payload nor hear a release: no payload may start, the running ones end.
+        """
+        status = self.status
+        if status.seal_gate():
+            self.emitter.emit(GateClosed, reason=f"credentials refused: {reason}")
+        if (
+            status.drain is None
+            and not (status.winding_down or status.released)
+            and (status.state is not S.EXITING)
+        ):
+            self._drain.self_drain(f"credentials refused: {reason}")
 
     async def _lifecycle(self) -> int:
         settings, status, emit, spawn = (

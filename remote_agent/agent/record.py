@@ -63,8 +63,12 @@ class RecordClient:
         """Run a record operation, retrying while the broker is away, for ``budget_s``"""
         deadline = time.monotonic() + budget_s
         backoff = Backoff(first=0.1, most=2.0)
+        publisher = self._parts.emitter.publisher
         while True:
             remaining = deadline - time.monotonic()
+            if publisher is not None and publisher.refused is not None:
+                log.info("cannot %s: off the bus", what, extra=self._parts.extra)
+                return None
             if remaining <= 0:
                 log.warning("gave up to %s for now", what, extra=self._parts.extra)
                 return None
