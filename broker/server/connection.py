@@ -9,7 +9,7 @@ import nats.errors
 from nats.aio.client import Client
 
 from broker.errors import ConnectError
-from remote_agent.protocol.connect import connect
+from remote_agent.protocol.connect import connect, credentials_refused
 from remote_agent.protocol.environment import split_urls
 
 log = logging.getLogger("cobald.runtime.cobald_remote.connection")
@@ -39,6 +39,9 @@ async def connect_once(url: str, creds: str | None = None, *, name: str) -> Clie
         )
     except (OSError, nats.errors.Error) as err:
         hint = ""
-        if "authorization violation" in str(err).lower():
-            hint = ": the server refused the credentials; check --creds (a .creds file it trusts)"
+        if (reason := credentials_refused(err)) is not None:
+            hint = (
+                f": the server refused the credentials ({reason}); "
+                "check --creds (a .creds file it trusts)"
+            )
         raise ConnectError(f"cannot connect to {url}: {err}{hint}") from None
