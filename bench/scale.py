@@ -293,7 +293,7 @@ async def fill_records(bus: Bus, n_drones: int, inflight: int = 200) -> float:
     values = record_values(n_drones)
 
     async def put(i: int) -> None:
-        await kv.put(*values[i])
+        await kv.create(*values[i])  # as the agent's claim writes it
 
     return n_drones / await concurrently(n_drones, inflight, put)
 

@@ -15,7 +15,7 @@ from remote_agent.protocol.names import Namespace
 if TYPE_CHECKING:
     from broker.server.provision import Topology
 
-log = logging.getLogger("broker.cli")
+log = logging.getLogger("cobald.runtime.cobald_remote.cli")
 
 #: the name of the commands' client connections
 _CLIENT = "cobald-remote-cli"

@@ -173,7 +173,7 @@ def _row(view: DroneView, now: float, lost_after_s: float) -> dict[str, Any]:
         "last_fact_age_s": view.last_fact_age_s(now),
         "last_event_received": _iso(view.received_time),
         "last_heartbeat_received": _iso(view.heartbeat_time),
-        "lost": not view.ended and view.is_lost(now, lost_after_s),
+        "lost": view.counts_lost(now, lost_after_s),
         "ended": view.ended or None,
         "ended_at": _iso(view.ended_time),
         "record_phase": record.label if record is not None else None,

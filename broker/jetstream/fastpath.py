@@ -21,7 +21,7 @@ from nats.aio.subscription import Subscription
 
 from remote_agent.protocol.names import DESCRIPTION, STATUS
 
-log = logging.getLogger("broker.consumer")
+log = logging.getLogger("cobald.runtime.cobald_remote.consumer")
 
 #: what the parser hands over for one message: subject, reply, payload, raw headers;
 #: returns what is left to await (rarely anything), so that the usual message

@@ -34,7 +34,7 @@ from remote_agent.protocol.names import (
     STATUS,
 )
 
-log = logging.getLogger("broker.consumer")
+log = logging.getLogger("cobald.runtime.cobald_remote.consumer")
 
 _ACK: Final = b"+ACK"
 _NAK: Final = b"-NAK"

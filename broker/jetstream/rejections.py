@@ -16,7 +16,7 @@ from typing import Final
 from broker.jetstream.messages import ConsumerStats
 from remote_agent.protocol.ratelog import RateLimitedLog
 
-log = logging.getLogger("broker.consumer")
+log = logging.getLogger("cobald.runtime.cobald_remote.consumer")
 #: handler errors and given-up messages come in floods: one line per kind and interval
 _rejections = RateLimitedLog(log)
 

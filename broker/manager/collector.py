@@ -169,7 +169,7 @@ class ManagerCollector(Collector):
             if view.ended:
                 continue
             by_state[view.site][str(view.state) if view.state is not None else "unknown"] += 1
-            lost += view.is_lost(now, registry.lost_after_s)
+            lost += view.counts_lost(now, registry.lost_after_s)
         yield _by_site(
             "drones",
             "Drones whose life has not ended, by site and the state of their newest event "

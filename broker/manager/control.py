@@ -50,7 +50,7 @@ from remote_agent.protocol.names import Namespace
 from remote_agent.protocol.proof import load_proof_key
 from remote_agent.protocol.ratelog import RateLimitedLog
 
-log = logging.getLogger("broker.control")
+log = logging.getLogger("cobald.runtime.cobald_remote.control")
 #: a drone with a tampered record is asked again on every removal attempt
 _tampered = RateLimitedLog(log)
 

@@ -20,9 +20,10 @@ from broker.manager.views import DroneView
 from remote_agent.protocol.events import DroneState, RecordPhase
 from remote_agent.protocol.ratelog import RateLimitedLog
 
-log = logging.getLogger("broker.registry")
-#: the operator's lines, at most one a second per kind, so no drone can flood the log
-lines = RateLimitedLog(log, interval_s=1.0)
+log = logging.getLogger("cobald.runtime.cobald_remote.registry")
+#: the operator's lines: each drone's own, at most one a minute per drone and kind, so
+#: every drone's life is told whatever the fleet does and no drone can flood the log
+lines = RateLimitedLog(log, interval_s=60.0)
 
 #: TARDIS's state of a drone it has given up: the batch system reported its job gone.
 #: The note carries ``str(state)``, the class name (tardis ``interfaces/state.py:15``,
@@ -122,6 +123,11 @@ def _extra(view: DroneView) -> dict[str, str]:
     return {"site": view.site, "drone": view.drone}
 
 
+def _kind(kind: str, view: DroneView) -> str:
+    """The rate limit's kind of one operator line: the drone's own"""
+    return f"{kind} {view.site}/{view.drone}"
+
+
 class EndTracker:
     """
     Which views to look at when: those changed since the last tick, drained drones whose
@@ -188,7 +194,7 @@ class EndTracker:
         if not why:
             lines.log(
                 logging.INFO,
-                "back",
+                _kind("back", view),
                 "drone %s/%s is back after its end (%s)",
                 view.site,
                 view.drone,
@@ -201,7 +207,7 @@ class EndTracker:
         if not view.ended:
             lines.log(
                 logging.INFO,
-                "ended",
+                _kind("ended", view),
                 "drone %s/%s ended: %s",
                 view.site,
                 view.drone,
@@ -215,7 +221,7 @@ class EndTracker:
         newly: list[DroneView] = []
         limit = self.lost_after_s
         for key, view in list(self._views.items()):
-            lost = not view.ended and view.is_lost(now, limit)
+            lost = view.counts_lost(now, limit)
             if lost != view.lost:
                 updated = msgspec.structs.replace(view, lost=lost)
                 self._views[key] = updated
@@ -259,14 +265,14 @@ class EndTracker:
         self._changed.update(keys)
 
     def noted(self, old: DroneView | None, new: DroneView) -> None:
-        """The operator's lines for one view replaced by another (rate-limited by kind)"""
+        """The operator's lines for one view replaced by another (rate-limited per drone)"""
         fresh = old is None or old.seq != new.seq  # a new event, not a new record
         first = old is None or old.encoded is None
         restarted = fresh and new.kind == "agent_started"
         if new.encoded is not None and (first or restarted):
             lines.log(
                 logging.INFO,
-                "announced",
+                _kind("announced", new),
                 "drone %s/%s announced itself (%s, %s)",
                 new.site,
                 new.drone,
@@ -280,7 +286,7 @@ class EndTracker:
             self._served.add(new.key)
             lines.log(
                 logging.INFO,
-                "payload",
+                _kind("payload", new),
                 "drone %s/%s started its first payload",
                 new.site,
                 new.drone,
@@ -289,7 +295,7 @@ class EndTracker:
         if old is not None and old.ended and not new.ended and fresh:
             lines.log(
                 logging.INFO,
-                "spoke",
+                _kind("spoke", new),
                 "drone %s/%s spoke after its end (%s): %s",
                 new.site,
                 new.drone,
@@ -304,7 +310,7 @@ class EndTracker:
         ):
             lines.log(
                 logging.INFO,
-                str(phase),
+                _kind(str(phase), new),
                 "drone %s/%s %s (record by the %s)",
                 new.site,
                 new.drone,

@@ -26,7 +26,7 @@ from broker.errors import BrokerError
 from broker.manager.collector import Sources, collector_registry
 from remote_agent.protocol.ratelog import RateLimitedLog
 
-log = logging.getLogger("broker.metrics")
+log = logging.getLogger("cobald.runtime.cobald_remote.metrics")
 _failures = RateLimitedLog(log)
 
 #: the Content-Type of the text exposition format, unless the scraper asks for OpenMetrics

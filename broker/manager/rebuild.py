@@ -28,7 +28,7 @@ from broker.manager.records import RecordFeed, load_records
 from broker.manager.registry import Registry
 from remote_agent.protocol.names import DEFAULT_API_PREFIX
 
-log = logging.getLogger("broker.service")
+log = logging.getLogger("cobald.runtime.cobald_remote.service")
 
 #: the window read in full, in multiples of the registry's ``lost_after_s``: a live
 #: agent's heartbeat (its whole snapshot) is in it however its clock runs

@@ -33,7 +33,7 @@ from remote_agent.protocol.names import (
     kv_subjects,
 )
 
-log = logging.getLogger("broker.service")
+log = logging.getLogger("cobald.runtime.cobald_remote.service")
 
 
 class RecordFeed:

@@ -43,7 +43,7 @@ from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace
 from remote_agent.protocol.ratelog import RateLimitedLog
 
-log = logging.getLogger("broker.registry")
+log = logging.getLogger("cobald.runtime.cobald_remote.registry")
 _rejections = RateLimitedLog(log)
 
 #: default time without any event after which a drone counts as lost: three

@@ -19,7 +19,7 @@ from nats.js import JetStreamContext
 from broker.manager.registry import Registry
 from remote_agent.protocol.ratelog import RateLimitedLog
 
-log = logging.getLogger("broker.registry")
+log = logging.getLogger("cobald.runtime.cobald_remote.registry")
 _failures = RateLimitedLog(log)
 
 #: seconds before a purge that failed for a passing reason is tried again

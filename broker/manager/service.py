@@ -35,7 +35,7 @@ from broker.server.durable import DEFAULT_DURABLE, durable_config, ensure_consum
 from remote_agent.protocol.connect import connect
 from remote_agent.protocol.names import Namespace, api_prefix
 
-log = logging.getLogger("broker.service")
+log = logging.getLogger("cobald.runtime.cobald_remote.service")
 
 
 @dataclass(frozen=True, slots=True)

@@ -168,6 +168,10 @@ class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         seen = self.last_seen
         return seen is not None and now - seen >= lost_after_s
 
+    def counts_lost(self, now: float, lost_after_s: float) -> bool:
+        """Whether the drone counts as lost: silent (:meth:`is_lost`) and its life not ended"""
+        return not self.ended and self.is_lost(now, lost_after_s)
+
 
 class Applied(enum.StrEnum):
     """What :meth:`~broker.manager.registry.Registry.apply` did with one event"""

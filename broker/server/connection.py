@@ -12,7 +12,7 @@ from broker.errors import ConnectError
 from remote_agent.protocol.connect import connect
 from remote_agent.protocol.environment import split_urls
 
-log = logging.getLogger("broker.connection")
+log = logging.getLogger("cobald.runtime.cobald_remote.connection")
 
 
 async def connect_once(url: str, creds: str | None = None, *, name: str) -> Client:

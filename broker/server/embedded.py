@@ -24,7 +24,7 @@ from typing import Self
 
 from broker.errors import ServerStartError
 
-log = logging.getLogger("broker.server")
+log = logging.getLogger("cobald.runtime.cobald_remote.server")
 
 BINARY_NAME = "nats-server"
 

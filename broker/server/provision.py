@@ -24,7 +24,7 @@ from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace, kv_stream, kv_subjects
 from remote_agent.protocol.proof import load_proof_key
 
-log = logging.getLogger("broker.provision")
+log = logging.getLogger("cobald.runtime.cobald_remote.provision")
 
 Action = Literal["created", "updated", "unchanged"]
 

@@ -29,7 +29,7 @@ from remote_agent.protocol.environment import TARDIS_ENV_PREFIX, TARDIS_SETTINGS
 from remote_agent.protocol.events import TardisState, encode, utcnow
 from remote_agent.protocol.names import MSG_ID, Namespace
 
-log = logging.getLogger("broker.tardis_adapter")
+log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
 
 
 class RemoteBus:

@@ -34,7 +34,7 @@ from broker.tardis.notes import TardisStateNotes
 from broker.tardis.pool import RemoteFactoryPool
 from broker.tardis.site import RemoteSiteAdapter
 
-log = logging.getLogger("broker.tardis_adapter")
+log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
 
 
 def in_cobald_daemon() -> bool:

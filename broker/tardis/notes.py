@@ -16,7 +16,7 @@ from tardis.utilities.attributedict import AttributeDict
 from broker.tardis.bus import RemoteBus
 from broker.tardis.config import site_token
 
-log = logging.getLogger("broker.tardis_adapter")
+log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
 
 
 def _status_name(value: object) -> str:

@@ -24,7 +24,7 @@ from broker.manager.control import Control
 from broker.manager.verdict import Removal, Verdict
 from broker.tardis.bus import RemoteBus
 
-log = logging.getLogger("broker.tardis_adapter")
+log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
 
 
 class RemovalPolicy:

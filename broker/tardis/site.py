@@ -32,7 +32,7 @@ from broker.tardis.config import site_token
 from broker.tardis.removal import RemovalPolicy
 from remote_agent.protocol.events import DroneState, RecordPhase
 
-log = logging.getLogger("broker.tardis_adapter")
+log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
 
 #: the exceptions TARDIS's drone states handle for each site call; anything
 #: else that escapes aborts the whole COBalD daemon (docs/tardis.md)

@@ -38,6 +38,8 @@ from broker.server.embedded import EmbeddedServer
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 
+CONSUMER_LOG = "cobald.runtime.cobald_remote.consumer"
+
 NS = Namespace()
 SITE = "site1"
 FAST = PullSettings(batch=50, expires_s=2.0, idle_heartbeat_s=0.5)
@@ -164,7 +166,7 @@ async def test_a_handler_that_raises_terms_and_counts(
         applied[event["drone"]] = event["seq"]
         return Disposition.ACK
 
-    caplog.set_level(logging.WARNING, logger="broker.consumer")
+    caplog.set_level(logging.WARNING, logger=CONSUMER_LOG)
     pull = PullConsumer(nc, NS.event_stream, name, handler, settings=FAST, direct=direct)
     stop = asyncio.Event()
     task = asyncio.create_task(pull.run(stop))
@@ -182,7 +184,7 @@ async def test_a_handler_that_raises_terms_and_counts(
     assert stats.handler_error_types == {"ValueError": 3, "RuntimeError": 3, "RecursionError": 3}
     assert stats.acked == total - 9
     # rate-limited: one line per kind, naming the subject and the type, never the payload
-    lines = [r.getMessage() for r in caplog.records if r.name == "broker.consumer"]
+    lines = [r.getMessage() for r in caplog.records if r.name == CONSUMER_LOG]
     assert len(lines) == 3
     assert any(
         "RecursionError" in line and NS.event(SITE, drones[0].drone, "heartbeat") in line

@@ -22,7 +22,7 @@ async def test_a_manager_that_ends_does_not_say_it_reconnects(
     how: str,
 ) -> None:
     await provision(js)
-    caplog.set_level(logging.INFO, logger="broker.service")
+    caplog.set_level(logging.INFO, logger="cobald.runtime.cobald_remote.service")
     service = ManagerService(ManagerSettings(servers=[nats_server.url], retry_s=0.2))
     task = asyncio.create_task(service.run())
     await asyncio.wait_for(service.ready.wait(), 30)

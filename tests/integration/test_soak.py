@@ -138,7 +138,7 @@ async def test_state_stays_flat_while_drones_come_and_go(
     store: RecordStore,
     caplog: pytest.LogCaptureFixture,
 ) -> None:
-    caplog.set_level(logging.WARNING, logger="broker.registry")
+    caplog.set_level(logging.WARNING, logger="cobald.runtime.cobald_remote.registry")
     settings = ManagerSettings(
         servers=(nats_server.url,),
         lost_after_s=LOST_AFTER_S,

@@ -17,6 +17,8 @@ from remote_agent.protocol.names import MSG_ID, Namespace
 from remote_agent.protocol.proof import record_proof
 from remote_agent.protocol.ratelog import RateLimitedLog
 
+REGISTRY_LOG = "cobald.runtime.cobald_remote.registry"
+
 NS = Namespace()
 SITE = "site1"
 DRONE = "site1-0000000001"
@@ -186,7 +188,7 @@ def test_a_newer_event_clears_the_end_and_says_so(caplog: pytest.LogCaptureFixtu
     registry = _registry()
     drone = _drained_and_exited(registry)
     registry.mark_ended(12.0)
-    with caplog.at_level(logging.INFO, "broker.registry"):
+    with caplog.at_level(logging.INFO, REGISTRY_LOG):
         _event(registry, drone.started(), 13.0, 4)
     registry.mark_ended(14.0)
     assert _view(registry) == ("", None, False)
@@ -243,7 +245,7 @@ def test_operator_lines_of_one_life(caplog: pytest.LogCaptureFixture) -> None:
     if True:
         registry = _registry()
         drone = FakeDrone(SITE, DRONE)
-        with caplog.at_level(logging.INFO, "broker.registry"):
+        with caplog.at_level(logging.INFO, REGISTRY_LOG):
             _event(registry, drone.started(), 1.0, 1)
             _record(registry, ev.RecordPhase.UP, 1, 1.0)
             _event(registry, drone.ready(), 2.0, 2)
@@ -254,7 +256,7 @@ def test_operator_lines_of_one_life(caplog: pytest.LogCaptureFixture) -> None:
             _record(registry, ev.RecordPhase.DRAINED, 3, 7.0)
             _event(registry, drone.exiting(), 8.0, 6)
             registry.mark_ended(9.0)
-    said = [r.getMessage() for r in caplog.records if r.name == "broker.registry"]
+    said = [r.getMessage() for r in caplog.records if r.name == REGISTRY_LOG]
     assert said == [
         f"drone {SITE}/{DRONE} announced itself (agent_started, starting)",
         f"drone {SITE}/{DRONE} started its first payload",

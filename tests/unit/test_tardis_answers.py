@@ -45,7 +45,7 @@ from broker.tardis_adapter import (
 from remote_agent.protocol import events as ev
 
 TARDIS_LOG = "cobald.runtime.tardis.resources.dronestates"
-OUR_LOG = "broker.tardis_adapter"
+OUR_LOG = "cobald.runtime.cobald_remote.tardis"
 
 
 def _drone(site: FakeSite, bus: RemoteBus) -> Drone:
