@@ -94,6 +94,40 @@ def _own_end(view: DroneView, lost_after_s: float) -> tuple[Ending, float] | flo
     return None
 
 
+class _Schedule:
+    """
+    Keys due at a time, each held once, at the earliest time asked for: however often a
+    drone's end or silence moves, it costs one entry (an entry superseded by an earlier
+    time is skipped when it falls due)
+    """
+
+    def __init__(self) -> None:
+        self._heap: list[tuple[float, tuple[str, str]]] = []
+        self._at: dict[tuple[str, str], float] = {}
+
+    def __len__(self) -> int:
+        return len(self._heap)
+
+    def add(self, key: tuple[str, str], at: float) -> None:
+        known = self._at.get(key)
+        if known is None or at < known:
+            self._at[key] = at
+            heapq.heappush(self._heap, (at, key))
+
+    def pop_due(self, now: float) -> tuple[str, str] | None:
+        """The next key due at ``now`` (no longer held), or ``None``"""
+        heap = self._heap
+        while heap and heap[0][0] <= now:
+            at, key = heapq.heappop(heap)
+            if self._at.get(key) == at:
+                del self._at[key]
+                return key
+        return None
+
+    def discard(self, key: tuple[str, str]) -> None:
+        self._at.pop(key, None)
+
+
 def _extra(view: DroneView) -> dict[str, str]:
     return {"site": view.site, "drone": view.drone}
 
@@ -121,8 +155,8 @@ class EndTracker:
         self.lost_after_s = lost_after_s
         self.retain_ended_s = retain_ended_s
         self._changed: set[tuple[str, str]] = set()
-        self._silence: list[tuple[float, tuple[str, str]]] = []  # heap
-        self._retire: list[tuple[float, tuple[str, str]]] = []  # heap
+        self._silence = _Schedule()
+        self._retire = _Schedule()
         #: drones that started a payload since their agent started (for one line each)
         self._served: set[tuple[str, str]] = set()
 
@@ -143,9 +177,8 @@ class EndTracker:
         """
         keys = self._changed
         self._changed = set()
-        silence = self._silence
-        while silence and silence[0][0] <= now:
-            keys.add(heapq.heappop(silence)[1])
+        while (due := self._silence.pop_due(now)) is not None:
+            keys.add(due)
         newly = []
         for key in keys:
             view = self._views.get(key)
@@ -157,7 +190,7 @@ class EndTracker:
         found = ended_by(view, self.lost_after_s)
         if isinstance(found, float):
             if found > now:
-                heapq.heappush(self._silence, (found, key))
+                self._silence.add(key, found)
                 found = None
             else:
                 found = (Ending.DRAINED, found)
@@ -179,7 +212,7 @@ class EndTracker:
             )
             return False
         assert when is not None
-        heapq.heappush(self._retire, (when + self.retain_ended_s, key))
+        self._retire.add(key, when + self.retain_ended_s)
         if not view.ended:
             lines.log(
                 logging.INFO,
@@ -215,22 +248,25 @@ class EndTracker:
     def due(self, now: float, limit: int) -> list[DroneView]:
         """Up to ``limit`` ended views whose retention is over at ``now`` (oldest first)"""
         found: dict[tuple[str, str], DroneView] = {}
-        heap = self._retire
-        while heap and heap[0][0] <= now and len(found) < limit:
-            key = heapq.heappop(heap)[1]
+        while len(found) < limit and (key := self._retire.pop_due(now)) is not None:
             view = self._views.get(key)
             if view is None or not view.ended or view.ended_time is None:
                 continue  # spoke after its end, or retired already
-            if view.ended_time + self.retain_ended_s <= now:
+            at = view.ended_time + self.retain_ended_s
+            if at <= now:
                 found[key] = view
+            else:
+                self._retire.add(key, at)  # its end moved later since it was scheduled
         return list(found.values())
 
     def later(self, view: DroneView, at: float) -> None:
         """Look at ``view`` for retirement again at ``at`` (its purge failed for now)"""
-        heapq.heappush(self._retire, (at, view.key))
+        self._retire.add(view.key, at)
 
     def dropped(self, key: tuple[str, str]) -> None:
         self._changed.discard(key)
+        self._silence.discard(key)
+        self._retire.discard(key)
         self._served.discard(key)
 
     def rescan(self, keys: Iterable[tuple[str, str]]) -> None:

@@ -20,7 +20,14 @@ import yaml  # PyYAML, as COBalD and TARDIS use it
 from cobald.daemon.core.config import COBalDLoader, add_constructor_plugins, load_section_plugins
 from cobald.interfaces._partial import Partial
 
-from broker.tardis.config import BusConfig, creds_problem, decode_bus, site_problems, site_token
+from broker.tardis.config import (
+    BusConfig,
+    creds_problem,
+    decode_bus,
+    shown,
+    site_problems,
+    site_token,
+)
 from broker.tardis.factory import create_composite_pool, load_adapter
 
 #: the ``__type__`` names of the pool factory (the tag is ``!RemoteTardisPoolFactory``)
@@ -37,7 +44,7 @@ class Site:
 
     name: str
     adapter: str
-    quota: object
+    quota: str
     machine_types: tuple[str, ...]
     bus_site: str | None  #: the site token of its drones' uuids and subjects
 
@@ -87,19 +94,38 @@ def _read_cobald(path: Path) -> Any:
 
 
 def _factories(node: object, where: str) -> Iterator[tuple[str, str, dict[str, Any]]]:
-    """Every pool factory under ``node``: ``(where, form, its keyword arguments)``"""
-    if isinstance(node, Partial) and node.ctor is create_composite_pool:
-        yield where, "!RemoteTardisPoolFactory", dict(node.kwargs)
-    elif isinstance(node, Mapping):
-        if node.get("__type__") in FACTORY_NAMES:
-            kwargs = {k: v for k, v in node.items() if k != "__type__"}
-            yield where, f"__type__: {node['__type__']}", kwargs
-            return
-        for key, value in node.items():
-            yield from _factories(value, f"{where}.{key}" if where else str(key))
-    elif isinstance(node, list):
-        for index, item in enumerate(node):
-            yield from _factories(item, f"{where}[{index}]")
+    """
+    Every pool factory under ``node``: ``(where, form, its keyword arguments)``
+
+    Each object is visited once, without recursion: YAML aliases make shared and
+    cyclic structures, which a plain walk would follow without end.
+    """
+    todo: list[tuple[object, str]] = [(node, where)]
+    seen: set[int] = set()
+    while todo:
+        node, where = todo.pop()
+        if id(node) in seen:
+            continue
+        seen.add(id(node))
+        if isinstance(node, Partial) and node.ctor is create_composite_pool:
+            yield where, "!RemoteTardisPoolFactory", dict(node.kwargs)
+        elif isinstance(node, Mapping):
+            kind = node.get("__type__")
+            if isinstance(kind, str) and kind in FACTORY_NAMES:
+                kwargs = {k: v for k, v in node.items() if k != "__type__"}
+                yield where, f"__type__: {kind}", kwargs
+                continue
+            items = [
+                (value, f"{where}.{key}" if where else str(key)) for key, value in node.items()
+            ]
+            todo.extend(reversed(items))
+        elif isinstance(node, list):
+            todo.extend(reversed([(item, f"{where}[{i}]") for i, item in enumerate(node)]))
+
+
+def _text(value: object) -> str:
+    """A value the file should give as text, as it is, or bounded if it is none"""
+    return value if isinstance(value, str) else shown(value)
 
 
 def _tardis_section(configuration: object, data: Mapping[str, Any]) -> tuple[str, object]:
@@ -120,9 +146,9 @@ def _sites(tardis: Mapping[str, Any], problems: list[str]) -> list[Site]:
     names = []
     for entry in tardis.get("Sites") or []:
         if not isinstance(entry, Mapping) or "name" not in entry or "adapter" not in entry:
-            problems.append(f"tardis.Sites: {entry!r} has no name and adapter")
+            problems.append(f"tardis.Sites: {shown(entry)} has no name and adapter")
             continue
-        name, adapter = str(entry["name"]), str(entry["adapter"])
+        name, adapter = _text(entry["name"]), _text(entry["adapter"])
         names.append(name)
         try:
             load_adapter("sites", adapter)
@@ -136,7 +162,8 @@ def _sites(tardis: Mapping[str, Any], problems: list[str]) -> list[Site]:
             token: str | None = site_token(name)
         except ValueError:
             token = None
-        sites.append(Site(name, adapter, entry.get("quota", -1), tuple(types or ()), token))
+        quota = _text(entry.get("quota", -1))
+        sites.append(Site(name, adapter, quota, tuple(map(_text, types or ())), token))
     if not names:
         problems.append("tardis.Sites: expected a list of sites, each with a name and adapter")
     problems += site_problems(names)
@@ -152,10 +179,10 @@ def _batch_system(tardis: Mapping[str, Any], problems: list[str]) -> str | None:
         )
         return None
     try:
-        load_adapter("batchsystems", str(adapter))
+        load_adapter("batchsystems", _text(adapter))
     except (ImportError, AttributeError, ValueError) as err:
-        problems.append(f"tardis.BatchSystem: cannot load adapter {adapter!r}: {err}")
-    return str(adapter)
+        problems.append(f"tardis.BatchSystem: cannot load adapter {_text(adapter)!r}: {err}")
+    return _text(adapter)
 
 
 def _factory(where: str, form: str, kwargs: dict[str, Any], data: Any, report: Report) -> Factory:
@@ -163,7 +190,8 @@ def _factory(where: str, form: str, kwargs: dict[str, Any], data: Any, report: R
     problems = report.problems
     interval = found.interval
     if isinstance(interval, bool) or not isinstance(interval, int | float) or not interval > 0:
-        problems.append(f"{where}.interval: expected a number of seconds > 0, got {interval!r}")
+        found.interval = shown(interval)
+        problems.append(f"{where}.interval: expected a number of seconds > 0, got {found.interval}")
     try:
         found.tardis_source, tardis = _tardis_section(kwargs.get("configuration"), data)
     except (OSError, yaml.YAMLError) as err:
@@ -175,7 +203,7 @@ def _factory(where: str, form: str, kwargs: dict[str, Any], data: Any, report: R
     else:
         problems.append(
             "tardis: expected TARDIS's configuration (a tardis: section or configuration: FILE), "
-            f"got {tardis!r} from {found.tardis_source}"
+            f"got {shown(tardis)} from {found.tardis_source}"
         )
     found.has_bus = kwargs.get("bus") is not None
     if found.has_bus:
@@ -212,7 +240,7 @@ def check_file(path: Path) -> Report:
         report.problems.append(f"{path}: {_one_line(err)}")
         return report
     if not isinstance(data, Mapping):
-        report.problems.append(f"{path}: expected a mapping of sections, got {data!r}")
+        report.problems.append(f"{path}: expected a mapping of sections, got {shown(data)}")
         return report
     sections = {plugin.section for plugin in load_section_plugins(_SECTION_GROUP)}
     unknown = sorted(set(data) - sections - {"logging"})

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import os
 import re
+import reprlib
 from collections.abc import Mapping, Sequence
 from typing import Annotated, Any, Final
 
@@ -135,9 +136,22 @@ _AT_RE = re.compile(r" - at `\$\.(?P<key>\w+)(?P<index>\[\d+\])?`$")
 _FIELD_RE = re.compile(r"^Object (?P<what>missing required|contains unknown) field `(?P<key>.+)`$")
 
 
+_SHOWN = reprlib.Repr()
+_SHOWN.maxlevel, _SHOWN.maxstring, _SHOWN.maxother, _SHOWN.maxlong = 2, 80, 80, 40
+_SHOWN.maxlist = _SHOWN.maxtuple = _SHOWN.maxdict = _SHOWN.maxset = 4
+
+
+def shown(value: object) -> str:
+    """
+    ``value`` as a problem line quotes it: a bounded ``repr``, however large, deep,
+    recursive or shared (YAML aliases) what the file built is
+    """
+    return _SHOWN.repr(value)
+
+
 def problem(key: str, value: object) -> str:
     """The one line for ``bus.<key>``: what it expects and what it got"""
-    return f"bus.{key}: expected {EXPECTED[key]}, got {value!r}"
+    return f"bus.{key}: expected {EXPECTED[key]}, got {shown(value)}"
 
 
 def _explain(err: msgspec.ValidationError, raw: Mapping[str, Any]) -> tuple[str | None, str]:
@@ -200,7 +214,7 @@ def decode_bus(mapping: object) -> tuple[BusConfig | None, list[str]]:
     rest decoded again, so one pass names them all.
     """
     if not isinstance(mapping, Mapping):
-        return None, [f"bus: expected a mapping with at least 'servers', got {mapping!r}"]
+        return None, [f"bus: expected a mapping with at least 'servers', got {shown(mapping)}"]
     candidate = _prepared(mapping)
     problems: list[str] = []
     for _ in range(len(mapping) + 2):
@@ -244,7 +258,7 @@ def site_problems(names: Sequence[object]) -> list[str]:
             site_token(str(name))
         except ValueError:
             problems.append(
-                f"tardis.Sites: site name {name!r} in lower case is not a subject token "
+                f"tardis.Sites: site name {shown(name)} in lower case is not a subject token "
                 f"({_TOKEN}): drone uuids and subjects are made of it"
             )
     return problems
