@@ -113,12 +113,17 @@ async def _rebuild(
         headers=True,
         api=api,
     )
-    roots = {subject.rsplit(".", 2)[0] for subject in rejected}
-    roots.update(
+    views = registry.views()
+    # only drones known by now (a record, or a valid message in the window) are read one
+    # by one: subjects any sender may have had the server store for a made-up drone cost
+    # the rebuild nothing beyond the window
+    roots = {
         ns.drone_root(view.site, view.drone)
-        for view in registry.views().values()
+        for view in views.values()
         if view.heartbeat_stream_seq is None
-    )
+    }
+    known = {ns.drone_root(site, drone) for site, drone in views}
+    roots.update(root for root in map(_drone_root, rejected) if root in known)
     hidden: set[str] = set()
     drone_messages = await _read_each(
         nc,
@@ -165,6 +170,11 @@ async def _rebuild(
         len(subjects),
     )
     return report, feed
+
+
+def _drone_root(subject: str) -> str:
+    """``<prefix>.<site>.<drone>`` of a subject under a drone (its first three tokens)"""
+    return ".".join(subject.split(".", 3)[:3])
 
 
 async def _read_each(

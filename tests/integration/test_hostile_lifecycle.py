@@ -15,7 +15,9 @@ from pathlib import Path
 
 import nats.js.errors
 import pytest
+from nats.aio.client import Client
 from nats.aio.msg import Msg
+from nats.js import JetStreamContext
 from support.drones import FakeDrone
 from support.servers import drone_creds
 from support.waiting import wait_until
@@ -34,6 +36,8 @@ from test_hostile_manager import (
 )
 
 from broker.manager.lifecycle import TARDIS_DOWN, Ending
+from broker.manager.rebuild import rebuild
+from broker.manager.registry import Registry
 from broker.manager.retire import retire_ended
 from broker.server.embedded import EmbeddedServer
 from broker.tardis.site import finished
@@ -215,3 +219,17 @@ async def test_a_drone_that_fakes_its_own_end_loses_only_its_own_record(
         await asyncio.sleep(0.5)
         await watch.unsubscribe()
         assert commands == []
+
+
+async def test_junk_for_made_up_drones_costs_the_rebuild_only_the_window(
+    nc: Client, stream: JetStreamContext
+) -> None:
+    """Invalid messages of drones nobody knows are not followed up one by one"""
+    for i in range(50):
+        subject = NS.event(SITE, f"{SITE}-{i:010x}", "heartbeat")
+        await stream.publish(subject, b"\xc1 not an event")
+    registry = Registry(NS, lost_after_s=60.0)
+    report, _ = await rebuild(nc, stream, registry)
+    assert report.window_messages == 50
+    assert (report.drones_read, report.resolved, len(registry)) == (0, 0, 0)
+    assert sum(registry.rejected.values()) == 50
