@@ -159,11 +159,13 @@ async def server(live: int, retained: int, ended: int) -> dict[str, object]:
             await asyncio.sleep(window_s + 1)  # the last of them older than the window
         await fleet(bus, live, retained)
         result: dict[str, object] = {"rebuild": await measure(bus, live + retained)}
+        print(f"  {label}: rebuild {result['rebuild']}", flush=True)
         if ended:
             started = time.perf_counter()
             every = await read_all(
                 bus.nc,
-                bus.js,
+                # creating this consumer takes the server longer than the default 5 s
+                bus.nc.jetstream(timeout=600),
                 bus.namespace.event_stream,
                 ConsumerConfig(
                     deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
