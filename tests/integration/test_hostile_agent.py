@@ -319,3 +319,59 @@ async def test_a_drain_deadline_read_from_the_record_counts_no_sooner_than_a_sel
             assert (intent.deadline - now).total_seconds() >= agent.settings.self_drain_deadline_s
     finally:
         await gate.close()
+
+
+async def test_a_forged_record_never_moves_a_drain_deadline_up(
+    tmp_path: Path,
+    nats_server: EmbeddedServer,
+    nc: Client,
+    js: JetStreamContext,
+    store: RecordStore,
+) -> None:
+    """
+    Only a command moves a deadline up: a forged record with a passed deadline,
+    read before the manager's command or during its drain, shortens nothing
+    """
+    startd = FakeStartd(slots=2)
+    agent = Agent(
+        settings(tmp_path, nats_server.url, startd=True, slots=2, deadline_policy="kill"),
+        startd=startd,
+    )
+    gate = GateServer(agent.settings.gate_socket, agent)
+    await gate.start()
+    try:
+        async with running(agent):
+            await wait_until(lambda: agent.gate_open, what="the gate to open")
+            assert (await _prepare(gate.path, "7.0")).allow
+            startd.run_job(0, "7.0")
+            current = await store.read(SITE, DRONE)
+            assert current is not None
+            now = ev.utcnow()
+            # the same request id as the manager's command that follows
+            forged = msgspec.structs.replace(
+                current.record,
+                phase=ev.RecordPhase.DRAINING,
+                writer="manager",
+                drain=ev.DrainIntent(
+                    deadline=now, reason="forged", request_id="r1", requested_at=now
+                ),
+            )
+            await store.kv.put(NS.record_key(SITE, DRONE), ev.encode(forged))
+            await wait_until(lambda: agent.state is ev.DroneState.DRAINING, what="a drain")
+            request = drain(DRONE, request_id="r1", deadline_s=600)
+            reply = await command(nc, request)
+            assert isinstance(reply, ev.Reply) and reply.outcome is ev.Outcome.DRAIN_ACCEPTED
+            assert reply.snapshot.drain is not None
+            assert reply.snapshot.drain.deadline == request.deadline  # the command's, not now
+
+            again = msgspec.structs.replace(forged, at=ev.utcnow(), note="forged again")
+            await store.kv.put(NS.record_key(SITE, DRONE), ev.encode(again))
+            await asyncio.sleep(1.0)
+            assert (await _phase(store)) is ev.RecordPhase.DRAINING  # no deadline_expired
+            assert [p.job_id for p in agent.payloads] == ["7.0"]  # nothing killed
+            intent = agent.snapshot().drain
+            assert intent is not None and intent.deadline == request.deadline
+    finally:
+        await gate.close()
+    events = [e for _, e in await read_events(js, DRONE)]
+    assert not [e for e in events if isinstance(e, ev.DrainDeadlineExpired)]
