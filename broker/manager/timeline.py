@@ -72,7 +72,7 @@ def describe(event: Event) -> str:
         text = f"{kind}, deadline {event.intent.deadline:%H:%M:%S}"
         return f"{text}, {event.payloads} payload(s)" if isinstance(event, DrainAccepted) else text
     if isinstance(event, Draining):
-        return f"{kind}: {event.payloads} payload(s)"
+        return f"{kind}: {event.payloads} payload(s), deadline {event.deadline:%H:%M:%S}"
     if isinstance(event, DrainDeadlineExpired):
         return f"{kind}: {event.payloads} payload(s), {event.action}"
     if isinstance(event, StartdReady):

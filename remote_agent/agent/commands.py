@@ -176,7 +176,7 @@ class CommandServer:
                 request_id=command.request_id,
                 requested_at=command.at,
             )
-            return self._drain.accept(bounded_intent(intent), write_intent=True)
+            return self._drain.accept(bounded_intent(intent), command=True)
         assert isinstance(command, StatusCommand)
         status = self._parts.status
         return Outcome.STATUS, f"{status.state}, {len(status.payloads)} payload(s)"

@@ -2,15 +2,18 @@
 The drain: close the gate for an intent, wait for the payloads, confirm idle, end the job
 
 :meth:`Drain.accept` is synchronous: the gate closes in the same step in which
-the drain is accepted, so no payload is let in after it.
+the drain is accepted, so no payload is let in after it. Only a drain command
+moves the deadline of a drain in progress, and only sooner.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import datetime as dt
 import logging
+from asyncio import FIRST_COMPLETED
+
+import msgspec
 
 from remote_agent.agent.bounds import bounded_intent
 from remote_agent.agent.controls import Controls
@@ -41,13 +44,17 @@ class Drain:
     def __init__(self, parts: Parts, controls: Controls) -> None:
         self._parts = parts
         self._controls = controls
+        #: set when a command moved the deadline up, so that the waiting flow looks again
+        self._deadline_moved = asyncio.Event()
 
-    def accept(self, intent: DrainIntent, *, write_intent: bool) -> tuple[Outcome, str]:
+    def accept(self, intent: DrainIntent, *, command: bool) -> tuple[Outcome, str]:
         """
         Close the gate for ``intent`` and start draining; idempotent
 
-        :param write_intent: record the intent in the handshake record (a drain
-            that came as a command; one read from the record is there already)
+        :param command: the drain came as a command, which only the manager can
+            send: its deadline counts as it is, also for a drain in progress
+            (see :meth:`_move_up`), and the intent is recorded in the handshake
+            record (one read from the record is there already)
         """
         status, emit = self._parts.status, self._parts.emitter.emit
         state = status.state
@@ -58,6 +65,8 @@ class Drain:
         if status.drain is not None:
             if state is S.DRAINED:
                 return Outcome.DRAINED, "drained; the drone is ending its job"
+            if command:
+                self._move_up(intent.deadline)
             if intent.request_id and intent.request_id == status.drain.request_id:
                 return Outcome.DRAIN_ACCEPTED, self.detail()
             return Outcome.ALREADY_DRAINING, (
@@ -81,7 +90,7 @@ class Drain:
             emit(GateClosed, reason=f"drain: {intent.reason}" if intent.reason else "drain")
         if count:
             emit(Draining, payloads=count, deadline=intent.deadline)
-        self._parts.tasks.spawn(self._flow(intent, write_intent), "drain")
+        self._parts.tasks.spawn(self._flow(intent, command), "drain")
         return Outcome.DRAIN_ACCEPTED, self.detail()
 
     def detail(self) -> str:
@@ -98,22 +107,52 @@ class Drain:
         now = utcnow()
         deadline = now + dt.timedelta(seconds=self._parts.settings.self_drain_deadline_s)
         intent = DrainIntent(deadline=deadline, reason=reason, requested_at=now)
-        self.accept(intent, write_intent=False)
+        self.accept(intent, command=False)
 
-    async def _flow(self, intent: DrainIntent, write_intent: bool) -> None:
+    def _move_up(self, deadline: dt.datetime) -> None:
+        """
+        Tighten the drain in progress to a command's ``deadline``, if that is sooner
+
+        The drain may have come from the record, whose deadline counts no sooner
+        than a self-drain's, or from the agent itself; the manager's command
+        that follows it sets the deadline TARDIS asked for. A later deadline
+        changes nothing: a drain's deadline never moves out. The drain keeps
+        its request and reason; ``draining`` tells the new deadline.
+        """
+        status = self._parts.status
+        drain = status.drain
+        if drain is None or status.state is not S.DRAINING or deadline >= drain.deadline:
+            return
+        log.info(
+            "drain deadline moved up from %s to %s by a command",
+            drain.deadline.isoformat(),
+            deadline.isoformat(),
+            extra=self._parts.extra,
+        )
+        status.drain = msgspec.structs.replace(drain, deadline=deadline)
+        self._deadline_moved.set()
+        self._parts.emitter.emit(Draining, payloads=len(status.payloads), deadline=deadline)
+
+    def _deadline(self) -> dt.datetime:
+        """The deadline of the drain in progress (a command may have moved it up)"""
+        drain = self._parts.status.drain
+        assert drain is not None
+        return drain.deadline
+
+    async def _flow(self, intent: DrainIntent, command: bool) -> None:
         parts, controls = self._parts, self._controls
-        if write_intent:
+        if command:
             await controls.record.request_drain(intent)
         await controls.startd.stop(intent.reason)
         expired = False
         while True:
             if not expired:
-                await self._wait_payloads(intent.deadline)
+                await self._wait_payloads()
             else:
                 await controls.ledger.done.wait()
             if await controls.startd.confirm_idle():
                 break
-            if not expired and utcnow() >= intent.deadline:
+            if not expired and utcnow() >= self._deadline():
                 expired = True
                 await self._deadline_expired(intent)
             # the snapshot may be empty (a JOB_EXIT, forged or early) while the startd
@@ -143,11 +182,27 @@ class Drain:
             parts.status.ending = "drain deadline expired"
             await self._kill_payloads(intent.reason)
 
-    async def _wait_payloads(self, deadline: dt.datetime) -> bool:
-        """Wait for the last payload to end, until ``deadline``; ``True`` if none runs"""
-        remaining = (deadline - utcnow()).total_seconds()
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._controls.ledger.done.wait(), max(remaining, 0.0))
+    async def _wait_payloads(self) -> bool:
+        """
+        Wait for the last payload to end, until the deadline; ``True`` if none runs
+
+        A deadline moved up meanwhile ends the wait at the new deadline.
+        """
+        done = self._controls.ledger.done
+        while not done.is_set():
+            remaining = (self._deadline() - utcnow()).total_seconds()
+            if remaining <= 0:
+                break
+            self._deadline_moved.clear()
+            waiters = (
+                asyncio.ensure_future(done.wait()),
+                asyncio.ensure_future(self._deadline_moved.wait()),
+            )
+            try:
+                await asyncio.wait(waiters, timeout=remaining, return_when=FIRST_COMPLETED)
+            finally:
+                for waiter in waiters:
+                    waiter.cancel()
         return not self._parts.status.payloads
 
     async def _kill_payloads(self, reason: str) -> None:

@@ -130,7 +130,7 @@ class RecordWatch:
                 reason=record.note or f"handshake record is {phase}",
                 requested_at=record.at,
             )
-            self._drain.accept(self._record_intent(intent), write_intent=False)
+            self._drain.accept(self._record_intent(intent), command=False)
         else:
             log.error("unexpected claim result %s", record, extra=self._parts.extra)
 
@@ -194,7 +194,7 @@ class RecordWatch:
         elif phase is RecordPhase.DRAINING and record.drain is not None:
             if self._parts.status.drain is None:
                 log.info("the record asks for a drain", extra=self._parts.extra)
-                self._drain.accept(self._record_intent(record.drain), write_intent=False)
+                self._drain.accept(self._record_intent(record.drain), command=False)
         elif (
             phase is not RecordPhase.UP
             and self._parts.status.drain is None

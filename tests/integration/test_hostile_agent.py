@@ -9,6 +9,8 @@ bounded, and a record that no longer names the running agent shuts the gate.
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import datetime as dt
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -280,18 +282,12 @@ async def test_a_prepare_job_flood_drops_no_event(
     assert isinstance(events[-1][1], ev.Heartbeat), "the last heartbeat was stored"
 
 
-async def test_a_drain_deadline_read_from_the_record_counts_no_sooner_than_a_self_drain(
-    tmp_path: Path, nats_server: EmbeddedServer, js: JetStreamContext, store: RecordStore
-) -> None:
-    """
-    What the record says may come from another drone (the server stores what a
-    reply subject sends there): a drain deadline in the past read from it must
-    not end in ``deadline_expired``, which lets the manager remove the drone
-    """
+@contextlib.asynccontextmanager
+async def _busy_drone(tmp_path: Path, url: str) -> AsyncIterator[Agent]:
+    """A running agent with the policy "kill" and one payload, 7.0, let in by its gate"""
     startd = FakeStartd(slots=2)
     agent = Agent(
-        settings(tmp_path, nats_server.url, startd=True, slots=2, deadline_policy="kill"),
-        startd=startd,
+        settings(tmp_path, url, startd=True, slots=2, deadline_policy="kill"), startd=startd
     )
     gate = GateServer(agent.settings.gate_socket, agent)
     await gate.start()
@@ -300,22 +296,69 @@ async def test_a_drain_deadline_read_from_the_record_counts_no_sooner_than_a_sel
             await wait_until(lambda: agent.gate_open, what="the gate to open")
             assert (await _prepare(gate.path, "7.0")).allow
             startd.run_job(0, "7.0")
-            current = await store.read(SITE, DRONE)
-            assert current is not None
-            now = ev.utcnow()
-            forged = msgspec.structs.replace(
-                current.record,
-                phase=ev.RecordPhase.DRAINING,
-                writer="manager",
-                drain=ev.DrainIntent(deadline=now, reason="forged", requested_at=now),
-            )
-            await store.kv.put(NS.record_key(SITE, DRONE), ev.encode(forged))
-            await wait_until(lambda: agent.state is ev.DroneState.DRAINING, what="a drain")
-            await asyncio.sleep(1.0)
-            assert (await _phase(store)) is ev.RecordPhase.DRAINING  # no deadline_expired
-            assert [p.job_id for p in agent.payloads] == ["7.0"]  # nothing killed
-            intent = agent.snapshot().drain
-            assert intent is not None
-            assert (intent.deadline - now).total_seconds() >= agent.settings.self_drain_deadline_s
+            yield agent
     finally:
         await gate.close()
+
+
+async def _forge_drain(store: RecordStore, request_id: str = "") -> dt.datetime:
+    """Put a ``draining`` record with a deadline of now, as another drone can; return now"""
+    current = await store.read(SITE, DRONE)
+    assert current is not None
+    now = ev.utcnow()
+    intent = ev.DrainIntent(deadline=now, reason="forged", request_id=request_id, requested_at=now)
+    forged = msgspec.structs.replace(
+        current.record, phase=ev.RecordPhase.DRAINING, writer="manager", drain=intent, at=now
+    )
+    await store.kv.put(NS.record_key(SITE, DRONE), ev.encode(forged))
+    return now
+
+
+async def test_a_drain_deadline_read_from_the_record_counts_no_sooner_than_a_self_drain(
+    tmp_path: Path, nats_server: EmbeddedServer, js: JetStreamContext, store: RecordStore
+) -> None:
+    """
+    What the record says may come from another drone (the server stores what a
+    reply subject sends there): a drain deadline in the past read from it must
+    not end in ``deadline_expired``, which lets the manager remove the drone
+    """
+    async with _busy_drone(tmp_path, nats_server.url) as agent:
+        now = await _forge_drain(store)
+        await wait_until(lambda: agent.state is ev.DroneState.DRAINING, what="a drain")
+        await asyncio.sleep(1.0)
+        assert (await _phase(store)) is ev.RecordPhase.DRAINING  # no deadline_expired
+        assert [p.job_id for p in agent.payloads] == ["7.0"]  # nothing killed
+        intent = agent.snapshot().drain
+        assert intent is not None
+        assert (intent.deadline - now).total_seconds() >= agent.settings.self_drain_deadline_s
+
+
+async def test_a_forged_record_never_moves_a_drain_deadline_up(
+    tmp_path: Path,
+    nats_server: EmbeddedServer,
+    nc: Client,
+    js: JetStreamContext,
+    store: RecordStore,
+) -> None:
+    """
+    Only a command moves a deadline up: a forged record with a passed deadline,
+    read before the manager's command or during its drain, shortens nothing
+    """
+    async with _busy_drone(tmp_path, nats_server.url) as agent:
+        # the same request id as the manager's command that follows
+        await _forge_drain(store, request_id="r1")
+        await wait_until(lambda: agent.state is ev.DroneState.DRAINING, what="a drain")
+        request = drain(DRONE, request_id="r1", deadline_s=600)
+        reply = await command(nc, request)
+        assert isinstance(reply, ev.Reply) and reply.outcome is ev.Outcome.DRAIN_ACCEPTED
+        assert reply.snapshot.drain is not None
+        assert reply.snapshot.drain.deadline == request.deadline  # the command's, not now
+
+        await _forge_drain(store, request_id="r1")
+        await asyncio.sleep(1.0)
+        assert (await _phase(store)) is ev.RecordPhase.DRAINING  # no deadline_expired
+        assert [p.job_id for p in agent.payloads] == ["7.0"]  # nothing killed
+        intent = agent.snapshot().drain
+        assert intent is not None and intent.deadline == request.deadline
+    events = [e for _, e in await read_events(js, DRONE)]
+    assert not [e for e in events if isinstance(e, ev.DrainDeadlineExpired)]
