@@ -205,14 +205,22 @@ def write_result(name: str, report: dict[str, Any], out: Path | None = None) -> 
 
 
 def run_bounded(coro: Coroutine[Any, Any, dict[str, Any]], budget_s: float) -> dict[str, Any]:
-    """Run ``coro`` on a new event loop; give up (``SystemExit(1)``) after ``budget_s``"""
+    """
+    Run ``coro`` on a new event loop; give up (``SystemExit(1)``) after ``budget_s``
+
+    A timeout inside ``coro`` (a step that got no answer) propagates with its traceback.
+    """
+    budget = asyncio.timeout(budget_s)
 
     async def bounded() -> dict[str, Any]:
-        return await asyncio.wait_for(coro, budget_s)
+        async with budget:
+            return await coro
 
     try:
         return asyncio.run(bounded())
     except TimeoutError:
+        if not budget.expired():
+            raise
         print(f"did not finish within {budget_s:.0f}s", file=sys.stderr)
         raise SystemExit(1) from None
 

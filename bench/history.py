@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.quick:
         args.live, args.ended, args.retained = 10_000, 100_000, 100
-    report = asyncio.run(run(args))  # a stuck step fails with its own timeout and traceback
+    report = _common.run_bounded(run(args), 3600)
     print(render(report))
     print(f"written to {_common.write_result('history', report)}")
     return 0

@@ -50,6 +50,7 @@ from broker.manager.control import Control
 from broker.manager.outcomes import CommandOutcome, CommandResult
 from broker.manager.registry import Applied, Registry
 from broker.manager.service import ManagerService, ManagerSettings
+from broker.manager.validity import UNSTORED, Headers
 from remote_agent.agent import Agent
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
@@ -85,9 +86,14 @@ class TimedRegistry(Registry):
         self.latencies: list[float] = []
 
     def apply_message(
-        self, data: bytes, subject: str, received_time: float, stream_seq: int | None = None
+        self,
+        data: bytes,
+        subject: str,
+        received_time: float,
+        stream_seq: int | None = None,
+        headers: Headers = UNSTORED,
     ) -> Applied:
-        result = super().apply_message(data, subject, received_time, stream_seq)
+        result = super().apply_message(data, subject, received_time, stream_seq, headers)
         if result is Applied.APPLIED:
             now = time.perf_counter()
             parts = subject.split(".")
