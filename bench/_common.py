@@ -210,16 +210,17 @@ def run_bounded(coro: Coroutine[Any, Any, dict[str, Any]], budget_s: float) -> d
 
     A timeout inside ``coro`` (a step that got no answer) propagates with its traceback.
     """
-    budget = asyncio.timeout(budget_s)
+    budgets: list[asyncio.Timeout] = []
 
     async def bounded() -> dict[str, Any]:
-        async with budget:
+        budgets.append(asyncio.timeout(budget_s))
+        async with budgets[0]:
             return await coro
 
     try:
         return asyncio.run(bounded())
     except TimeoutError:
-        if not budget.expired():
+        if not (budgets and budgets[0].expired()):
             raise
         print(f"did not finish within {budget_s:.0f}s", file=sys.stderr)
         raise SystemExit(1) from None
