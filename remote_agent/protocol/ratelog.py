@@ -60,6 +60,8 @@ class RateLimitedLog:
 
         :param stacklevel: as for :meth:`logging.Logger.log`; the default names the caller
         """
+        if not self.logger.isEnabledFor(level):
+            return False  # nothing would be written: keep no account of it either
         now = self._clock()
         last = self._kinds.get(kind)
         if last is not None and now - last[0] < self.interval_s:
