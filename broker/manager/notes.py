@@ -16,18 +16,10 @@ import msgspec
 
 from broker.errors import Rejected
 from broker.manager.lifecycle import TARDIS_DOWN
-from broker.manager.validity import (
-    UNSTORED,
-    Headers,
-    Rejection,
-    published_by_writer,
-    relayed,
-)
+from broker.manager.validity import UNSTORED, Headers, Rejection, check_writer, decoded
 from broker.manager.views import DroneView
-from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import TardisState, decode_note
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
-from remote_agent.protocol.names import MSG_ID
 
 #: the note kind (the last subject token) the registry reads
 TARDIS_STATE: Final = "tardis_state"
@@ -52,22 +44,12 @@ def check_note(
     :param headers: as for :func:`broker.manager.validity.check_event`
     :raises Rejected: with the reason otherwise
     """
-    if headers is not UNSTORED and relayed(headers):
-        raise Rejected(Rejection.RELAYED, "a server's answer, relayed by a reply subject")
-    if len(data) > max_size:
-        raise Rejected(
-            Rejection.OVERSIZED, f"{len(data)} bytes exceed the limit of {max_size} bytes"
-        )
-    try:
-        note = decode_note(data, max_size)
-    except SchemaError as err:
-        raise Rejected(Rejection.MALFORMED, str(err)) from None
+    note = decoded(data, max_size, headers, decode_note)
     if subject != f"{prefix}.{note.site}.{note.drone}.mgr.{TARDIS_STATE}":
         raise Rejected(
             Rejection.SENDER, f"note for {note.site}/{note.drone} arrived on {subject!r}"
         )
-    if headers is not UNSTORED and not published_by_writer(headers, note.id):
-        raise Rejected(Rejection.RELAYED, f"stored without its writer's {MSG_ID}")
+    check_writer(headers, note.id)
     return note
 
 

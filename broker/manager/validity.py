@@ -10,8 +10,8 @@ bytes and headers alone, so the state of a drone is a function of its stored mes
 from __future__ import annotations
 
 import enum
-from collections.abc import Mapping
-from typing import Final
+from collections.abc import Callable, Mapping
+from typing import Final, TypeVar
 
 from broker.errors import Rejected
 from remote_agent.protocol.errors import SchemaError
@@ -59,6 +59,36 @@ def published_by_writer(headers: Mapping[str, str] | None, message_id: str) -> b
     )
 
 
+_T = TypeVar("_T")
+
+
+def decoded(data: bytes, max_size: int, headers: Headers, decode: Callable[[bytes, int], _T]) -> _T:
+    """
+    ``data`` decoded strictly by ``decode``, if it is no relayed server answer and fits
+
+    :raises Rejected: ``relayed``, ``oversized`` or ``malformed``
+    """
+    if headers is not UNSTORED and relayed(headers):
+        raise Rejected(Rejection.RELAYED, "a server's answer, relayed by a reply subject")
+    if len(data) > max_size:
+        raise Rejected(
+            Rejection.OVERSIZED, f"{len(data)} bytes exceed the limit of {max_size} bytes"
+        )
+    try:
+        return decode(data, max_size)
+    except SchemaError as err:
+        raise Rejected(Rejection.MALFORMED, str(err)) from None
+
+
+def check_writer(headers: Headers, message_id: str) -> None:
+    """
+    :raises Rejected: ``relayed`` if a stored message is not its writer's own publish
+        (:func:`published_by_writer`)
+    """
+    if headers is not UNSTORED and not published_by_writer(headers, message_id):
+        raise Rejected(Rejection.RELAYED, f"stored without its writer's {MSG_ID}")
+
+
 def check_event(
     data: bytes,
     subject: str,
@@ -80,22 +110,12 @@ def check_event(
         :data:`UNSTORED` for an event that did not come off a stream
     :raises Rejected: with the reason otherwise
     """
-    if headers is not UNSTORED and relayed(headers):
-        raise Rejected(Rejection.RELAYED, "a server's answer, relayed by a reply subject")
-    if len(data) > max_size:
-        raise Rejected(
-            Rejection.OVERSIZED, f"{len(data)} bytes exceed the limit of {max_size} bytes"
-        )
-    try:
-        event = decode_event(data, max_size)
-    except SchemaError as err:
-        raise Rejected(Rejection.MALFORMED, str(err)) from None
+    event = decoded(data, max_size, headers, decode_event)
     try:
         mismatch = sender_mismatch(event, subject, prefix)
     except SchemaError:
         raise Rejected(Rejection.SUBJECT, "not an event subject") from None
     if mismatch is not None:
         raise Rejected(Rejection.SENDER, mismatch)
-    if headers is not UNSTORED and not published_by_writer(headers, event.id):
-        raise Rejected(Rejection.RELAYED, f"stored without its writer's {MSG_ID}")
+    check_writer(headers, event.id)
     return event
