@@ -36,6 +36,7 @@ from broker.server.auth.revocation import (
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from remote_agent.agent import Agent
+from remote_agent.deploy_files import DEPLOY_DIR
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.connect import connect
 from remote_agent.protocol.errors import SchemaError
@@ -180,7 +181,7 @@ def test_drone_credentials_expire_after_a_week_unless_told_otherwise(
     assert "exp" not in creds_claims(capsys.readouterr().out)
 
 
-DEPLOY_NATS = Path(__file__).resolve().parents[2] / "deploy" / "nats"
+DEPLOY_NATS = DEPLOY_DIR / "nats"
 
 
 def _uncomment(config: str, *keys: str) -> str:

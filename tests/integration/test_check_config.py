@@ -13,10 +13,11 @@ from support.processes import CLI, run_process
 
 from broker.emulation.demo.scenario import Scenario
 from broker.emulation.demo.template import render_config
+from remote_agent.deploy_files import DEPLOY_DIR
 
 pytestmark = pytest.mark.timeout(120)
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "cobald"
+DEPLOY = DEPLOY_DIR / "cobald"
 HTCONDOR = (DEPLOY / "htcondor.yaml").read_text()
 TARDIS_SECTION = HTCONDOR[HTCONDOR.index("tardis:\n") :]
 

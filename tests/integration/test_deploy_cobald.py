@@ -1,5 +1,5 @@
 """
-deploy/cobald: every COBalD/TARDIS configuration loads with COBalD's own machinery and
+remote_agent/deploy/cobald: every COBalD/TARDIS configuration loads with COBalD's own machinery and
 builds TARDIS wrapped in the decorators; the real daemon starts with it; the drone job
 template and script run the agent as documented
 """
@@ -39,11 +39,12 @@ from broker.tardis_adapter import (
     RemoteSiteAdapter,
     TardisStateNotes,
 )
+from remote_agent.deploy_files import DEPLOY_DIR
 from remote_agent.protocol import events as ev
 
 pytestmark = pytest.mark.timeout(120)
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "cobald"
+DEPLOY = DEPLOY_DIR / "cobald"
 
 
 @pytest.fixture

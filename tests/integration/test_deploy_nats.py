@@ -1,4 +1,4 @@
-"""deploy/nats: every server configuration is valid and runs as documented"""
+"""remote_agent/deploy/nats: every server configuration is valid and runs as documented"""
 
 from __future__ import annotations
 
@@ -23,9 +23,10 @@ from broker.manager.service import ManagerSettings
 from broker.server.embedded import EmbeddedServer, find_binary
 from broker.server.provision import Topology, provision
 from remote_agent.agent import Agent
+from remote_agent.deploy_files import DEPLOY_DIR
 from remote_agent.protocol.names import Namespace
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "nats"
+DEPLOY = DEPLOY_DIR / "nats"
 CONFIGS = sorted(DEPLOY.glob("*.conf"))
 NODE_ENV = {
     "NATS_NODE": "n1",

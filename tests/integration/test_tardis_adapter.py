@@ -50,6 +50,7 @@ from broker.tardis_adapter import (
     RemoteSiteAdapter,
     TardisStateNotes,
 )
+from remote_agent.deploy_files import DEPLOY_DIR
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 
@@ -400,7 +401,7 @@ async def test_the_bus_serves_metrics_of_what_it_consumed(
 
 # ------------------------------------------------- TARDIS's own HTCondor site adapter
 
-DEPLOY_COBALD = Path(__file__).resolve().parents[2] / "deploy" / "cobald"
+DEPLOY_COBALD = DEPLOY_DIR / "cobald"
 
 
 SiteFactory = Callable[[float], Awaitable[LocalBatchSystem]]
@@ -412,8 +413,9 @@ async def htcondor_site(
 ) -> AsyncIterator[SiteFactory]:
     """
     The site and the overlay pool as TARDIS's own HTCondor adapters see them, configured
-    like ``deploy/cobald/htcondor.yaml``: fake schedd tools (``broker/emulation/site/schedd.py``) in
-    front of an emulated local batch system whose jobs run ``deploy/cobald/drone-job``
+    like ``remote_agent/deploy/cobald/htcondor.yaml``: fake schedd tools
+    (``broker/emulation/site/schedd.py``) in
+    front of an emulated local batch system whose jobs run ``remote_agent/deploy/cobald/drone-job``
     (the real agent around an emulated startd with the real hooks), and fake collector
     tools (``broker/emulation/site/collector.py``) in front of an emulated overlay pool that offers
     3-second payloads to every startd; all on the ``PATH`` of TARDIS's ``ShellExecutor``

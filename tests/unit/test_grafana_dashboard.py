@@ -1,5 +1,5 @@
 """
-deploy/grafana/cobald-remote.json: valid, and every query names what the manager exports
+remote_agent/deploy/grafana/cobald-remote.json: valid, every query names what the manager exports
 
 The names and labels a query uses are read with a small PromQL scan and checked
 against a scrape of the collector with every source present; where promtool
@@ -24,10 +24,11 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker.jetstream.messages import ConsumerStats
 from broker.manager.metrics import Sources, render
 from broker.manager.registry import Registry
+from remote_agent.deploy_files import DEPLOY_DIR
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 
-DASHBOARD = Path(__file__).resolve().parents[2] / "deploy" / "grafana" / "cobald-remote.json"
+DASHBOARD = DEPLOY_DIR / "grafana" / "cobald-remote.json"
 #: labels Prometheus adds to every series it scrapes
 TARGET_LABELS = {"job", "instance"}
 #: what Grafana puts in for its variables, so that a query can be parsed

@@ -12,10 +12,11 @@ import pytest
 from broker.commands.config import format_report
 from broker.tardis.check import check_file
 from broker.tardis.config import decode_bus
+from remote_agent.deploy_files import DEPLOY_DIR
 
 pytestmark = pytest.mark.timeout(30)
 
-DEPLOY = Path(__file__).resolve().parents[2] / "deploy" / "cobald"
+DEPLOY = DEPLOY_DIR / "cobald"
 HTCONDOR = (DEPLOY / "htcondor.yaml").read_text()
 TARDIS_SECTION = HTCONDOR[HTCONDOR.index("tardis:\n") :]
 #: nine lists of nine references to the one before: 9**9 leaves when walked as a tree

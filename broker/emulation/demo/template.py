@@ -1,4 +1,4 @@
-"""The COBalD/TARDIS configuration of one demo run: ``deploy/cobald/demo.yaml`` filled in"""
+"""The COBalD/TARDIS configuration of one demo run: the shipped ``cobald/demo.yaml`` filled in"""
 
 from __future__ import annotations
 
@@ -9,9 +9,10 @@ from pathlib import Path
 from typing import Any
 
 from broker.emulation.demo.scenario import Scenario
+from remote_agent.deploy_files import DEPLOY_DIR
 
 #: the COBalD/TARDIS configuration the demo fills in for each run
-CONFIG_TEMPLATE = Path(__file__).resolve().parents[3] / "deploy" / "cobald" / "demo.yaml"
+CONFIG_TEMPLATE = DEPLOY_DIR / "cobald" / "demo.yaml"
 #: the drone job TARDIS's HTCondor site adapter submits (``--tardis-adapters htcondor``)
 DEPLOY_JDL = CONFIG_TEMPLATE.with_name("drone.jdl")
 
@@ -24,7 +25,7 @@ def render_config(
     bus: Mapping[str, Any] | None,
     template: Path = CONFIG_TEMPLATE,
 ) -> str:
-    """``deploy/cobald/demo.yaml`` filled in for one run under ``root``"""
+    """``remote_agent/deploy/cobald/demo.yaml`` filled in for one run under ``root``"""
     values = {
         "schedule": json.dumps(scenario.schedule()),
         "start": repr(start),

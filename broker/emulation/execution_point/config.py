@@ -1,4 +1,4 @@
-"""Just enough of HTCondor's configuration language to run the emulator with ``deploy/htcondor``"""
+"""Just enough of HTCondor's configuration language to run the emulator with the shipped startd"""
 
 from __future__ import annotations
 

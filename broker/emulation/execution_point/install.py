@@ -9,9 +9,10 @@ from pathlib import Path
 
 from broker.emulation.execution_point.paths import CONFIG_FILE
 from broker.emulation.execution_point.tools import TOOLS
+from remote_agent.deploy_files import DEPLOY_DIR as SHIPPED
 
 #: the drone startd configuration shipped in this repository
-DEPLOY_DIR = Path(__file__).resolve().parents[3] / "deploy" / "htcondor"
+DEPLOY_DIR = SHIPPED / "htcondor"
 DEPLOY_CONFIG = DEPLOY_DIR / "cobald-remote-drone.conf"
 
 
