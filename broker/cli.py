@@ -15,7 +15,7 @@ import sys
 from collections.abc import Sequence
 from typing import Final
 
-from broker.commands import auth, broker, config, demo, ops, protocol, timeline
+from broker.commands import auth, broker, config, demo, deploy, ops, protocol, timeline
 from broker.commands.failures import run
 from broker.commands.lazy import Commands, Fill
 from remote_agent import cli as agent
@@ -47,6 +47,7 @@ COMMANDS: Final[tuple[tuple[str, Fill, str], ...]] = (
         config.add_arguments,
         "what cobald-remote will do with a COBalD configuration",
     ),
+    ("deploy", deploy.add_commands, "the shipped deployment files: list, show, copy"),
     (
         "demo",
         demo.add_arguments,

@@ -9,7 +9,8 @@ Errors that the drone side raises on purpose
     ├── IllegalTransition  a lifecycle transition the state table forbids
     ├── GateError          the gate socket cannot be served
     ├── GateUnavailable    a hook got no answer from the agent
-    └── StartdError        the local startd cannot be asked or did not obey
+    ├── StartdError        the local startd cannot be asked or did not obey
+    └── DeployFileError    a shipped deployment file cannot be found or copied
 
 The protocol's own errors are in :mod:`remote_agent.protocol.errors`.
 """
@@ -48,3 +49,7 @@ class GateUnavailable(AgentError):
 
 class StartdError(AgentError):
     """The local startd could not be asked or did not do what was asked"""
+
+
+class DeployFileError(AgentError):
+    """A shipped deployment file cannot be found or copied"""
