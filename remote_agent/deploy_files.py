@@ -16,6 +16,8 @@ from typing import Final
 
 from remote_agent.errors import DeployFileError
 
+__all__ = ["DEPLOY_DIR", "DeployFileError", "copy", "select", "shipped"]
+
 #: the deployment files: one directory per group (``htcondor``, ``nats``, ...)
 DEPLOY_DIR: Final = Path(str(files("remote_agent").joinpath("deploy")))
 #: mode of a copied file: executable when it starts with ``#!`` (hooks, drone job)

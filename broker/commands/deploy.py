@@ -14,7 +14,6 @@ from pathlib import Path
 from broker.commands.options import add_json
 from broker.commands.table import write_json
 from broker.errors import CliError
-from remote_agent.errors import DeployFileError
 
 
 def _list(args: argparse.Namespace) -> int:
@@ -33,7 +32,8 @@ def _show(args: argparse.Namespace) -> int:
 
     chosen = deploy_files.select(args.name)
     if len(chosen) != 1:
-        raise DeployFileError(f"{args.name!r} is a group; name one file: {', '.join(chosen)}")
+        names = ", ".join(chosen)
+        raise deploy_files.DeployFileError(f"{args.name!r} is a group; name one file: {names}")
     sys.stdout.buffer.write(next(iter(chosen.values())).read_bytes())
     return 0
 
@@ -50,6 +50,8 @@ def _copy(args: argparse.Namespace) -> int:
 
 
 def _run(args: argparse.Namespace) -> int:
+    from remote_agent.deploy_files import DeployFileError
+
     try:
         return int(args.deploy_run(args))
     except DeployFileError as err:

@@ -68,9 +68,14 @@ def test_the_drone_side_never_imports_the_manager_side() -> None:
     assert _offences(None, where=("remote_agent",), banned=("broker", "emulation")) == []
 
 
-#: what the manager side may import of the drone side: the protocol, and the agent's
-#: own command, which the one console script wires in
-_SHARED = ("remote_agent.protocol", "remote_agent.cli", "remote_agent.__version__")
+#: what the manager side may import of the drone side: the protocol, the agent's own
+#: command, which the one console script wires in, and the shipped deployment files
+_SHARED = (
+    "remote_agent.protocol",
+    "remote_agent.cli",
+    "remote_agent.__version__",
+    "remote_agent.deploy_files",
+)
 
 
 def test_the_manager_side_imports_the_drone_side_only_through_the_protocol() -> None:

@@ -1,0 +1,105 @@
+"""
+The drone image recipes (``remote_agent/deploy/image``): every file they name ships
+
+Images cannot be built here; what is checked is that the Containerfile and the
+Apptainer definition run the same install steps, that every deployment file and
+path those steps name exists, and that they agree with the startd configuration
+and the drone job's JDL.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from remote_agent import deploy_files
+from remote_agent.deploy_files import DEPLOY_DIR
+
+IMAGE = DEPLOY_DIR / "image"
+CONTAINERFILE = (IMAGE / "Containerfile").read_text()
+APPTAINER = (IMAGE / "cobald-remote-drone.def").read_text()
+INSTALL = (IMAGE / "install-drone").read_text()
+STARTD = (DEPLOY_DIR / "htcondor" / "cobald-remote-drone.conf").read_text()
+JDL = (DEPLOY_DIR / "cobald" / "drone.jdl").read_text()
+
+RECIPES = {"Containerfile": CONTAINERFILE, "apptainer": APPTAINER}
+
+
+def _default(name: str) -> str:
+    """The default of the variable ``name`` in install-drone (``${NAME:-default}``)"""
+    found = re.search(rf"\$\{{{name}:-([^}}]+)\}}", INSTALL)
+    assert found, name
+    return found.group(1)
+
+
+def _copied() -> dict[str, str]:
+    """What install-drone copies into LIBEXEC: file name -> the name it is shipped as"""
+    names = re.findall(r"deploy copy (\S+) \"\$libexec\"", INSTALL)
+    assert names
+    return {key.split("/")[1]: key for name in names for key in deploy_files.select(name)}
+
+
+def _sources(recipe: str) -> list[str]:
+    """The build-context files a recipe copies in (COPY lines, the %files section)"""
+    copies = re.findall(r"^COPY (\S+) \S+$", recipe, re.M)
+    section = re.search(r"^%files\n((?:[ \t]+\S.*\n)+)", recipe, re.M)
+    files = [line.split()[0] for line in section.group(1).splitlines()] if section else []
+    return copies + files
+
+
+def test_every_name_the_install_steps_use_ships() -> None:
+    for name in re.findall(r"deploy (?:copy|show) (\S+)", INSTALL):
+        assert deploy_files.select(name), name
+    shown = re.findall(r"deploy show (\S+)", INSTALL)
+    assert shown == ["htcondor/cobald-remote-drone.conf"]
+
+
+@pytest.mark.parametrize("recipe", RECIPES.values(), ids=RECIPES.keys())
+def test_both_recipes_copy_the_wheel_and_the_shipped_install_script(recipe: str) -> None:
+    sources = _sources(recipe)
+    assert sorted(sources) == ["*.whl", "install-drone"]
+    assert {f"image/{s}" for s in sources if "*" not in s} <= set(deploy_files.shipped())
+    assert "sh /tmp/install-drone /tmp/wheels" in recipe
+    assert re.search(r"cobald_remote-\*\.whl", INSTALL)
+
+
+def test_the_recipes_share_one_base_and_one_entry() -> None:
+    base = re.search(r"^ARG BASE=(?:docker\.io/)?(\S+)$", CONTAINERFILE, re.M)
+    assert base and f"\nFrom: {base.group(1)}\n" in APPTAINER
+    assert base.group(1).startswith("htcondor/execute:")
+    job = f"{_default('LIBEXEC')}/drone-job"
+    assert f'ENTRYPOINT ["{job}"]' in CONTAINERFILE
+    assert f'exec {job} "$@"' in APPTAINER
+    assert "drone-job" in _copied()
+
+
+def test_python_is_at_least_3_11_everywhere() -> None:
+    packages = {
+        m for r in RECIPES.values() for m in re.findall(r"dnf install -y (python3\.\d+)", r)
+    }
+    assert packages == {_default("PYTHON")}
+    minor = int(_default("PYTHON").removeprefix("python3."))
+    assert minor >= 11
+    assert "sys.version_info < (3, 11)" in INSTALL
+
+
+def test_the_startd_and_the_jdl_find_what_install_drone_copies() -> None:
+    libexec = _default("LIBEXEC")
+    assert re.search(rf"^COBALD_REMOTE_LIBEXEC = {re.escape(libexec)}$", STARTD, re.M)
+    hooks = re.findall(r"^\S+ = \$\(COBALD_REMOTE_LIBEXEC\)/(\S+)$", STARTD, re.M)
+    assert hooks and set(hooks) <= set(_copied())
+    executable = re.search(r"^executable = (\S+)$", JDL, re.M)
+    assert executable and executable.group(1) == f"{libexec}/drone-job"
+    for recipe in RECIPES.values():
+        assert "PATH=/opt/cobald-remote/bin:$PATH" in recipe
+    assert _default("PREFIX") == "/opt/cobald-remote"
+
+
+def test_copied_scripts_are_executable(tmp_path: Path) -> None:
+    target = tmp_path / "libexec"
+    written = deploy_files.copy("htcondor", target) + deploy_files.copy("image", target)
+    modes = {path.name: path.stat().st_mode & 0o777 for path in written}
+    assert modes["hook-prepare-job"] == modes["install-drone"] == 0o755
+    assert modes["cobald-remote-drone.conf"] == modes["Containerfile"] == 0o644
