@@ -67,6 +67,15 @@ def create_composite_pool(*args: Any, **kwargs: Any) -> Any:
     return factory.create_composite_pool(*args, **kwargs)
 
 
+def _tag(*args: Any, **kwargs: Any) -> Any:
+    """The tag's constructor: the factory's own leaf ``Partial`` (``.s``), made when used"""
+    return _load("factory", "!RemoteTardisPoolFactory").create_composite_pool.s(*args, **kwargs)
+
+
+# COBalD takes a tag's constructor as ``entry.load().s`` (cobald/daemon/core/config.py:41-44)
+create_composite_pool.s = _tag  # type: ignore[attr-defined]
+
+
 def __getattr__(name: str) -> Any:
     if name not in _HOMES:
         raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

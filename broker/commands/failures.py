@@ -49,4 +49,4 @@ def _needs_manager(err: Exception, args: argparse.Namespace) -> Exception | None
         return None
     from broker.errors import NeedsManager
 
-    return NeedsManager.of(err, f"cobald-remote {getattr(args, 'group', None) or ''}".rstrip())
+    return NeedsManager.of(err, getattr(args, "group", None) or "this command")
