@@ -15,6 +15,7 @@ line and exit 1 (``broker/commands/failures.py``). The tree::
     ├── TimelineError           a drone's timeline cannot be read
     ├── OperatorError           an operator command cannot be carried out
     ├── ConfigError             the ``bus:`` section (or the pool factory's) is not valid
+    ├── NeedsManager            a module that only ``cobald-remote[manager]`` installs is missing
     └── CliError                any other failure of a command
 
 The emulators' exceptions are in ``broker/emulation/errors.py``.
@@ -23,7 +24,7 @@ The emulators' exceptions are in ``broker/emulation/errors.py``.
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 if TYPE_CHECKING:
     from broker.manager.validity import Rejection
@@ -93,3 +94,30 @@ class ConfigError(BrokerError, ValueError):
 
 class CliError(BrokerError):
     """A failure to report in one line and exit 1"""
+
+
+#: the top-level modules that only the ``manager`` extra brings (``yaml``: with cobald)
+MANAGER_MODULES: Final = frozenset({"cobald", "tardis", "prometheus_client", "yaml"})
+
+
+class NeedsManager(BrokerError, ImportError):
+    """
+    ``what`` needs a module of the ``manager`` extra, which this install lacks
+
+    :param what: the command or entry point that needs it
+    :param module: the missing top-level module
+    """
+
+    def __init__(self, what: str, module: str) -> None:
+        super().__init__(
+            f"{what} needs the manager install: pip install 'cobald-remote[manager]'"
+            f" (no module {module!r} here)"
+        )
+        self.what = what
+        self.module = module
+
+    @classmethod
+    def of(cls, err: ImportError, what: str) -> NeedsManager | None:
+        """``err`` as the install it calls for, or ``None`` for any other missing module"""
+        module = (err.name or "").partition(".")[0]
+        return cls(what, module) if module in MANAGER_MODULES else None

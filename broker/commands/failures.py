@@ -24,7 +24,9 @@ def run(args: argparse.Namespace) -> int:
     Run the chosen command (a coroutine in its own event loop), return its exit status
 
     An expected failure (:func:`_reported`) is printed as ``cobald-remote: <why>``
-    and gives :data:`EXIT_FAILURE`; anything else propagates with its traceback.
+    and gives :data:`EXIT_FAILURE`, and so is a module missing because this is the
+    drone-side install (:class:`~broker.errors.NeedsManager`); anything else
+    propagates with its traceback.
     """
     try:
         result = args.run(args)
@@ -33,8 +35,18 @@ def run(args: argparse.Namespace) -> int:
 
             result = asyncio.run(result)
     except Exception as err:
-        if not isinstance(err, _reported()):
+        reported = _needs_manager(err, args) or err
+        if not isinstance(reported, _reported()):
             raise
-        print(f"cobald-remote: {err}", file=sys.stderr)
+        print(f"cobald-remote: {reported}", file=sys.stderr)
         return EXIT_FAILURE
     return int(result)
+
+
+def _needs_manager(err: Exception, args: argparse.Namespace) -> Exception | None:
+    """A drone-side install's missing manager module as the one line that names the extra"""
+    if not isinstance(err, ImportError):
+        return None
+    from broker.errors import NeedsManager
+
+    return NeedsManager.of(err, getattr(args, "group", None) or "this command")

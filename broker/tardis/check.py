@@ -20,6 +20,7 @@ import yaml  # PyYAML, as COBalD and TARDIS use it
 from cobald.daemon.core.config import COBalDLoader, add_constructor_plugins, load_section_plugins
 from cobald.interfaces._partial import Partial
 
+from broker import tardis_adapter
 from broker.tardis.config import (
     BusConfig,
     creds_problem,
@@ -34,6 +35,8 @@ from broker.tardis.factory import create_composite_pool, load_adapter
 FACTORY_NAMES = frozenset(
     {"broker.tardis_adapter.create_composite_pool", "broker.tardis.factory.create_composite_pool"}
 )
+#: the pool factory as the ``!RemoteTardisPoolFactory`` tag or a caller may hold it
+_FACTORIES = (create_composite_pool, tardis_adapter.create_composite_pool)
 _YAML_GROUP = "cobald.config.yaml_constructors"
 _SECTION_GROUP = "cobald.config.sections"
 
@@ -107,7 +110,7 @@ def _factories(node: object, where: str) -> Iterator[tuple[str, str, dict[str, A
         if id(node) in seen:
             continue
         seen.add(id(node))
-        if isinstance(node, Partial) and node.ctor is create_composite_pool:
+        if isinstance(node, Partial) and node.ctor in _FACTORIES:
             yield where, "!RemoteTardisPoolFactory", dict(node.kwargs)
         elif isinstance(node, Mapping):
             kind = node.get("__type__")
