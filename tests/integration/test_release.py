@@ -127,7 +127,10 @@ def test_manager_install_has_cobald_tardis_and_the_server(
         cwd=tmp_path,
     )
     assert found.stdout.strip() == str(manager_bin / "nats-server"), found.stderr
-    config = wheels.ROOT / "deploy" / "cobald" / "htcondor.yaml"
+    # the deployment files come with the wheel
+    copied = _run(manager_bin, "cobald-remote", "deploy", "copy", "cobald", "site", cwd=tmp_path)
+    assert copied.returncode == 0, copied.stderr
+    config = tmp_path / "site" / "htcondor.yaml"
     checked = _run(manager_bin, "cobald-remote", "check-config", str(config), cwd=tmp_path)
     assert checked.returncode == 0, checked.stderr
     assert checked.stdout.rstrip().endswith("htcondor.yaml: valid")
