@@ -18,6 +18,7 @@ from typing import Final
 from broker.commands import auth, broker, config, demo, ops, protocol, timeline
 from broker.commands.failures import run
 from broker.commands.lazy import Commands, Fill
+from remote_agent import __version__
 from remote_agent import cli as agent
 
 #: the commands in the order ``--help`` lists them: name, what adds its arguments, help
@@ -54,17 +55,55 @@ COMMANDS: Final[tuple[tuple[str, Fill, str], ...]] = (
     ),
 )
 
+#: where ``-v`` given after the command's name is counted
+_VERBOSE_AFTER: Final = "verbose_after"
+
+
+def _add_globals(parser: argparse.ArgumentParser, dest: str = "verbose") -> None:
+    """The options every command takes, before or after its name"""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        dest=dest,
+        # after the command: unset unless given, so that what came before it counts too
+        default=0 if dest == "verbose" else argparse.SUPPRESS,
+        help="more log output (-vv: debug)",
+    )
+
+
+def _with_globals(fill: Fill) -> Fill:
+    """``fill``, then the global options on the command and on each of its subcommands"""
+
+    def filled(parser: argparse.ArgumentParser) -> None:
+        fill(parser)
+        for sub in _tree(parser):
+            _add_globals(sub, _VERBOSE_AFTER)
+
+    return filled
+
+
+def _tree(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    """``parser`` and every subcommand's parser below it"""
+    found = [parser]
+    for action in parser._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases share a parser
+                found += _tree(sub)
+    return found
+
 
 def _parser() -> tuple[argparse.ArgumentParser, Commands]:
     parser = argparse.ArgumentParser(
         prog="cobald-remote",
         description="Message-bus coordination between TARDIS/COBalD and their drones",
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    _add_globals(parser)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     groups = parser.add_subparsers(action=Commands, dest="group", required=True, metavar="COMMAND")
     assert isinstance(groups, Commands)
     for name, fill, help_text in COMMANDS:
-        groups.add_command(name, fill, help=help_text)
+        groups.add_command(name, _with_globals(fill), help=help_text)
     return parser, groups
 
 
@@ -77,12 +116,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser()[0].parse_args(argv)
+    verbose = args.verbose + getattr(args, _VERBOSE_AFTER, 0)
     logging.basicConfig(
-        level=logging.DEBUG
-        if args.verbose > 1
-        else logging.INFO
-        if args.verbose
-        else logging.WARNING,
+        level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
