@@ -55,21 +55,28 @@ COMMANDS: Final[tuple[tuple[str, Fill, str], ...]] = (
     ),
 )
 
-#: where ``-v`` given after the command's name is counted
-_VERBOSE_AFTER: Final = "verbose_after"
+#: ``-v`` is counted per level of the command line (argparse gives each subcommand a
+#: namespace of its own), in ``verbose``, ``verbose_1``, ...
+_VERBOSE: Final = "verbose"
 
 
-def _add_globals(parser: argparse.ArgumentParser, dest: str = "verbose") -> None:
+def _add_globals(parser: argparse.ArgumentParser, level: int = 0) -> None:
     """The options every command takes, before or after its name"""
     parser.add_argument(
         "-v",
         "--verbose",
         action="count",
-        dest=dest,
-        # after the command: unset unless given, so that what came before it counts too
-        default=0 if dest == "verbose" else argparse.SUPPRESS,
+        dest=f"{_VERBOSE}_{level}" if level else _VERBOSE,
+        # below the top: unset unless given, so that no level resets another
+        default=argparse.SUPPRESS if level else 0,
         help="more log output (-vv: debug)",
     )
+
+
+def _verbosity(args: argparse.Namespace) -> int:
+    """How often ``-v`` was given, on any level"""
+    levels = (name for name in vars(args) if name.split("_")[0] == _VERBOSE)
+    return sum(getattr(args, name) for name in levels)
 
 
 def _with_globals(fill: Fill) -> Fill:
@@ -77,19 +84,19 @@ def _with_globals(fill: Fill) -> Fill:
 
     def filled(parser: argparse.ArgumentParser) -> None:
         fill(parser)
-        for sub in _tree(parser):
-            _add_globals(sub, _VERBOSE_AFTER)
+        for sub, level in _tree(parser, 1):
+            _add_globals(sub, level)
 
     return filled
 
 
-def _tree(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
-    """``parser`` and every subcommand's parser below it"""
-    found = [parser]
+def _tree(parser: argparse.ArgumentParser, level: int) -> list[tuple[argparse.ArgumentParser, int]]:
+    """``parser`` and every subcommand's parser below it, with their levels"""
+    found = [(parser, level)]
     for action in parser._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in dict.fromkeys(action.choices.values()):  # aliases share a parser
-                found += _tree(sub)
+                found += _tree(sub, level + 1)
     return found
 
 
@@ -116,7 +123,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser()[0].parse_args(argv)
-    verbose = args.verbose + getattr(args, _VERBOSE_AFTER, 0)
+    verbose = _verbosity(args)
     logging.basicConfig(
         level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
