@@ -90,10 +90,12 @@ def _with_globals(fill: Fill) -> Fill:
     return filled
 
 
-def _tree(parser: argparse.ArgumentParser, level: int) -> list[tuple[argparse.ArgumentParser, int]]:
-    """``parser`` and every subcommand's parser below it, with their levels"""
-    found = [(parser, level)]
-    for action in parser._actions:
+def _tree(
+    command: argparse.ArgumentParser, level: int
+) -> list[tuple[argparse.ArgumentParser, int]]:
+    """``command``'s parser and every subcommand's parser below it, with their levels"""
+    found = [(command, level)]
+    for action in command._actions:
         if isinstance(action, argparse._SubParsersAction):
             for sub in dict.fromkeys(action.choices.values()):  # aliases share a parser
                 found += _tree(sub, level + 1)
