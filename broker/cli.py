@@ -18,6 +18,7 @@ from typing import Final
 from broker.commands import auth, broker, config, demo, deploy, ops, protocol, timeline
 from broker.commands.failures import run
 from broker.commands.lazy import Commands, Fill
+from remote_agent import __version__
 from remote_agent import cli as agent
 
 #: the commands in the order ``--help`` lists them: name, what adds its arguments, help
@@ -55,17 +56,64 @@ COMMANDS: Final[tuple[tuple[str, Fill, str], ...]] = (
     ),
 )
 
+#: ``-v`` is counted per level of the command line (argparse gives each subcommand a
+#: namespace of its own), in ``verbose``, ``verbose_1``, ...
+_VERBOSE: Final = "verbose"
+
+
+def _add_globals(parser: argparse.ArgumentParser, level: int = 0) -> None:
+    """The options every command takes, before or after its name"""
+    parser.add_argument(
+        "-v",
+        "--verbose",
+        action="count",
+        dest=f"{_VERBOSE}_{level}" if level else _VERBOSE,
+        # below the top: unset unless given, so that no level resets another
+        default=argparse.SUPPRESS if level else 0,
+        help="more log output (-vv: debug)",
+    )
+
+
+def _verbosity(args: argparse.Namespace) -> int:
+    """How often ``-v`` was given, on any level"""
+    levels = (name for name in vars(args) if name.split("_")[0] == _VERBOSE)
+    return sum(getattr(args, name) for name in levels)
+
+
+def _with_globals(fill: Fill) -> Fill:
+    """``fill``, then the global options on the command and on each of its subcommands"""
+
+    def filled(parser: argparse.ArgumentParser) -> None:
+        fill(parser)
+        for sub, level in _tree(parser, 1):
+            _add_globals(sub, level)
+
+    return filled
+
+
+def _tree(
+    command: argparse.ArgumentParser, level: int
+) -> list[tuple[argparse.ArgumentParser, int]]:
+    """``command``'s parser and every subcommand's parser below it, with their levels"""
+    found = [(command, level)]
+    for action in command._actions:
+        if isinstance(action, argparse._SubParsersAction):
+            for sub in dict.fromkeys(action.choices.values()):  # aliases share a parser
+                found += _tree(sub, level + 1)
+    return found
+
 
 def _parser() -> tuple[argparse.ArgumentParser, Commands]:
     parser = argparse.ArgumentParser(
         prog="cobald-remote",
         description="Message-bus coordination between TARDIS/COBalD and their drones",
     )
-    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log output")
+    _add_globals(parser)
+    parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
     groups = parser.add_subparsers(action=Commands, dest="group", required=True, metavar="COMMAND")
     assert isinstance(groups, Commands)
     for name, fill, help_text in COMMANDS:
-        groups.add_command(name, fill, help=help_text)
+        groups.add_command(name, _with_globals(fill), help=help_text)
     return parser, groups
 
 
@@ -78,12 +126,9 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = _parser()[0].parse_args(argv)
+    verbose = _verbosity(args)
     logging.basicConfig(
-        level=logging.DEBUG
-        if args.verbose > 1
-        else logging.INFO
-        if args.verbose
-        else logging.WARNING,
+        level=logging.DEBUG if verbose > 1 else logging.INFO if verbose else logging.WARNING,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )

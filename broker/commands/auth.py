@@ -9,12 +9,16 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from broker.commands.options import add_prefix, add_seconds
+from broker.commands.options import add_json, add_prefix, add_seconds
 from remote_agent.protocol.environment import site_of
 from remote_agent.protocol.names import Namespace
 
 if TYPE_CHECKING:
     from broker.server.auth.authority import AccountLimits
+
+
+def _to_stdout(out: str | None) -> bool:
+    return out is None or out == "-"
 
 
 def _write_secret(text: str, out: str | None) -> None:
@@ -57,22 +61,46 @@ def _account_limits(args: argparse.Namespace) -> AccountLimits:
     )
 
 
-def _advise(text: str) -> int:
+def _advise(args: argparse.Namespace, text: str) -> int:
     """Tell the operator what to do with what was written (on stderr: stdout may be a secret)"""
-    print(text, file=sys.stderr)
+    if not args.json:
+        print(text, file=sys.stderr)
     return 0
+
+
+def _result(
+    args: argparse.Namespace, facts: dict[str, object], key: str, text: str, out: str | None
+) -> None:
+    """
+    Write the secret ``text`` to ``out``, or print it; with ``--json`` print ``facts``
+    instead, with the secret under ``key`` unless a file holds it
+    """
+    from broker.commands.table import write_json
+
+    printed = _to_stdout(out)
+    if not (args.json and printed):
+        _write_secret(text, out)
+    if args.json:
+        write_json({**facts, key: text if printed else None, "out": None if printed else out})
 
 
 def _auth_init(args: argparse.Namespace) -> int:
     from broker.server.auth.authority import create_authority, save_authority
+    from broker.server.auth.jwt import key_of, public_of
 
     authority = create_authority(args.name, _account_limits(args))
     save_authority(authority, Path(args.authority))
-    _write_secret(authority.server_config(), args.server_config)
-    where = "printed above" if args.server_config in (None, "-") else f"in {args.server_config}"
+    facts: dict[str, object] = {
+        "authority": args.authority,
+        "operator": public_of(key_of(authority.operator)),
+        "account": authority.account_public,
+    }
+    _result(args, facts, "server_config", authority.server_config(), args.server_config)
+    where = "printed above" if _to_stdout(args.server_config) else f"in {args.server_config}"
     return _advise(
+        args,
         f"authority written to {args.authority} (keep it secret); include the server "
-        f"configuration {where} from the nats-server configuration (docs/deployment.md)"
+        f"configuration {where} from the nats-server configuration (docs/deployment.md)",
     )
 
 
@@ -97,12 +125,20 @@ def _auth_drone(args: argparse.Namespace) -> int:
     return 0
 
 
-def _issue(args: argparse.Namespace, creds: str) -> None:
+def _issue(args: argparse.Namespace, creds: str, **facts: object) -> None:
     """Write the credentials where asked, and note the user as issued"""
+    from broker.server.auth.jwt import creds_claims
     from broker.server.auth.revocation import note_issued
 
     note_issued(Path(args.authority), creds)
-    _write_secret(creds, args.out)
+    claims = creds_claims(creds)
+    about = {
+        "name": claims.get("name"),
+        "user": claims.get("sub"),
+        "issued_at": claims.get("iat"),
+        "expires_at": claims.get("exp"),
+    }
+    _result(args, {**about, **facts}, "creds", creds, args.out)
 
 
 def _auth_manager(args: argparse.Namespace) -> int:
@@ -118,11 +154,12 @@ def _auth_leaf(args: argparse.Namespace) -> int:
     from broker.server.auth.credentials import leaf_credentials
 
     authority = load_authority(Path(args.authority))
-    _issue(args, leaf_credentials(authority, args.site))
-    where = args.out if args.out not in (None, "-") else "<this file>"
+    _issue(args, leaf_credentials(authority, args.site), account=authority.account_public)
+    where = "<this file>" if _to_stdout(args.out) else args.out
     return _advise(
+        args,
         f"in leaf.conf's remote: credentials: {where} and account: {authority.account_public}; "
-        'and include "auth.conf" (docs/deployment.md)'
+        'and include "auth.conf" (docs/deployment.md)',
     )
 
 
@@ -144,10 +181,12 @@ def _auth_revoke(args: argparse.Namespace) -> int:
         raise AuthError("name a drone (or user) to revoke, or give --user KEY")
     authority = revoke(load_authority(path), users, expired=expired_users(path))
     update_authority(authority, path)
-    _write_secret(authority.server_config(), args.server_config)
+    facts: dict[str, object] = {"revoked": users}
+    _result(args, facts, "server_config", authority.server_config(), args.server_config)
     return _advise(
+        args,
         f"revoked {len(users)} credentials; reload every server and leaf node that includes "
-        "this configuration (systemctl reload cobald-remote-nats...; docs/deployment.md)"
+        "this configuration (systemctl reload cobald-remote-nats...; docs/deployment.md)",
     )
 
 
@@ -180,6 +219,7 @@ def add_commands(auth: argparse.ArgumentParser) -> None:
             metavar="N",
             help=f"the account's {what} (default {default}; -1: no limit)",
         )
+    add_json(init)
     init.set_defaults(run=_auth_init)
     drone = commands.add_parser("drone", help="a .creds file for one drone, on stdout")
     drone.add_argument("drone", help="the drone's uuid")
@@ -210,16 +250,19 @@ def add_commands(auth: argparse.ArgumentParser) -> None:
         help=f"largest message with its headers (default {limits.payload_bytes})",
     )
     drone.add_argument("--out", help="write here (0600) instead of stdout")
+    add_json(drone)
     drone.set_defaults(run=_auth_drone)
     manager = commands.add_parser("manager", help="a .creds file for the manager, on stdout")
     manager.add_argument("--authority", required=True, help="the file auth init wrote")
     manager.add_argument("--name", default="manager", help="user name")
     manager.add_argument("--out", help="write here (0600) instead of stdout")
+    add_json(manager)
     manager.set_defaults(run=_auth_manager)
     leaf = commands.add_parser("leaf", help="a .creds file for a site's leaf node, on stdout")
     leaf.add_argument("site", help="the site's name (as in drone uuids)")
     leaf.add_argument("--authority", required=True, help="the file auth init wrote")
     leaf.add_argument("--out", help="write here (0600) instead of stdout")
+    add_json(leaf)
     leaf.set_defaults(run=_auth_leaf)
     revoke_ = commands.add_parser(
         "revoke", help="refuse credentials before they expire; prints the new server configuration"
@@ -230,4 +273,5 @@ def add_commands(auth: argparse.ArgumentParser) -> None:
     revoke_.add_argument("--user", action="append", help="a user public key (U...), repeatable")
     revoke_.add_argument("--authority", required=True, help="the file auth init wrote")
     revoke_.add_argument("--server-config", help="write the server configuration here (0600)")
+    add_json(revoke_)
     revoke_.set_defaults(run=_auth_revoke)

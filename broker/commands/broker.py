@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from broker.commands.options import add_connection, add_prefix, connect
+from broker.commands.options import add_connection, add_json, add_prefix, connected
 from remote_agent.protocol.names import Namespace
 
 if TYPE_CHECKING:
@@ -36,13 +36,15 @@ def _topology(args: argparse.Namespace) -> Topology:
 async def _init(args: argparse.Namespace) -> int:
     from broker.server.provision import provision
 
-    nc = await connect(args, _CLIENT)
-    try:
+    async with connected(args, _CLIENT) as nc:
         actions = await provision(nc.jetstream(domain=args.domain), _topology(args))
-    finally:
-        await nc.close()
-    for name, action in actions.items():
-        print(f"{name}: {action}")
+    if args.json:
+        from broker.commands.table import write_json
+
+        write_json(actions)
+    else:
+        for name, action in actions.items():
+            print(f"{name}: {action}")
     return 0
 
 
@@ -72,7 +74,13 @@ async def _serve(args: argparse.Namespace) -> int:
         finally:
             await nc.close()
         log.info("provisioned %s", ", ".join(f"{k} {v}" for k, v in actions.items()))
-        print(server.url, flush=True)
+        if args.json:  # one line: the command runs on, a script reads what it has
+            import json
+
+            facts = {"url": server.url, "pid": server.pid, "store": str(server.store_dir)}
+            print(json.dumps(facts), flush=True)
+        else:
+            print(server.url, flush=True)
         print(
             f"nats-server pid {server.pid} serving {server.url}, store {server.store_dir}; "
             "Ctrl-C stops it",
@@ -102,10 +110,14 @@ def add_commands(broker: argparse.ArgumentParser) -> None:
     serve.add_argument("--nats-server", help="nats-server executable (default: from the wheel)")
     add_prefix(serve)
     _add_replicas(serve)
+    serve.add_argument(
+        "--json", action="store_true", help="print the URL, pid and store as one JSON line"
+    )
     serve.set_defaults(run=_serve)
     init = broker_cmds.add_parser(
         "init", help="create or update every stream and bucket; safe to repeat"
     )
     add_connection(init, server_help="NATS URL, e.g. nats://127.0.0.1:4222")
     _add_replicas(init)
+    add_json(init)
     init.set_defaults(run=_init)

@@ -13,17 +13,13 @@ import sys
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
+from broker.commands.options import refused
 from broker.errors import OperatorError
 
 if TYPE_CHECKING:
     from nats.aio.client import Client
 
     from broker.manager.control import Control
-
-#: what to do when the server refuses the commands' subjects
-_NEEDS_MANAGER = (
-    "these commands need the manager's credentials (--creds; cobald-remote auth manager)"
-)
 
 
 async def heard_of(nc: Client, control: Control, site: str, drone: str, domain: str | None) -> bool:
@@ -72,14 +68,6 @@ async def refuse_unknown(
             f"{what}: check the uuid (cobald-remote status), or give --force to {command} it anyway"
         )
     print(f"cobald-remote: warning: {what}; {command} it anyway (--force)", file=sys.stderr)
-
-
-def refused(nc: Client) -> str:
-    """The line for a server that refused one of the connection's subjects; ``""`` if it did not"""
-    last = nc.last_error
-    if last is not None and "permissions violation" in str(last).lower():
-        return f"{last}: {_NEEDS_MANAGER}"
-    return ""
 
 
 @contextlib.contextmanager

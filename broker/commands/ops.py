@@ -16,8 +16,15 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 from broker.commands.failures import EXIT_FAILURE
-from broker.commands.intent import permission_errors, refuse_unknown, refused
-from broker.commands.options import add_connection, add_json, add_seconds, connect
+from broker.commands.intent import permission_errors, refuse_unknown
+from broker.commands.options import (
+    add_connection,
+    add_json,
+    add_seconds,
+    connect,
+    connected,
+    refused,
+)
 from broker.commands.table import format_table, write_json
 from broker.errors import OperatorError
 from remote_agent.protocol.environment import site_of
@@ -225,15 +232,12 @@ async def status(args: argparse.Namespace) -> int:
 
     namespace = Namespace(args.prefix)
     registry = Registry(namespace, lost_after_s=args.lost_after)
-    nc = await _connect(args)
-    try:
+    async with connected(args, "cobald-remote-ops") as nc:
         with stream_errors(OperatorError, "stream or bucket"):
             js = nc.jetstream(domain=args.domain)
             with contextlib.suppress(HandshakeError):  # without it, no release reads as proven
                 registry.proof_key = await load_proof_key(js, namespace)
             await rebuild(nc, js, registry, api=api_prefix(args.domain))
-    finally:
-        await nc.close()
     now = time.time()
     views = sorted(registry.views().values(), key=lambda v: (v.site, v.drone))
     if args.site:

@@ -1,9 +1,18 @@
-"""The options several commands share: where the bus is, its subject prefix, JSON output"""
+"""
+The options several commands share: where the bus is, its subject prefix, JSON output
+
+Its rule: ``--server`` and ``--creds`` default to the environment as the ``nats``
+command line reads it (``NATS_URL``, ``NATS_CREDS``), the project's own variables
+(``COBALD_REMOTE_URL``, ``COBALD_REMOTE_CREDS``, as the agent reads them) first.
+"""
 
 from __future__ import annotations
 
 import argparse
-from typing import TYPE_CHECKING
+import contextlib
+import os
+from collections.abc import AsyncIterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Final
 
 from remote_agent.protocol.names import DEFAULT_PREFIX
 
@@ -12,11 +21,29 @@ if TYPE_CHECKING:
 
 #: ``--server`` of the commands that take several URLs
 SERVERS_HELP = "NATS URL(s), comma-separated"
+#: the variables ``--server`` defaults to, the first set one wins
+SERVER_ENV: Final = ("COBALD_REMOTE_URL", "NATS_URL")
+#: the variables ``--creds`` defaults to, the first set one wins
+CREDS_ENV: Final = ("COBALD_REMOTE_CREDS", "NATS_CREDS")
+
+#: what to do when the server refuses the commands' subjects
+_NEEDS_MANAGER: Final = (
+    "these commands need the manager's credentials (--creds; cobald-remote auth manager)"
+)
 
 
 def add_prefix(parser: argparse.ArgumentParser) -> None:
     """``--prefix``: the first subject token"""
     parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="first subject token")
+
+
+def from_env(names: Sequence[str], env: Mapping[str, str] = os.environ) -> str | None:
+    """The value of the first of ``names`` set (and not empty) in ``env``"""
+    return next((env[name] for name in names if env.get(name)), None)
+
+
+def _env_help(help_text: str, names: Sequence[str]) -> str:
+    return f"{help_text} (default: ${', else $'.join(names)})"
 
 
 def add_connection(
@@ -25,9 +52,14 @@ def add_connection(
     server_help: str = SERVERS_HELP,
     creds_help: str = "NATS credentials file",
 ) -> None:
-    """``--server``, ``--creds``, ``--domain`` and ``--prefix``"""
-    parser.add_argument("--server", required=True, help=server_help)
-    parser.add_argument("--creds", help=creds_help)
+    """``--server``, ``--creds`` (both defaulting to the environment), ``--domain``, ``--prefix``"""
+    server = from_env(SERVER_ENV)
+    parser.add_argument(
+        "--server", default=server, required=server is None, help=_env_help(server_help, SERVER_ENV)
+    )
+    parser.add_argument(
+        "--creds", default=from_env(CREDS_ENV), help=_env_help(creds_help, CREDS_ENV)
+    )
     parser.add_argument("--domain", help="JetStream domain (leaf-node deployments)")
     add_prefix(parser)
 
@@ -42,6 +74,35 @@ async def connect(args: argparse.Namespace, name: str) -> Client:
     from broker.server.connection import connect_once
 
     return await connect_once(args.server, args.creds, name=name)
+
+
+def refused(nc: Client) -> str:
+    """The line for a server that refused one of the connection's subjects; ``""`` if it did not"""
+    last = nc.last_error
+    if last is not None and "permissions violation" in str(last).lower():
+        return f"{last}: {_NEEDS_MANAGER}"
+    return ""
+
+
+@contextlib.asynccontextmanager
+async def connected(args: argparse.Namespace, name: str) -> AsyncIterator[Client]:
+    """
+    :func:`connect`, closed on the way out; a failure after the server refused a subject
+    is reported as that refusal
+
+    :raises OperatorError: if the server refused one of the connection's subjects
+    """
+    nc = await connect(args, name)
+    try:
+        yield nc
+    except Exception:
+        if line := refused(nc):
+            from broker.errors import OperatorError
+
+            raise OperatorError(line) from None
+        raise
+    finally:
+        await nc.close()
 
 
 def add_seconds(

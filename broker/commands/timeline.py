@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from broker.commands.options import add_connection, add_json, connect
+from broker.commands.options import add_connection, add_json, connected
 from broker.commands.table import format_table, write_json
 from remote_agent.protocol.names import Namespace, check_token
 
@@ -36,13 +36,10 @@ async def timeline(args: argparse.Namespace) -> int:
     drone = check_token(args.drone, "drone uuid")
     site = check_token(args.site, "site") if args.site else None
     namespace = Namespace(args.prefix)
-    nc = await connect(args, "cobald-remote-timeline")
-    try:
+    async with connected(args, "cobald-remote-timeline") as nc:
         rows = await read_timeline(
             nc, namespace, drone, site, domain=args.domain, heartbeats=args.heartbeats
         )
-    finally:
-        await nc.close()
     if not rows:
         raise TimelineError(f"nothing about drone {drone!r} in {namespace.event_stream}")
     if args.json:

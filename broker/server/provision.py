@@ -278,16 +278,22 @@ async def check_jetstream(js: JetStreamContext) -> None:
 
     :raises ProvisioningError: if JetStream does not answer
     """
+    no_jetstream = "start nats-server with -js or a jetstream {} block"
     try:
         await js.account_info()
     except (
         nats.errors.NoRespondersError,
-        nats.errors.TimeoutError,
         nats.js.errors.ServiceUnavailableError,  # what nats-py makes of "no responders"
     ) as err:
         raise ProvisioningError(
+            "JetStream", f"the server has no JetStream ({no_jetstream})"
+        ) from err
+    except nats.errors.TimeoutError as err:
+        # a subject the credentials may not publish to gets no answer, not "no responders"
+        raise ProvisioningError(
             "JetStream",
-            "the server has no JetStream (start nats-server with -js or a jetstream {} block)",
+            f"JetStream did not answer: the credentials may not use its API, or the server "
+            f"has none ({no_jetstream})",
         ) from err
     except nats.js.errors.APIError as err:
         raise ProvisioningError("JetStream", _explain("JetStream", err)) from err

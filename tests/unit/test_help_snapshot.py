@@ -20,6 +20,7 @@ import pytest
 
 from broker.cli import build_parser
 from broker.cli import main as cli_main
+from broker.commands.options import CREDS_ENV, SERVER_ENV
 from remote_agent.hooks import build_parser as hooks_parser
 from remote_agent.hooks import main as hooks_main
 
@@ -75,6 +76,8 @@ def _fixed_terminal(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("COLUMNS", "80")
     monkeypatch.setenv("NO_COLOR", "1")
     monkeypatch.delenv("FORCE_COLOR", raising=False)
+    for name in (*SERVER_ENV, *CREDS_ENV):  # they make --server optional
+        monkeypatch.delenv(name, raising=False)
 
 
 def test_every_help_text_and_exit_code_is_as_recorded() -> None:

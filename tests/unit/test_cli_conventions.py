@@ -1,0 +1,96 @@
+"""The command line's conventions: the environment's NATS settings, global options, --version"""
+
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import broker
+import remote_agent
+from broker.cli import build_parser
+from broker.commands.options import CREDS_ENV, SERVER_ENV, from_env
+
+ROOT = Path(broker.__file__).resolve().parent.parent
+
+
+@pytest.fixture(autouse=True)
+def _no_bus_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    for name in (*SERVER_ENV, *CREDS_ENV):
+        monkeypatch.delenv(name, raising=False)
+
+
+def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in (*SERVER_ENV, *CREDS_ENV)}
+    return subprocess.run(
+        [sys.executable, "-m", "broker.cli", *argv],
+        capture_output=True,
+        cwd=ROOT,
+        env=env,
+        text=True,
+        timeout=60,
+    )
+
+
+@pytest.mark.parametrize("command", [["status"], ["broker", "init"], ["timeline", "s1-x"]])
+def test_server_and_creds_default_to_the_nats_variables(
+    monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    monkeypatch.setenv("NATS_URL", "nats://bus:4222")
+    monkeypatch.setenv("NATS_CREDS", "/etc/manager.creds")
+    args = build_parser().parse_args(command)
+    assert (args.server, args.creds) == ("nats://bus:4222", "/etc/manager.creds")
+
+
+def test_the_projects_variables_come_first_and_the_option_before_all(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setenv("NATS_URL", "nats://nats:4222")
+    monkeypatch.setenv("COBALD_REMOTE_URL", "nats://own:4222")
+    monkeypatch.setenv("COBALD_REMOTE_CREDS", "")  # empty: not set
+    monkeypatch.setenv("NATS_CREDS", "nats.creds")
+    args = build_parser().parse_args(["status"])
+    assert (args.server, args.creds) == ("nats://own:4222", "nats.creds")
+    args = build_parser().parse_args(["status", "--server", "nats://given:1", "--creds", "c"])
+    assert (args.server, args.creds) == ("nats://given:1", "c")
+    assert from_env(SERVER_ENV, {}) is None
+
+
+def test_without_a_server_anywhere_the_command_is_a_usage_error() -> None:
+    done = _cli("broker", "init")
+    assert done.returncode == 2
+    assert "--server" in done.stderr
+    assert "$NATS_URL" in _cli("broker", "init", "--help").stdout
+
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        ["-vv", "broker", "init"],
+        ["broker", "init", "-vv"],
+        ["-v", "broker", "init", "--verbose"],
+        ["broker", "-v", "init", "-v"],
+    ],
+)
+def test_verbosity_counts_before_and_after_the_command(argv: list[str]) -> None:
+    done = _cli(*argv, "--server", "nats://127.0.0.1:1")
+    assert done.returncode == 1
+    assert "DEBUG cobald.runtime.cobald_remote.connection" in done.stderr
+
+
+def test_one_v_is_info_and_none_is_quiet() -> None:
+    quiet = _cli("broker", "init", "--server", "nats://127.0.0.1:1")
+    info = _cli("broker", "init", "-v", "--server", "nats://127.0.0.1:1")
+    assert quiet.stderr.startswith("cobald-remote: cannot connect")
+    assert "DEBUG" not in info.stderr + quiet.stderr
+
+
+def test_version_is_the_packages() -> None:
+    done = _cli("--version")
+    assert (done.returncode, done.stderr) == (0, "")
+    assert done.stdout == f"cobald-remote {remote_agent.__version__}\n"
+    assert remote_agent.__version__ == importlib.metadata.version("cobald-remote")
