@@ -20,6 +20,7 @@ from typing import Any, Final, Literal
 from remote_agent.errors import SettingsError
 from remote_agent.gate.paths import GATE_ENV, MAX_SOCKET_PATH
 from remote_agent.protocol.environment import (
+    BUS_SETTINGS_ENV,
     TARDIS_CORES_ENV,
     TARDIS_SETTINGS_ENV,
     TARDIS_UUID_ENV,
@@ -230,10 +231,7 @@ class Settings:
 _ENV: Final = {
     "drone": "COBALD_REMOTE_DRONE",
     "site": "COBALD_REMOTE_SITE",
-    "servers": "COBALD_REMOTE_URL",
-    "creds": "COBALD_REMOTE_CREDS",
-    "prefix": "COBALD_REMOTE_PREFIX",
-    "domain": "COBALD_REMOTE_DOMAIN",
+    **BUS_SETTINGS_ENV,
     "heartbeat_s": "COBALD_REMOTE_HEARTBEAT_S",
     "poll_s": "COBALD_REMOTE_POLL_S",
     "spool_dir": "COBALD_REMOTE_SPOOL_DIR",

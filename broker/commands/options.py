@@ -1,9 +1,9 @@
 """
 The options several commands share: where the bus is, its subject prefix, JSON output
 
-Its rule: ``--server`` and ``--creds`` default to the environment as the ``nats``
-command line reads it (``NATS_URL``, ``NATS_CREDS``), the project's own variables
-(``COBALD_REMOTE_URL``, ``COBALD_REMOTE_CREDS``, as the agent reads them) first.
+Its rule: ``--server``, ``--creds``, ``--prefix`` and ``--domain`` default to the
+project's own variables, as the agent reads them (``COBALD_REMOTE_URL``, ...), and
+``--server`` and ``--creds`` then to the ``nats`` command line's (``NATS_URL``, ``NATS_CREDS``).
 """
 
 from __future__ import annotations
@@ -14,6 +14,7 @@ import os
 from collections.abc import AsyncIterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
+from remote_agent.protocol.environment import BUS_SETTINGS_ENV
 from remote_agent.protocol.names import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
@@ -22,9 +23,15 @@ if TYPE_CHECKING:
 #: ``--server`` of the commands that take several URLs
 SERVERS_HELP = "NATS URL(s), comma-separated"
 #: the variables ``--server`` defaults to, the first set one wins
-SERVER_ENV: Final = ("COBALD_REMOTE_URL", "NATS_URL")
+SERVER_ENV: Final = (BUS_SETTINGS_ENV["servers"], "NATS_URL")
 #: the variables ``--creds`` defaults to, the first set one wins
-CREDS_ENV: Final = ("COBALD_REMOTE_CREDS", "NATS_CREDS")
+CREDS_ENV: Final = (BUS_SETTINGS_ENV["creds"], "NATS_CREDS")
+#: the variable ``--prefix`` defaults to
+PREFIX_ENV: Final = (BUS_SETTINGS_ENV["prefix"],)
+#: the variable ``--domain`` defaults to
+DOMAIN_ENV: Final = (BUS_SETTINGS_ENV["domain"],)
+#: every variable the options default to
+ALL_ENV: Final = (*SERVER_ENV, *CREDS_ENV, *PREFIX_ENV, *DOMAIN_ENV)
 
 #: what to do when the server refuses the commands' subjects
 _NEEDS_MANAGER: Final = (
@@ -32,18 +39,23 @@ _NEEDS_MANAGER: Final = (
 )
 
 
-def add_prefix(parser: argparse.ArgumentParser) -> None:
-    """``--prefix``: the first subject token"""
-    parser.add_argument("--prefix", default=DEFAULT_PREFIX, help="first subject token")
-
-
 def from_env(names: Sequence[str], env: Mapping[str, str] = os.environ) -> str | None:
     """The value of the first of ``names`` set (and not empty) in ``env``"""
-    return next((env[name] for name in names if env.get(name)), None)
+    return next((env[name].strip() for name in names if env.get(name, "").strip()), None)
 
 
-def _env_help(help_text: str, names: Sequence[str]) -> str:
-    return f"{help_text} (default: ${', else $'.join(names)})"
+def _env_help(help_text: str, names: Sequence[str], otherwise: str = "") -> str:
+    fallback = f", else {otherwise}" if otherwise else ""
+    return f"{help_text} (default: ${', else $'.join(names)}{fallback})"
+
+
+def add_prefix(parser: argparse.ArgumentParser) -> None:
+    """``--prefix``: the first subject token"""
+    parser.add_argument(
+        "--prefix",
+        default=from_env(PREFIX_ENV) or DEFAULT_PREFIX,
+        help=_env_help("first subject token", PREFIX_ENV, DEFAULT_PREFIX),
+    )
 
 
 def add_connection(
@@ -60,7 +72,11 @@ def add_connection(
     parser.add_argument(
         "--creds", default=from_env(CREDS_ENV), help=_env_help(creds_help, CREDS_ENV)
     )
-    parser.add_argument("--domain", help="JetStream domain (leaf-node deployments)")
+    parser.add_argument(
+        "--domain",
+        default=from_env(DOMAIN_ENV),
+        help=_env_help("JetStream domain, for leaf-node deployments", DOMAIN_ENV, "none"),
+    )
     add_prefix(parser)
 
 

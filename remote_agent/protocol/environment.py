@@ -20,6 +20,14 @@ TARDIS_ENV_PREFIX: Final = "TardisDrone"
 TARDIS_UUID_ENV: Final = "TardisDroneUuid"
 #: the drone's cores as TARDIS's HTCondor site adapter exports them
 TARDIS_CORES_ENV: Final = "TardisDroneCores"
+#: the project's own variable of each bus setting: the agent reads it before TARDIS's (below),
+#: the operator commands default to it
+BUS_SETTINGS_ENV: Final = {
+    "servers": "COBALD_REMOTE_URL",
+    "creds": "COBALD_REMOTE_CREDS",
+    "prefix": "COBALD_REMOTE_PREFIX",
+    "domain": "COBALD_REMOTE_DOMAIN",
+}
 #: what cobald-remote's TARDIS integration adds to every drone job's environment, read
 #: when the ``COBALD_REMOTE_*`` variable of the same setting is not set
 TARDIS_SETTINGS_ENV: Final = {

@@ -13,19 +13,21 @@ import pytest
 import broker
 import remote_agent
 from broker.cli import build_parser
-from broker.commands.options import CREDS_ENV, SERVER_ENV, from_env
+from broker.commands.options import ALL_ENV, SERVER_ENV, from_env
+from remote_agent.protocol.names import DEFAULT_PREFIX
+from remote_agent.settings import Settings
 
 ROOT = Path(broker.__file__).resolve().parent.parent
 
 
 @pytest.fixture(autouse=True)
 def _no_bus_environment(monkeypatch: pytest.MonkeyPatch) -> None:
-    for name in (*SERVER_ENV, *CREDS_ENV):
+    for name in ALL_ENV:
         monkeypatch.delenv(name, raising=False)
 
 
 def _cli(*argv: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if k not in (*SERVER_ENV, *CREDS_ENV)}
+    env = {k: v for k, v in os.environ.items() if k not in ALL_ENV}
     return subprocess.run(
         [sys.executable, "-m", "broker.cli", *argv],
         capture_output=True,
@@ -58,6 +60,34 @@ def test_the_projects_variables_come_first_and_the_option_before_all(
     args = build_parser().parse_args(["status", "--server", "nats://given:1", "--creds", "c"])
     assert (args.server, args.creds) == ("nats://given:1", "c")
     assert from_env(SERVER_ENV, {}) is None
+
+
+@pytest.mark.parametrize(
+    "command", [["status"], ["broker", "init"], ["timeline", "s1-x"], ["drain", "s1-x"]]
+)
+def test_prefix_and_domain_default_to_the_variables_the_agent_reads(
+    monkeypatch: pytest.MonkeyPatch, command: list[str]
+) -> None:
+    given = ["--server", "nats://bus:4222"]
+    args = build_parser().parse_args([*command, *given])
+    assert (args.prefix, args.domain) == (DEFAULT_PREFIX, None)
+    env = {"COBALD_REMOTE_PREFIX": " site-a ", "COBALD_REMOTE_DOMAIN": "hub"}
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    args = build_parser().parse_args([*command, *given])
+    assert (args.prefix, args.domain) == ("site-a", "hub")
+    drone = {"COBALD_REMOTE_DRONE": "s1-0123456789", "COBALD_REMOTE_URL": "nats://a"}
+    agent = Settings.from_env({**env, **drone}, worker_command=["condor_master"])
+    assert (agent.prefix, agent.domain) == (args.prefix, args.domain)  # the same variables
+    args = build_parser().parse_args([*command, *given, "--prefix", "p", "--domain", "d"])
+    assert (args.prefix, args.domain) == ("p", "d")
+
+
+def test_the_help_names_the_variables() -> None:
+    text = _cli("status", "--help").stdout
+    assert "$COBALD_REMOTE_PREFIX, else cobald" in " ".join(text.split())
+    assert "$COBALD_REMOTE_DOMAIN, else none" in " ".join(text.split())
+    assert "$COBALD_REMOTE_PREFIX" in _cli("broker", "serve", "--help").stdout
 
 
 def test_without_a_server_anywhere_the_command_is_a_usage_error() -> None:
