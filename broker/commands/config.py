@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from broker.commands.failures import EXIT_FAILURE
-from broker.commands.table import format_table
+from broker.commands.options import add_json
+from broker.commands.table import format_table, write_json
 
 if TYPE_CHECKING:
     from broker.tardis.check import Factory, Report
@@ -69,6 +70,69 @@ def _rows(factory: Factory) -> list[tuple[str, str]]:
     return rows + [(key, f"{getattr(bus, key):g} s") for key in _TIMING]
 
 
+def _bus_facts(factory: Factory) -> dict[str, object] | None:
+    """The ``bus`` section as JSON: ``None`` for stock TARDIS, ``valid`` false if not valid"""
+    bus = factory.bus
+    if not factory.has_bus:
+        return None
+    if bus is None:
+        return {"valid": False}
+    from remote_agent.protocol.names import Namespace
+
+    names = Namespace(bus.prefix)
+    address = bus.metrics_address
+    creds = None if bus.creds is None else {"path": bus.creds, "readable": not factory.creds}
+    return {
+        "valid": True,
+        "servers": list(bus.servers),
+        "drone_servers": list(bus.drone_servers),
+        "creds": creds,
+        "domain": bus.domain,
+        "prefix": bus.prefix,
+        "stream": names.event_stream,
+        "bucket": names.record_bucket,
+        "durable": bus.durable,
+        "metrics": f"http://{address[0]}:{address[1]}/metrics" if address else None,
+        "drone_environment": bus.drone_environment,
+        "note_buffer": bus.note_buffer,
+        **{key: getattr(bus, key) for key in _TIMING},
+    }
+
+
+def report_facts(report: Report) -> dict[str, object]:
+    """What :func:`format_report` and the warnings and problems say, as one JSON document"""
+    factories = [
+        {
+            "where": factory.where,
+            "form": factory.form,
+            "tardis_configuration": factory.tardis_source,
+            "sites": [
+                {
+                    "name": site.name,
+                    "adapter": site.adapter,
+                    "quota": site.quota,
+                    "machine_types": list(site.machine_types),
+                    "drone_site": site.bus_site,
+                }
+                for site in factory.sites
+            ],
+            "batch_system": factory.batch_system,
+            "interval": factory.interval
+            if isinstance(factory.interval, int | float)
+            else str(factory.interval),
+            "bus": _bus_facts(factory),
+        }
+        for factory in report.factories
+    ]
+    return {
+        "file": str(report.path),
+        "valid": not report.problems,
+        "factories": factories,
+        "warnings": list(report.warnings),
+        "problems": list(report.problems),
+    }
+
+
 def format_report(report: Report) -> str:
     """Each factory as a two-column table, then the verdict"""
     parts = []
@@ -85,6 +149,9 @@ def check_config(args: argparse.Namespace) -> int:
     from broker.tardis.check import check_file
 
     report = check_file(Path(args.file))
+    if args.json:  # the warnings and problems are in the document
+        write_json(report_facts(report))
+        return EXIT_FAILURE if report.problems else 0
     print(format_report(report))
     for line in report.warnings:
         print(f"cobald-remote: warning: {line}", file=sys.stderr)
@@ -99,7 +166,9 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "Read a COBalD configuration the way the COBalD daemon does (the same loader and "
         "YAML tags) without building or starting anything, and print what cobald-remote "
         "will do: sites, servers, credentials, metrics address, timings. Exit status 1, "
-        "with one line per problem, if it is not valid."
+        "with one line per problem, if it is not valid. With --json, one JSON document "
+        "holds all of it, warnings and problems as lists."
     )
     parser.add_argument("file", metavar="FILE", help="the COBalD YAML configuration")
+    add_json(parser)
     parser.set_defaults(run=check_config)

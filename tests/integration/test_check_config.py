@@ -5,6 +5,7 @@ COBalD daemon on a bad ``bus:`` section: one line per problem, naming its key, e
 
 from __future__ import annotations
 
+import json
 import sys
 from pathlib import Path
 
@@ -133,3 +134,44 @@ async def test_the_real_daemon_names_the_key_without_tracebacks(tmp_path: Path) 
     assert "Traceback" not in err
     # COBalD's own start-up and shutdown lines, ours, and COBalD's three reports of it
     assert len(err.splitlines()) < 30, err
+
+
+async def test_json_is_one_document_with_what_the_text_says(tmp_path: Path) -> None:
+    code, out, err = await run_process(
+        *CLI, "check-config", str(DEPLOY / "htcondor.yaml"), "--json"
+    )
+    assert (code, err) == (0, "")
+    report = json.loads(out)
+    assert (report["valid"], report["problems"]) == (True, [])
+    assert report["warnings"][0].startswith("bus.creds: /etc/cobald-remote/manager.creds does not")
+    (factory,) = report["factories"]
+    assert factory["sites"] == [
+        {
+            "name": "MySite",
+            "adapter": "HTCondor",
+            "quota": "400",
+            "machine_types": ["wn8"],
+            "drone_site": "mysite",
+        }
+    ]
+    bus = factory["bus"]
+    assert bus["drone_servers"] == ["nats://nats-leaf.site.example.org:4222"]
+    assert bus["creds"] == {"path": "/etc/cobald-remote/manager.creds", "readable": False}
+    assert (bus["prefix"], bus["stream"], bus["bucket"]) == (
+        "cobald",
+        "COBALD_EVENTS",
+        "cobald-drones",
+    )
+    assert (bus["durable"], bus["domain"]) == ("cobald-registry", "hub")
+    assert bus["metrics"] == "http://127.0.0.1:9464/metrics"
+    assert (bus["lost_after_s"], bus["retain_ended_s"]) == (90, 86400)
+
+    bad = _write(tmp_path, HTCONDOR.replace("lost_after_s: 90 ", "lost_after_s: abc #"))
+    code, out, err = await run_process(*CLI, "check-config", str(bad), "--json")
+    assert (code, err) == (1, "")
+    report = json.loads(out)
+    assert report["valid"] is False and report["factories"][0]["bus"] == {"valid": False}
+    assert [line.split(":")[0] for line in report["problems"]] == ["bus.lost_after_s"]
+    stock = render_config(Scenario(), tmp_path, start=0.0, bus=None)
+    code, out, _ = await run_process(*CLI, "check-config", str(_write(tmp_path, stock)), "--json")
+    assert code == 0 and json.loads(out)["factories"][0]["bus"] is None
