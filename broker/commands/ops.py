@@ -21,7 +21,6 @@ from broker.commands.options import (
     add_connection,
     add_json,
     add_seconds,
-    connect,
     connected,
     refused,
 )
@@ -57,8 +56,8 @@ def _target(args: argparse.Namespace) -> tuple[str, str]:
     return check_token(args.site or _site(drone), "site"), drone
 
 
-async def _connect(args: argparse.Namespace) -> Client:
-    return await connect(args, "cobald-remote-ops")
+#: the name of the commands' client connections
+_CLIENT = "cobald-remote-ops"
 
 
 async def _control(nc: Client, args: argparse.Namespace) -> Control:
@@ -104,8 +103,7 @@ async def drain(args: argparse.Namespace) -> int:
     site, drone = _target(args)
     if args.deadline < 0:
         raise OperatorError("--deadline must not be negative")
-    nc = await _connect(args)
-    try:
+    async with connected(args, _CLIENT) as nc:
         with permission_errors(nc):
             control = await _control(nc, args)
             await refuse_unknown(
@@ -113,8 +111,6 @@ async def drain(args: argparse.Namespace) -> int:
             )
             deadline = dt.datetime.now(dt.UTC) + dt.timedelta(seconds=args.deadline)
             result = await control.drain(site, drone, deadline, args.reason)
-    finally:
-        await nc.close()
     if args.json:
         _print_json({"site": site, "drone": drone, "result": result})
     else:
@@ -127,8 +123,7 @@ async def release(args: argparse.Namespace) -> int:
     from broker.manager.outcomes import ReleaseOutcome
 
     site, drone = _target(args)
-    nc = await _connect(args)
-    try:
+    async with connected(args, _CLIENT) as nc:
         with permission_errors(nc):
             control = await _control(nc, args)
             await refuse_unknown(
@@ -137,8 +132,6 @@ async def release(args: argparse.Namespace) -> int:
             result = await control.release(
                 site, drone, note=args.reason or "operator release", reason=args.reason
             )
-    finally:
-        await nc.close()
     if args.json:
         _print_json({"site": site, "drone": drone, "result": result})
     elif result.outcome is ReleaseOutcome.RELEASED:
@@ -232,7 +225,7 @@ async def status(args: argparse.Namespace) -> int:
 
     namespace = Namespace(args.prefix)
     registry = Registry(namespace, lost_after_s=args.lost_after)
-    async with connected(args, "cobald-remote-ops") as nc:
+    async with connected(args, _CLIENT) as nc:
         with stream_errors(OperatorError, "stream or bucket"):
             js = nc.jetstream(domain=args.domain)
             with contextlib.suppress(HandshakeError):  # without it, no release reads as proven

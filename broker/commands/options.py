@@ -11,13 +11,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from collections.abc import AsyncIterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 from remote_agent.protocol.environment import BUS_SETTINGS_ENV
 from remote_agent.protocol.names import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
+    import asyncio
+
     from nats.aio.client import Client
 
 #: ``--server`` of the commands that take several URLs
@@ -85,40 +87,85 @@ def add_json(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--json", action="store_true", help="print JSON for scripts")
 
 
-async def connect(args: argparse.Namespace, name: str) -> Client:
+async def connect(
+    args: argparse.Namespace, name: str, on_error: Callable[[Exception], None] | None = None
+) -> Client:
     """Connect to ``--server`` with ``--creds`` as client ``name``, failing fast"""
     from broker.server.connection import connect_once
 
-    return await connect_once(args.server, args.creds, name=name)
+    return await connect_once(args.server, args.creds, name=name, on_error=on_error)
+
+
+def _violation(err: BaseException) -> bool:
+    """Whether ``err`` is the server's refusal of a subject: ``-ERR 'Permissions Violation ...'``"""
+    return "permissions violation" in str(err).lower()
+
+
+def _refusal_line(err: BaseException) -> str:
+    return f"{err}: {_NEEDS_MANAGER}"
 
 
 def refused(nc: Client) -> str:
     """The line for a server that refused one of the connection's subjects; ``""`` if it did not"""
     last = nc.last_error
-    if last is not None and "permissions violation" in str(last).lower():
-        return f"{last}: {_NEEDS_MANAGER}"
-    return ""
+    return _refusal_line(last) if last is not None and _violation(last) else ""
+
+
+class _Refusal:
+    """
+    Cancels the task inside :func:`connected` once the server refuses a publish
+
+    The server answers a refused publish or subscribe with ``-ERR`` at once and nats-py
+    hands it to the error callback only (``nats/aio/client.py:1604-1606``); the request
+    itself would wait for its timeout. The cancel is the one :func:`asyncio.timeout` makes.
+    """
+
+    def __init__(self, task: asyncio.Task[object] | None) -> None:
+        self.task = task
+        self.error: Exception | None = None
+
+    def arrived(self, err: Exception) -> None:
+        # a refused subscription (an inbox, say) is left to the failure it causes: the
+        # refused publish of the same request follows it and names the service
+        if self.error is None and "permissions violation for publish" in str(err).lower():
+            self.error = err
+            if self.task is not None:
+                self.task.cancel()
 
 
 @contextlib.asynccontextmanager
 async def connected(args: argparse.Namespace, name: str) -> AsyncIterator[Client]:
     """
-    :func:`connect`, closed on the way out; a failure after the server refused a subject
-    is reported as that refusal
+    :func:`connect`, closed on the way out; the server's refusal of a publish ends what
+    the block awaits at once, and a failure after it refused a subject is reported as
+    that refusal
 
     :raises OperatorError: if the server refused one of the connection's subjects
     """
-    nc = await connect(args, name)
+    import asyncio
+
+    from broker.errors import OperatorError
+
+    task = asyncio.current_task()
+    refusal = _Refusal(None)
+    nc = await connect(args, name, on_error=refusal.arrived)
+    refusal.task, cancelling = task, task.cancelling() if task else 0
     try:
         yield nc
+    except asyncio.CancelledError:
+        if refusal.error is None or task is None or task.uncancel() > cancelling:
+            raise  # cancelled by someone else too
     except Exception:
         if line := refused(nc):
-            from broker.errors import OperatorError
-
             raise OperatorError(line) from None
         raise
     finally:
+        refusal.task = None
         await nc.close()
+    if refusal.error is not None:  # also when the block swallowed the cancel
+        if task is not None and task.cancelling() > cancelling:
+            task.uncancel()
+        raise OperatorError(_refusal_line(refusal.error))
 
 
 def add_seconds(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 
 import nats
 import nats.errors
@@ -15,16 +16,25 @@ from remote_agent.protocol.environment import split_urls
 log = logging.getLogger("cobald.runtime.cobald_remote.connection")
 
 
-async def connect_once(url: str, creds: str | None = None, *, name: str) -> Client:
+async def connect_once(
+    url: str,
+    creds: str | None = None,
+    *,
+    name: str,
+    on_error: Callable[[Exception], None] | None = None,
+) -> Client:
     """
     Connect for a short-lived command: fail fast instead of retrying for minutes
 
     :param url: one NATS URL or several, comma-separated
+    :param on_error: called with each error nats-py reports (its ``error_cb``)
     :raises ConnectError: if no server answers
     """
 
     async def quiet(err: Exception) -> None:  # the raised error says it once, clearly
         log.debug("nats: %s", err)
+        if on_error is not None:
+            on_error(err)
 
     try:
         return await connect(

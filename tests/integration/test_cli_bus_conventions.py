@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import argparse
+import asyncio
 import json
 import os
 from pathlib import Path
@@ -11,6 +13,8 @@ from support.processes import CLI, run_process
 from support.servers import drone_creds
 
 from broker.cli import main
+from broker.commands.options import connected
+from broker.errors import OperatorError
 from broker.server.auth.revocation import issued_users
 from broker.server.embedded import EmbeddedServer
 
@@ -35,6 +39,28 @@ async def test_a_drones_credentials_are_refused_as_such_not_as_no_jetstream(
         assert "permissions violation for publish" in err, argv
         assert "need the manager's credentials" in err, argv
         assert "JetStream" not in err.split(":")[-1], argv
+
+
+async def test_a_refused_subject_ends_the_request_at_once_not_at_its_timeout(
+    secured: tuple[EmbeddedServer, Path], tmp_path: Path
+) -> None:
+    server, authority = secured
+    args = argparse.Namespace(
+        server=server.url, creds=str(drone_creds(tmp_path, authority, SITE, DRONE))
+    )
+
+    async def ask_jetstream() -> None:
+        async with connected(args, "test") as nc:
+            await nc.request("$JS.API.INFO", b"", timeout=600)
+
+    with pytest.raises(OperatorError) as refusal:
+        await asyncio.wait_for(ask_jetstream(), 60)  # a tenth of the request's timeout
+    assert str(refusal.value) == (  # nats-py lower-cases the server's error (protocol/parser.py)
+        'nats: permissions violation for publish to "$js.api.info": these commands need the '
+        "manager's credentials (--creds; cobald-remote auth manager)"
+    )
+    task = asyncio.current_task()
+    assert task is not None and task.cancelling() == 0  # the cancel it made is taken back
 
 
 async def test_broker_init_prints_json_and_reads_the_bus_from_the_environment(
