@@ -68,6 +68,10 @@ def test_build_and_twine_check_are_clean(dist: tuple[Path, Path]) -> None:
 def test_the_wheel_says_what_each_install_needs(dist: tuple[Path, Path]) -> None:
     fields = _metadata(dist[0])
     assert ("License-Expression", "MIT") in fields
+    assert ("License-File", "LICENSE") in fields
+    with zipfile.ZipFile(dist[0]) as archive:
+        (name,) = (n for n in archive.namelist() if n.endswith(".dist-info/licenses/LICENSE"))
+        assert archive.read(name) == (wheels.ROOT / "LICENSE").read_bytes()
     assert ("Requires-Python", ">=3.11") in fields
     requires = [Requirement(value) for key, value in fields if key == "Requires-Dist"]
     plain = {r.name for r in requires if r.marker is None}

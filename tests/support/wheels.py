@@ -10,12 +10,16 @@ does not ask for, such as ``tardis`` in the drone-side install, is not there.
 
 from __future__ import annotations
 
+import base64
+import hashlib
 import os
 import shutil
 import subprocess
 import sys
 import sysconfig
+import zipfile
 from collections.abc import Iterable, Mapping
+from email.parser import Parser
 from importlib import metadata
 from pathlib import Path
 
@@ -128,3 +132,41 @@ def clean_env(**extra: str) -> dict[str, str]:
         if part != sysconfig.get_path("scripts")
     )
     return {**env, **extra}
+
+
+def repack(dist: metadata.Distribution, out: Path) -> Path:
+    """
+    A wheel of an installed distribution, from the files its ``RECORD`` lists
+
+    For an install that must find its dependencies offline (``pip install --no-index
+    --find-links``): the same versions this test environment runs, no download.
+    """
+    info = Path(str(dist.locate_file(next(f for f in dist.files or () if f.name == "WHEEL"))))
+    lines = info.read_text().splitlines()
+    tags = [line.split(":", 1)[1].strip() for line in lines if line.startswith("Tag:")]
+    parts = zip(*(tag.split("-") for tag in tags), strict=True)
+    tag = "-".join(".".join(dict.fromkeys(part)) for part in parts)
+    wheel = out / f"{info.parent.name.removesuffix('.dist-info')}-{tag}.whl"
+    skipped = {"INSTALLER", "RECORD", "REQUESTED", "direct_url.json"}
+    record: list[str] = []
+    with zipfile.ZipFile(wheel, "w", zipfile.ZIP_DEFLATED) as archive:
+        for file in dist.files or ():
+            metadata_file = file.parts[0] == info.parent.name and file.name in skipped
+            if ".." in file.parts or "__pycache__" in file.parts or metadata_file:
+                continue
+            data = Path(str(dist.locate_file(file))).read_bytes()
+            archive.writestr(file.as_posix(), data)
+            digest = base64.urlsafe_b64encode(hashlib.sha256(data).digest()).rstrip(b"=")
+            record.append(f"{file.as_posix()},sha256={digest.decode()},{len(data)}")
+        record.append(f"{info.parent.name}/RECORD,,")
+        archive.writestr(f"{info.parent.name}/RECORD", "\n".join(record) + "\n")
+    return wheel
+
+
+def dependency_wheels(wheel: Path, out: Path) -> list[Path]:
+    """Wheels of what ``wheel`` needs (no extras), repacked from this environment, in ``out``"""
+    with zipfile.ZipFile(wheel) as archive:
+        (name,) = (n for n in archive.namelist() if n.endswith(".dist-info/METADATA"))
+        requires = Parser().parsestr(archive.read(name).decode()).get_all("Requires-Dist") or []
+    out.mkdir(parents=True, exist_ok=True)
+    return [repack(dist, out) for dist in closure(requires).values()]

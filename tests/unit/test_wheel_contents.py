@@ -16,7 +16,7 @@ ROOT = Path(deploy_files.__file__).resolve().parents[1]
 def test_the_wheel_ships_the_deployment_files(tmp_path: Path) -> None:
     source = tmp_path / "src"
     source.mkdir()
-    for name in ("pyproject.toml", "README.md"):
+    for name in ("pyproject.toml", "README.md", "LICENSE"):
         shutil.copy(ROOT / name, source)
     for package in ("remote_agent", "broker"):
         shutil.copytree(
