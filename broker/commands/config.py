@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from broker.commands.failures import EXIT_FAILURE
-from broker.commands.table import format_table
+from broker.commands.options import add_json
+from broker.commands.table import format_table, write_json
 
 if TYPE_CHECKING:
     from broker.tardis.check import Factory, Report
@@ -80,12 +81,33 @@ def format_report(report: Report) -> str:
     return "\n\n".join(parts)
 
 
+def report_json(report: Report) -> dict[str, object]:
+    """The report for scripts: each factory's settings under the table's names in snake case"""
+    return {
+        "file": str(report.path),
+        "valid": not report.problems,
+        "factories": [
+            {
+                "where": factory.where,
+                "form": factory.form,
+                "settings": {key.lower().replace(" ", "_"): v for key, v in _rows(factory)},
+            }
+            for factory in report.factories
+        ],
+        "warnings": list(report.warnings),
+        "problems": list(report.problems),
+    }
+
+
 def check_config(args: argparse.Namespace) -> int:
     """``cobald-remote check-config FILE``"""
     from broker.tardis.check import check_file
 
     report = check_file(Path(args.file))
-    print(format_report(report))
+    if args.json:
+        write_json(report_json(report))
+    else:
+        print(format_report(report))
     for line in report.warnings:
         print(f"cobald-remote: warning: {line}", file=sys.stderr)
     for line in report.problems:
@@ -102,4 +124,5 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
         "with one line per problem, if it is not valid."
     )
     parser.add_argument("file", metavar="FILE", help="the COBalD YAML configuration")
+    add_json(parser)
     parser.set_defaults(run=check_config)
