@@ -9,6 +9,10 @@ from broker.errors import CliError
 
 
 def _demo(args: argparse.Namespace) -> int:
+    # the demo drives the real COBalD and TARDIS: without the manager install, one line that
+    # names it (broker.commands.failures) before anything starts
+    import broker.tardis.factory  # noqa: F401
+
     # the emulation is not product code: imported only when the demo runs
     from broker.emulation.demo.command import main as demo_main
 

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
+import json
 import os
 import subprocess
 import sys
@@ -124,3 +126,45 @@ def test_version_is_the_packages() -> None:
     assert (done.returncode, done.stderr) == (0, "")
     assert done.stdout == f"cobald-remote {remote_agent.__version__}\n"
     assert remote_agent.__version__ == importlib.metadata.version("cobald-remote")
+
+
+#: the commands that print no result to script against: the agent (its log), the job hooks
+#: (what HTCondor reads), ``deploy show`` (the file itself), ``protocol decode`` (JSON already)
+_NO_JSON = {
+    ("agent", "run"),
+    ("agent", "hook", "prepare-job"),
+    ("agent", "hook", "job-exit"),
+    ("deploy", "show"),
+    ("protocol", "decode"),
+}
+
+
+def _leaves(
+    parser: argparse.ArgumentParser, path: tuple[str, ...] = ()
+) -> list[tuple[tuple[str, ...], argparse.ArgumentParser]]:
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [(path, parser)]
+    return [leaf for name, sub in subs[0].choices.items() for leaf in _leaves(sub, (*path, name))]
+
+
+def test_every_command_that_prints_a_result_takes_json() -> None:
+    missing = [
+        " ".join(path)
+        for path, parser in _leaves(build_parser())
+        if path not in _NO_JSON
+        and not any("--json" in action.option_strings for action in parser._actions)
+    ]
+    assert missing == []
+
+
+def test_check_config_prints_its_report_as_json() -> None:
+    config = ROOT / "remote_agent" / "deploy" / "cobald" / "htcondor.yaml"
+    done = _cli("check-config", "--json", str(config))
+    assert done.returncode == 0, done.stderr
+    report = json.loads(done.stdout)
+    assert (report["valid"], report["problems"]) == (True, [])
+    (factory,) = report["factories"]
+    assert (factory["where"], factory["form"]) == ("pipeline[3]", "!RemoteTardisPoolFactory")
+    assert factory["bus"]["domain"] == "hub"
+    assert factory["bus"]["drone_servers"] == ["nats://nats-leaf.site.example.org:4222"]

@@ -54,3 +54,13 @@ def test_a_missing_manager_module_is_one_line(capsys: pytest.CaptureFixture[str]
 def test_any_other_missing_module_keeps_its_traceback() -> None:
     with pytest.raises(ModuleNotFoundError):
         run(_fails_with(ModuleNotFoundError("no", name="nats")))
+
+
+def test_the_demo_without_tardis_names_the_extra_before_it_starts_anything() -> None:
+    script = 'import sys; sys.modules["tardis"] = None\nfrom broker.cli import main\nmain(["demo"])'
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True)
+    assert (done.returncode, done.stdout) == (0, "")  # main returns the status, -c exits 0
+    assert done.stderr == (
+        "cobald-remote: demo needs the manager install: "
+        "pip install 'cobald-remote[manager]' (no module 'tardis' here)\n"
+    )
