@@ -92,6 +92,12 @@ def test_the_install_is_the_drone_side_from_the_wheel(drone: Drone) -> None:
     assert _python(drone, "import cobald").returncode == 1
     where = _python(drone, "import broker, remote_agent; print(remote_agent.__file__)")
     assert where.stdout.startswith(str(drone.prefix)), where.stderr
+    # pip and setuptools are gone once the drone side is in: the venv is what runs
+    assert _python(drone, "import pip").returncode == 1
+    (site,) = drone.prefix.glob("lib/python3*/site-packages")
+    size = sum(path.stat().st_size for path in site.rglob("*") if path.is_file())
+    print(f"site-packages of the drone install: {size / 1e6:.1f} MB")
+    assert size < 30e6, "the drone side should stay under 30 MB"
 
 
 def test_the_startd_configuration_names_installed_files(drone: Drone) -> None:
