@@ -20,6 +20,7 @@ from broker.manager.validity import UNSTORED, Headers, Rejection, check_writer, 
 from broker.manager.views import DroneView
 from remote_agent.protocol.events import TardisState, decode_note
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.names import Namespace
 
 #: the note kind (the last subject token) the registry reads
 TARDIS_STATE: Final = "tardis_state"
@@ -45,7 +46,7 @@ def check_note(
     :raises Rejected: with the reason otherwise
     """
     note = decoded(data, max_size, headers, decode_note)
-    if subject != f"{prefix}.{note.site}.{note.drone}.mgr.{TARDIS_STATE}":
+    if subject != Namespace(prefix).manager_note(note.site, note.drone, TARDIS_STATE):
         raise Rejected(
             Rejection.SENDER, f"note for {note.site}/{note.drone} arrived on {subject!r}"
         )

@@ -18,6 +18,7 @@ from broker.manager.rebuild import rebuild
 from broker.manager.records import RecordFeed, load_records
 from broker.manager.registry import Registry
 from broker.manager.retire import retire_ended
+from broker.manager.timeline import read_timeline
 from broker.server.embedded import EmbeddedServer
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
@@ -76,6 +77,21 @@ async def test_retirement_purges_the_record_without_a_marker(
     assert later.next_seq == 1
     # the events stay, for the timeline
     assert (await stream.stream_info(NS.event_stream)).state.messages == 4
+
+
+async def test_the_timeline_still_shows_a_retired_drone(
+    nc: Client, stream: JetStreamContext, store: RecordStore
+) -> None:
+    """What docs/operations.md promises after retirement: the events, until the stream's age"""
+    drone = FakeDrone(SITE, "site1-00000000a3")
+    await _life(stream, store, drone)
+    registry = _fresh()
+    await rebuild(nc, stream, registry)
+    view = registry.view(SITE, drone.drone)
+    assert view is not None and view.ended_time is not None
+    assert (await retire_ended(stream, registry, view.ended_time + 10)).retired == 1
+    rows = await read_timeline(nc, NS, drone.drone, SITE, heartbeats=True)
+    assert len(rows) == 4
 
 
 async def test_a_drone_cannot_purge_the_bucket(
