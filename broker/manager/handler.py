@@ -15,22 +15,13 @@ from broker.manager.notes import TARDIS_STATE, is_note_subject
 from broker.manager.registry import Applied, Registry
 from remote_agent.protocol.events import EVENT_TYPES, kind_of
 
+#: what the registry's ``apply_message`` and ``apply_note_message`` take
+_Apply = Callable[[bytes, str, float, int | None, Mapping[str, str] | None], Applied]
+
 
 def note_handler(registry: Registry) -> Handler:
     """The notes consumer's handler: apply each TARDIS state note, then ack or term"""
-    apply = registry.apply_note_message
-
-    def handle(
-        subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None
-    ) -> Disposition:
-        try:
-            stream_seq, _, stored, _ = metadata(reply)
-        except ValueError:
-            return Disposition.TERM
-        result = apply(data, subject, stored, stream_seq, headers)
-        return Disposition.TERM if result is Applied.REJECTED else Disposition.ACK
-
-    return handle
+    return _stored_handler(registry.apply_note_message)
 
 
 def event_handler(registry: Registry) -> Handler:
@@ -41,7 +32,11 @@ def event_handler(registry: Registry) -> Handler:
     reply subject), so a replay after a restart sees the same times.
     Rejected events are termed: redelivering them could never help.
     """
-    apply = registry.apply_message
+    return _stored_handler(registry.apply_message)
+
+
+def _stored_handler(apply: _Apply) -> Handler:
+    """A consumer's handler: ``apply`` each message by its stream order and time, ack or term"""
     rejected = Applied.REJECTED
     ack = Disposition.ACK
     term = Disposition.TERM
