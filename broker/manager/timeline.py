@@ -18,8 +18,8 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from broker.errors import Rejected, TimelineError
 from broker.jetstream.messages import metadata
 from broker.jetstream.reads import read_all, stream_errors
-from broker.manager.validity import UNSTORED, Headers, Rejection, check_event, published_by_writer
-from remote_agent.protocol.errors import SchemaError
+from broker.manager.notes import check_note
+from broker.manager.validity import UNSTORED, Headers, check_event
 from remote_agent.protocol.events import (
     AgentExiting,
     AgentStarted,
@@ -40,7 +40,6 @@ from remote_agent.protocol.events import (
     TardisState,
     WorkerExited,
     WorkerStarted,
-    decode_note,
     kind_of,
 )
 from remote_agent.protocol.names import Namespace, api_prefix
@@ -103,15 +102,7 @@ def check_message(
     """
     if ".mgr." not in subject:
         return check_event(data, subject, namespace.prefix, headers=headers)
-    try:
-        note = decode_note(data)
-    except SchemaError as err:
-        raise Rejected(Rejection.MALFORMED, str(err)) from None
-    if subject != namespace.manager_note(note.site, note.drone, kind_of(type(note))):
-        raise Rejected(Rejection.SENDER, f"note for {note.site}/{note.drone} on {subject!r}")
-    if headers is not UNSTORED and not published_by_writer(headers, note.id):
-        raise Rejected(Rejection.RELAYED, "not stored as the manager published it")
-    return note
+    return check_note(data, subject, namespace.prefix, headers=headers)
 
 
 def build(messages: Sequence[tuple[int, Message]], *, heartbeats: bool = False) -> list[Row]:
