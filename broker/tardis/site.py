@@ -26,6 +26,7 @@ from tardis.exceptions.tardisexceptions import (
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.utilities.attributedict import AttributeDict
 
+from broker.manager.collector import SITE_PART
 from broker.manager.views import DroneView
 from broker.tardis.bus import RemoteBus
 from broker.tardis.config import site_token
@@ -126,7 +127,7 @@ class RemoteSiteAdapter(SiteAdapter):
         self._site = site_token(inner.site_name)
         self._extra_env = bus.drone_environment(self._site)
         self.counts: collections.Counter[str] = collections.Counter()
-        bus.count_sources[f"site:{self._site}"] = self.counts  # the token, as drones name it
+        bus.count_sources[SITE_PART + self._site] = self.counts  # the token, as drones name it
         self._removal = RemovalPolicy(inner, bus, self._site, self.counts)
         if self._extra_env:
             # the adapters call self.drone_environment(...) on *themselves*:
