@@ -22,7 +22,7 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 
 from remote_agent.protocol.backoff import Backoff
-from remote_agent.protocol.connect import connect, credentials_refused
+from remote_agent.protocol.connect import close, connect, credentials_refused
 from remote_agent.protocol.names import MSG_ID
 from remote_agent.protocol.ratelog import RateLimitedLog
 from remote_agent.spool import Spool, SpooledEvent
@@ -342,6 +342,5 @@ class Publisher:
         self._closing = True
         nc, self._nc = self._nc, None
         self.connected.clear()
-        if nc is not None and not nc.is_closed:
-            with contextlib.suppress(nats.errors.Error, OSError, asyncio.TimeoutError):
-                await asyncio.wait_for(nc.close(), 5)
+        if nc is not None:
+            await close(nc)

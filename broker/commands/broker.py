@@ -55,6 +55,7 @@ async def _serve(args: argparse.Namespace) -> int:
     from broker.server.connection import connect_once
     from broker.server.embedded import EmbeddedServer
     from broker.server.provision import provision
+    from remote_agent.protocol.connect import close
 
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -72,7 +73,7 @@ async def _serve(args: argparse.Namespace) -> int:
         try:
             actions = await provision(nc.jetstream(), _topology(args))
         finally:
-            await nc.close()
+            await close(nc)
         log.info("provisioned %s", ", ".join(f"{k} {v}" for k, v in actions.items()))
         if args.json:  # one line: the command runs on, a script reads what it has
             import json

@@ -145,6 +145,7 @@ async def connected(args: argparse.Namespace, name: str) -> AsyncIterator[Client
     import asyncio
 
     from broker.errors import OperatorError
+    from remote_agent.protocol.connect import close
 
     task = asyncio.current_task()
     refusal = _Refusal(None)
@@ -161,7 +162,7 @@ async def connected(args: argparse.Namespace, name: str) -> AsyncIterator[Client
         raise
     finally:
         refusal.task = None
-        await nc.close()
+        await close(nc)
     if refusal.error is not None:  # also when the block swallowed the cancel
         if task is not None and task.cancelling() > cancelling:
             task.uncancel()

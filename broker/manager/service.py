@@ -32,7 +32,7 @@ from broker.manager.records import watch_records
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, Registry
 from broker.manager.retire import Retired, retire_ended
 from broker.server.durable import DEFAULT_DURABLE, durable_config, ensure_consumer
-from remote_agent.protocol.connect import connect
+from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.names import Namespace, api_prefix
 
 log = logging.getLogger("cobald.runtime.cobald_remote.service")
@@ -208,8 +208,7 @@ class ManagerService:
                 self._pulls.clear()
         finally:
             self._closing = True
-            with contextlib.suppress(Exception):
-                await nc.close()
+            await close(nc)
 
     async def _liveness(self, js: nats.js.JetStreamContext) -> None:
         """Ended first (an ended drone is never lost), then lost, then retirement"""

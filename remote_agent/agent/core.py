@@ -239,8 +239,10 @@ class Agent:
                     # events): the task group cancels each task once, and nats-py may
                     # swallow that (see stop_tasks); a publisher that carried on would
                     # keep the group, and so the agent, from ever ending
-                    await stop_tasks([bus, *self._tasks.running])
-                    await publisher.close()
+                    try:
+                        await stop_tasks([bus, *self._tasks.running])
+                    finally:
+                        await publisher.close()
             log.info("agent exits with %d", code, extra=self._parts.extra)
             return code
         finally:

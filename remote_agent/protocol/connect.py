@@ -2,14 +2,14 @@
 Connecting to NATS without leaving a socket behind: every connection goes through :func:`connect`
 
 ``nats.connect`` creates its client inside the call, so a caller whose connect fails or is
-cancelled never gets the client to close; nats-py leaves the socket open then.
+cancelled never gets the client to close; nats-py leaves the socket open then. A close
+that is cancelled halfway leaves it open too: :func:`close` runs it to the end.
 :func:`credentials_refused` tells a refusal of the credentials from any other failure.
 """
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 from typing import Any
 
 import nats.errors
@@ -39,12 +39,35 @@ async def connect(servers: str | list[str], **options: Any) -> Client:
     try:
         await nc.connect(servers, **options)
     except BaseException:
-        # shielded: a cancel arriving meanwhile propagates, and the close
-        # still completes; a failure to close adds nothing to the first error
-        with contextlib.suppress(Exception):
-            await asyncio.shield(nc.close())
+        await close(nc)
         raise
     return nc
+
+
+async def close(nc: Client, timeout_s: float = 5.0) -> None:
+    """
+    Close ``nc`` to the end, even if the caller is cancelled meanwhile
+
+    nats-py closes the socket last, after flushing and stopping its tasks
+    (nats/aio/client.py, ``Client._close``), so a close cancelled halfway leaves the
+    socket open. A cancellation that arrives meanwhile is raised once the close is done;
+    a close that fails or takes longer than ``timeout_s`` is given up quietly.
+    """
+    if nc.is_closed:
+        return
+    closing = asyncio.ensure_future(asyncio.wait_for(nc.close(), timeout_s))
+    cancelled = False
+    while not closing.done():
+        try:
+            await asyncio.shield(closing)
+        except asyncio.CancelledError:
+            if closing.cancelled():  # the loop itself is going away
+                raise
+            cancelled = True
+        except (nats.errors.Error, OSError, TimeoutError):
+            pass  # a failed close adds nothing
+    if cancelled:
+        raise asyncio.CancelledError
 
 
 def credentials_refused(err: BaseException | None) -> str | None:

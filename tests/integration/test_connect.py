@@ -1,5 +1,6 @@
 """
-remote_agent.protocol.connect: a failed or cancelled connect leaves no socket open
+remote_agent.protocol.connect: a failed or cancelled connect, or a cancelled close, leaves no
+socket open
 
 An open socket left to the garbage collector fails whichever later test is
 running when it is freed (ResourceWarning, and filterwarnings = error), and
@@ -19,7 +20,7 @@ import nats.errors
 import pytest
 
 from broker.server.embedded import EmbeddedServer
-from remote_agent.protocol.connect import connect
+from remote_agent.protocol.connect import close, connect
 
 pytestmark = pytest.mark.timeout(60)
 
@@ -90,3 +91,28 @@ async def test_a_connect_cancelled_before_the_server_speaks_closes_its_socket() 
             writer.close()
         listener.close()
         await listener.wait_closed()
+
+
+@pytest.mark.parametrize("turns", range(1, 9))
+async def test_a_close_cancelled_halfway_still_closes_the_socket(
+    nats_server: EmbeddedServer, turns: int
+) -> None:
+    """
+    Cancelled ``turns`` turns of the event loop into the close, :func:`close` still
+    closes the socket, then raises the cancellation (nats-py's own close, cancelled
+    between its flush and the socket's close, leaves the socket to the collector)
+    """
+    assert unclosed_sockets() == []
+    before = open_sockets()
+    nc = await connect(nats_server.url)
+    await nc.subscribe("anything")
+    await nc.publish("anything", b"pending")  # something for the close to flush
+    closing = asyncio.create_task(close(nc))
+    for _ in range(turns):
+        await asyncio.sleep(0)
+    closing.cancel()
+    with contextlib.suppress(asyncio.CancelledError):  # or it was done already
+        await closing
+    assert nc.is_closed
+    assert open_sockets() == before
+    assert unclosed_sockets() == []

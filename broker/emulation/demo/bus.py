@@ -11,7 +11,7 @@ import nats.js.errors
 from broker.commands.timeline import format_timeline
 from broker.emulation.groundtruth import read_ground_truth
 from broker.manager.timeline import read_timeline
-from remote_agent.protocol.connect import connect
+from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import decode_record
 from remote_agent.protocol.names import Namespace
@@ -38,7 +38,7 @@ async def record_outcomes(url: str, namespace: Namespace) -> dict[str, int]:
             label = f"{record.phase} ({record.writer})"
             counts[label] = counts.get(label, 0) + 1
     finally:
-        await nc.close()
+        await close(nc)
     return dict(sorted(counts.items()))
 
 
@@ -63,5 +63,5 @@ async def sample_timeline(url: str, namespace: Namespace, drone: str) -> str:
     try:
         rows = await read_timeline(nc, namespace, drone)
     finally:
-        await nc.close()
+        await close(nc)
     return format_timeline(rows)

@@ -21,7 +21,7 @@ from broker.emulation.demo.run import MODES, Progress, run_mode, to_stderr
 from broker.emulation.demo.scenario import Scenario
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import Topology, provision
-from remote_agent.protocol.connect import connect
+from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.names import Namespace
 
 
@@ -42,7 +42,7 @@ async def demo(
         try:
             await provision(nc.jetstream(), Topology(namespace=namespace))
         finally:
-            await nc.close()
+            await close(nc)
         progress(f"embedded broker {server.url} (pid {server.pid})")
         for mode in modes:
             progress(f"--- {MODES[mode]}: seed {scenario.seed}, {scenario.total_s:.0f}s")
