@@ -12,13 +12,15 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from pathlib import Path
+from typing import Any, Final, Protocol
 
 import nats
 import nats.errors
 import nats.js.errors
 from nats.aio.client import Client
+from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
 from remote_agent.protocol.backoff import Backoff
@@ -28,6 +30,21 @@ from remote_agent.protocol.ratelog import RateLimitedLog
 from remote_agent.spool import Spool, SpooledEvent
 
 log = logging.getLogger(__name__)
+
+#: the refusal of a JWT that expired (:func:`credentials_refused`): with an identity that is
+#: renewed, the drone connects again once it has the new JWT
+_EXPIRED: Final = "user authentication expired"
+
+
+class Identity(Protocol):
+    """An identity whose JWT may change (:class:`~remote_agent.agent.identity.BootstrapIdentity`)"""
+
+    ready: asyncio.Event
+
+    def user_jwt(self) -> bytes: ...
+
+    def sign(self, nonce: str) -> bytes: ...
+
 
 #: seconds between two lines saying that the agent still cannot get through
 SAY_EVERY_S = 60.0
@@ -61,6 +78,7 @@ class Publisher:
     :param publish_timeout_s: seconds to wait for one PubAck
     :param reconnect_wait_s: seconds between connection attempts
     :param domain: JetStream domain of the event stream and the handshake bucket (leaf nodes)
+    :param identity: connect with this identity's JWT instead of ``creds``, once it is ready
     """
 
     def __init__(
@@ -74,8 +92,14 @@ class Publisher:
         publish_timeout_s: float = 5.0,
         reconnect_wait_s: float = 2.0,
         domain: str | None = None,
+        identity: Identity | None = None,
     ) -> None:
         self.spool = spool
+        self.identity = identity
+        #: every subscription made through :meth:`subscribe`, made again on a new client
+        self._subscriptions: list[tuple[str, Callable[[Msg], Awaitable[None]]]] = []
+        #: a reconnect asked for by :meth:`rotate` (not an outage)
+        self._rotating = False
         self.domain = domain
         self.servers = list(servers)
         self.name = name
@@ -146,6 +170,8 @@ class Publisher:
             self._failing_since = time.monotonic()
         self._connect_errors += 1
         reason = credentials_refused(err)
+        if reason == _EXPIRED and self.identity is not None:
+            reason = None  # renewed by the identity: _closed says what happens
         if reason is not None:
             self._say.log(
                 logging.ERROR,
@@ -180,11 +206,14 @@ class Publisher:
     async def _disconnected(self) -> None:
         nc = self._nc
         # a refusal closes the client for good: _closed says so
-        if self.connected.is_set() and not credentials_refused(nc.last_error if nc else None):
+        if self._rotating:
+            log.info("reconnecting with the renewed identity")
+        elif self.connected.is_set() and not credentials_refused(nc.last_error if nc else None):
             log.warning("disconnected from the broker; events wait in the spool")
         self.connected.clear()
 
     async def _reconnected(self) -> None:
+        self._rotating = False
         url = self._nc.connected_url.netloc if self._nc and self._nc.connected_url else "?"
         log.info("reconnected to %s; %d events to catch up", url, len(self.spool))
         self._connected()
@@ -196,6 +225,12 @@ class Publisher:
             return
         err = nc.last_error
         reason = credentials_refused(err)
+        if reason == _EXPIRED and self.identity is not None:
+            log.warning(
+                "this drone's identity expired before the issuer renewed it; events wait in"
+                " the spool until it does"
+            )
+            return
         if reason is None:
             log.error(
                 "the broker closed the connection for good (%s); events wait in the spool", err
@@ -221,10 +256,14 @@ class Publisher:
 
     async def connect(self) -> Client:
         """Connect, retrying for as long as it takes"""
+        auth: dict[str, Any] = {"user_credentials": str(self.creds) if self.creds else None}
+        if self.identity is not None:
+            await self.identity.ready.wait()
+            auth = {"user_jwt_cb": self.identity.user_jwt, "signature_cb": self.identity.sign}
         nc = await connect(
             self.servers,
             name=self.name,
-            user_credentials=str(self.creds) if self.creds else None,
+            **auth,
             inbox_prefix=self.inbox_prefix,
             max_reconnect_attempts=-1,
             reconnect_time_wait=self.reconnect_wait_s,
@@ -234,6 +273,12 @@ class Publisher:
             reconnected_cb=self._reconnected,
             closed_cb=self._closed,
         )
+        try:
+            for subject, callback in self._subscriptions:
+                await nc.subscribe(subject, cb=callback)
+        except BaseException:
+            await close(nc)
+            raise
         self._nc = nc
         self._js = nc.jetstream(timeout=self.publish_timeout_s, domain=self.domain)
         url = nc.connected_url.netloc if nc.connected_url else "?"
@@ -251,12 +296,34 @@ class Publisher:
 
     # ------------------------------------------------------------------ publishing
 
-    async def run(self) -> None:
-        """Connect, then publish the spool's events in order, forever"""
+    async def subscribe(self, subject: str, callback: Callable[[Msg], Awaitable[None]]) -> None:
+        """Subscribe now if connected, and again on every new client"""
+        self._subscriptions.append((subject, callback))
+        nc = self._nc
+        if nc is not None and not nc.is_closed:
+            await nc.subscribe(subject, cb=callback)
+
+    async def rotate(self) -> None:
+        """
+        Connect with the identity's renewed JWT: reconnect the client, or, if the server
+        closed it because the old JWT expired, connect a new one
+        """
+        nc = self._nc
+        if nc is None or self._closing or self.refused is not None:
+            return  # the first connect picks the new JWT itself
+        if not nc.is_closed:
+            if nc.is_connected:
+                self._rotating = True
+                await nc.force_reconnect()  # nats-py asks user_jwt() again
+            return
+        log.info("connecting again with the renewed identity")
+        await self._connect_retrying()
+
+    async def _connect_retrying(self) -> None:
         while True:
             try:
                 await self.connect()
-                break
+                return
             except Exception as err:  # nats-py retries refusals and I/O itself (-1 attempts)
                 self._say.log(
                     logging.ERROR,
@@ -266,6 +333,10 @@ class Publisher:
                     err,
                 )
                 await asyncio.sleep(max(self.reconnect_wait_s, 1.0))
+
+    async def run(self) -> None:
+        """Connect, then publish the spool's events in order, forever"""
+        await self._connect_retrying()
         backoff = Backoff(first=0.05, most=2.0)
         while True:
             entry = self.spool.peek()

@@ -13,7 +13,7 @@ import hashlib
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -68,6 +68,10 @@ class Settings:
     :param exit_flush_s: at exit, seconds to spend publishing the last events
     :param publish_timeout_s: seconds to wait for one PubAck before retrying
     :param reconnect_wait_s: seconds between reconnect attempts
+    :param bootstrap_token: the drone's one-time bootstrap token (from the job's
+        environment only, never the command line): the agent makes its own key and
+        gets its identity from the manager's issuer (``docs/deployment.md#bootstrap``)
+    :param bootstrap_creds: the site's bootstrap credentials, which only reach the issuer
     """
 
     site: str
@@ -91,6 +95,8 @@ class Settings:
     exit_flush_s: float = 10.0
     publish_timeout_s: float = 5.0
     reconnect_wait_s: float = 2.0
+    bootstrap_token: str | None = field(default=None, repr=False)
+    bootstrap_creds: Path | None = None
 
     @classmethod
     def from_env(
@@ -154,6 +160,13 @@ class Settings:
         creds = pick("creds", Path)
         if creds is not None and not Path(creds).is_file():
             raise SettingsError(f"credentials file {str(creds)!r} does not exist")
+        token = env.get(_ENV["bootstrap_token"], "").strip() or (
+            env.get(TARDIS_SETTINGS_ENV["token"], "").strip()
+        )
+        bootstrap_creds = pick(
+            "bootstrap_creds", Path, env.get(TARDIS_SETTINGS_ENV["bootstrap_creds"], "").strip()
+        )
+        _check_bootstrap(token, bootstrap_creds, creds)
         settings = cls(
             site=site,
             drone=drone,
@@ -180,6 +193,8 @@ class Settings:
             exit_flush_s=pick("exit_flush_s", float, 10.0),
             publish_timeout_s=pick("publish_timeout_s", float, 5.0),
             reconnect_wait_s=pick("reconnect_wait_s", float, 2.0),
+            bootstrap_token=token or None,
+            bootstrap_creds=Path(bootstrap_creds) if token else None,
         )
         settings.validate()
         return settings
@@ -246,7 +261,27 @@ _ENV: Final = {
     "exit_flush_s": "COBALD_REMOTE_EXIT_FLUSH_S",
     "publish_timeout_s": "COBALD_REMOTE_PUBLISH_TIMEOUT_S",
     "reconnect_wait_s": "COBALD_REMOTE_RECONNECT_WAIT_S",
+    "bootstrap_token": "COBALD_REMOTE_TOKEN",
+    "bootstrap_creds": "COBALD_REMOTE_BOOTSTRAP_CREDS",
 }
+
+
+def _check_bootstrap(token: str, bootstrap_creds: object, creds: object) -> None:
+    """:raises SettingsError: if a bootstrap token comes without its credentials, or with others"""
+    if not token:
+        return
+    if creds is not None:
+        raise SettingsError(
+            f"both a bootstrap token (${_ENV['bootstrap_token']} or "
+            f"${TARDIS_SETTINGS_ENV['token']}) and --creds: give one"
+        )
+    if not bootstrap_creds:
+        raise SettingsError(
+            f"a bootstrap token but no bootstrap credentials: set ${_ENV['bootstrap_creds']}"
+            " or pass --bootstrap-creds (the site's file from `cobald-remote auth bootstrap`)"
+        )
+    if not Path(str(bootstrap_creds)).is_file():
+        raise SettingsError(f"bootstrap credentials file {str(bootstrap_creds)!r} does not exist")
 
 
 def _cores(env: Mapping[str, str]) -> int:
@@ -310,6 +345,12 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         help=f"NATS URL; repeat for a cluster [${_ENV['servers']}, comma-separated]",
     )
     add("--creds", "creds", "NATS credentials file", type=Path)
+    add(
+        "--bootstrap-creds",
+        "bootstrap_creds",
+        f"the site's bootstrap credentials, used with the job's token (${_ENV['bootstrap_token']})",
+        type=Path,
+    )
     add("--prefix", "prefix", f"first subject token (default {DEFAULT_PREFIX})")
     add("--domain", "domain", "JetStream domain of the central stream and bucket (leaf nodes)")
     add("--heartbeat", "heartbeat_s", "seconds between heartbeats (default 30)", type=float)
