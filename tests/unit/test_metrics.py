@@ -25,6 +25,7 @@ from broker.manager.views import DroneView
 from broker.tardis_adapter import BusConfig
 from remote_agent import __version__
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.bootstrap import Refusal
 from remote_agent.protocol.names import Namespace
 
 NS = Namespace()
@@ -294,6 +295,9 @@ def _full_sources(registry: Registry) -> Sources:
         rebuild_seconds=lambda: 1.5,
         tardis_calls=lambda: counts,
         notes_buffered=lambda: 0,
+        issuer_counts=lambda: collections.Counter(
+            issued_enroll=2, refused_reused=1, alarms=1, minted=3
+        ),
     )
 
 
@@ -335,6 +339,32 @@ def test_promtool_finds_nothing_to_complain_about() -> None:
         check=False,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_issuer_families_list_every_refusal_zeros_included() -> None:
+    counts = collections.Counter(
+        issued_enroll=5, issued_renew=7, refused_forged=2, refused_throttled=3, alarms=1, minted=9
+    )
+    samples = _samples(render(Sources(registry=Registry(NS), issuer_counts=lambda: counts)))
+    issued = "cobald_remote_bootstrap_issued_total"
+    assert samples[(issued, (("kind", "enroll"),))] == 5
+    assert samples[(issued, (("kind", "renew"),))] == 7
+    refused = {
+        labels[0][1]: value
+        for (name, labels), value in samples.items()
+        if name == "cobald_remote_bootstrap_refused_total"
+    }
+    assert refused == {str(reason): 0 for reason in Refusal} | {"forged": 2, "throttled": 3}
+    assert samples[("cobald_remote_bootstrap_alarms_total", ())] == 1
+    assert samples[("cobald_remote_bootstrap_tokens_minted_total", ())] == 9
+
+
+def test_an_issuer_that_did_nothing_yet_shows_zeros() -> None:
+    samples = _samples(render(Sources(registry=Registry(NS), issuer_counts=collections.Counter)))
+    assert samples[("cobald_remote_bootstrap_issued_total", (("kind", "renew"),))] == 0
+    assert samples[("cobald_remote_bootstrap_refused_total", (("reason", "reused"),))] == 0
+    assert samples[("cobald_remote_bootstrap_alarms_total", ())] == 0
+    assert samples[("cobald_remote_bootstrap_tokens_minted_total", ())] == 0
 
 
 class _EndingRegistry(Registry):
