@@ -214,6 +214,37 @@ def cpu_seconds(pid: int | None = None) -> float:
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
 
 
+class CpuSampler:
+    """CPU seconds of this process and of another (the server), sampled every ``every_s``"""
+
+    def __init__(self, pid: int, every_s: float = 0.02) -> None:
+        self.pid = pid
+        self.every_s = every_s
+        #: (``time.monotonic()``, this process's CPU s, the other's CPU s)
+        self.samples: list[tuple[float, float, float]] = []
+
+    def _take(self) -> None:
+        self.samples.append((time.monotonic(), cpu_seconds(), cpu_seconds(self.pid)))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sample until ``stop`` is set, and once more then"""
+        while not stop.is_set():
+            self._take()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.every_s)
+        self._take()
+
+    def between(self, lo: float, hi: float) -> tuple[float, float]:
+        """CPU seconds of this process and of the other from ``lo`` to ``hi`` (monotonic)"""
+
+        def at(t: float) -> tuple[float, float]:
+            before = [s for s in self.samples if s[0] <= t] or self.samples[:1]
+            return before[-1][1], before[-1][2]
+
+        (mine0, other0), (mine1, other1) = at(lo), at(hi)
+        return mine1 - mine0, other1 - other0
+
+
 def percentiles(samples_s: Sequence[float]) -> dict[str, float]:
     """count, p50, p99 and max of ``samples_s`` (seconds), the figures in milliseconds"""
     if not samples_s:

@@ -4,21 +4,24 @@ Issuance benchmark: bootstrapped drone identities per second, and their latency
 Run from the repository root::
 
     .venv/bin/python bench/issuance.py               # 2,000 drones, concurrency 50, < 1 min
+    .venv/bin/python bench/issuance.py --rate 200    # 200 requests started per second
     .venv/bin/python bench/issuance.py --quick       # 300 drones
     .venv/bin/python bench/issuance.py --drones 5000 --concurrency 100 --sites 10
 
 One embedded nats-server in operator mode (a new authority, the buckets as
-``broker init`` makes them) and the real :class:`~broker.manager.service.ManagerService`
-with its issuer, in this process. ``--drones`` drones spread over ``--sites`` sites,
-``--concurrency`` at a time, each with a user key of its own. Phases, in order:
+``broker init`` makes them) and, in this process, the real
+:class:`~broker.manager.service.ManagerService` with its issuer and an echo responder.
+The ``--drones`` drones (spread over ``--sites`` sites, each with a user key of its own)
+run in a second process, ``--concurrency`` requests at a time (or started at ``--rate``
+per second, at most ``--concurrency`` at a time). Phases, in order:
 
-1. **echo baselines** (same server, same concurrency, as many requests): a core NATS
-   request to a responder that answers at once with the request's bytes, once over one
-   kept connection, once over a new connection per request (JWT credentials checked by
-   the server at each connect: what an agent's request costs before the issuer does
-   anything);
-2. **mint**: the issuer's :meth:`~broker.manager.issuer.Issuer.mint` for every drone
+1. **mint**: the issuer's :meth:`~broker.manager.issuer.Issuer.mint` for every drone
    (what the site adapter does at deploy: a token hash in the grant bucket);
+2. **echo baselines** (same server, same concurrency, as many requests): a core NATS
+   request to the responder, which answers at once with the request's bytes, over one
+   kept connection, and over a new connection per request (the server checks JWT
+   credentials at each connect: what an agent's request costs before the issuer does
+   anything);
 3. **enroll**: every drone's :class:`~remote_agent.agent.identity.BootstrapIdentity`
    asks for its JWT as the agent does (a new connection on the site's bootstrap
    identity, the signed request with the token, the reply, close);
@@ -26,19 +29,20 @@ with its issuer, in this process. ``--drones`` drones spread over ``--sites`` si
 5. **renew, kept connection**: renewals over one kept connection per site, so that
    the issuer's own latency is seen without the connect.
 
-Each drone's time is taken around its whole request. A sample of drones connects with
-its issued JWT to check the identities are real. Prints counts, rates, p50/p99/max and
-the ratios to the echo baselines, writes JSON to ``bench/results/issuance-<time>.json``.
-Nothing is asserted. The issuer's rate limit is per site (``rate_per_s`` 500,
-``burst`` 1,000 by default): a run with more than ``burst`` drones per site and an
-issuer faster than ``rate_per_s`` sees ``throttled`` refusals (counted, asked again).
+A drone's time is taken around its whole request. A sample of drones connects with its
+issued JWT and its own key to check the identities are real. It prints counts, rates,
+p50/p99/max, the ratios to the baselines and the CPU seconds of the drones' process, of
+the manager's and of the server in each phase, and writes JSON to
+``bench/results/issuance-<time>.json``. Nothing is asserted. The issuer's rate limit is
+per site (``rate_per_s`` 500, ``burst`` 1,000 by default): with more than ``burst``
+drones per site and an issuer faster than ``rate_per_s`` a run sees ``throttled``
+refusals (counted; the drone asks again after 50 ms).
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
 import datetime as dt
 import json
 import logging
@@ -274,30 +278,6 @@ async def drones_process(spec: dict[str, Any]) -> dict[str, Any]:
     }
 
 
-async def sample_cpu(
-    pid: int, samples: list[tuple[float, float, float]], stop: asyncio.Event
-) -> None:
-    """(monotonic time, this process's CPU s, ``pid``'s CPU s) every 20 ms until ``stop``"""
-    while not stop.is_set():
-        samples.append((time.monotonic(), _common.cpu_seconds(), _common.cpu_seconds(pid)))
-        with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(stop.wait(), 0.02)
-    samples.append((time.monotonic(), _common.cpu_seconds(), _common.cpu_seconds(pid)))
-
-
-def cpu_in(
-    samples: Sequence[tuple[float, float, float]], lo: float, hi: float
-) -> tuple[float, float]:
-    """CPU seconds of this process and of the server between ``lo`` and ``hi``"""
-
-    def at(t: float) -> tuple[float, float]:
-        before = [s for s in samples if s[0] <= t] or [samples[0]]
-        return before[-1][1], before[-1][2]
-
-    (a0, b0), (a1, b1) = at(lo), at(hi)
-    return a1 - a0, b1 - b0
-
-
 async def echo_responder(url: str, creds: Path) -> Client:
     responder = await connect(url, user_credentials=str(creds))
 
@@ -326,9 +306,9 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         service = ManagerService(settings)
         service_task = asyncio.create_task(service.run())
         stop = asyncio.Event()
-        samples: list[tuple[float, float, float]] = []
         assert bus.server.pid is not None
-        sampler = asyncio.create_task(sample_cpu(bus.server.pid, samples, stop))
+        cpu = _common.CpuSampler(bus.server.pid)
+        sampler = asyncio.create_task(cpu.run(stop))
         responder = await echo_responder(bus.url, bus.manager_creds)
         try:
             await asyncio.wait_for(service.ready.wait(), 60)
@@ -374,7 +354,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             await asyncio.wait_for(service_task, 30)
         rows |= drones_report.pop("rows")
         for row in rows.values():
-            row["manager_cpu_s"], row["server_cpu_s"] = cpu_in(samples, *row["interval"])
+            row["manager_cpu_s"], row["server_cpu_s"] = cpu.between(*row["interval"])
         del rows["mint"]["client_cpu_s"]  # the manager minted: that CPU is the manager's
         return {
             "drones": args.drones,
