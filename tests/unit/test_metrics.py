@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 import msgspec
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.drones import FakeDrone
 
@@ -22,7 +23,7 @@ from broker.manager.collector import tardis_labels
 from broker.manager.metrics import MetricsServer, Sources, parse_address, render
 from broker.manager.registry import Registry
 from broker.manager.views import DroneView
-from broker.tardis_adapter import BusConfig
+from broker.tardis_adapter import BusConfig, RemoteBus
 from remote_agent import __version__
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.bootstrap import Refusal
@@ -365,6 +366,19 @@ def test_an_issuer_that_did_nothing_yet_shows_zeros() -> None:
     assert samples[("cobald_remote_bootstrap_refused_total", (("reason", "reused"),))] == 0
     assert samples[("cobald_remote_bootstrap_alarms_total", ())] == 0
     assert samples[("cobald_remote_bootstrap_tokens_minted_total", ())] == 0
+
+
+@pytest.mark.parametrize("issuing", [True, False])
+def test_the_bus_exports_the_issuer_counts_when_it_issues(issuing: bool) -> None:
+    settings = {"servers": "nats://127.0.0.1:4222", "metrics": "127.0.0.1:0"}
+    if issuing:
+        settings["bootstrap_authority"] = "authority.json"  # read when the issuer starts
+    bus = RemoteBus(BusConfig.from_mapping(settings), register=False)
+    assert bus.metrics is not None
+    bus.manager.issuer_counts["issued_enroll"] += 2
+    samples = _samples(generate_latest(bus.metrics.registry).decode())
+    enrolled = samples.get(("cobald_remote_bootstrap_issued_total", (("kind", "enroll"),)))
+    assert enrolled == (2 if issuing else None)
 
 
 class _EndingRegistry(Registry):
