@@ -219,8 +219,13 @@ async def renew_kept(
         request = RenewRequest(
             site=drone.site, drone=drone.name, public_key=drone.public, at=at, signature=signature
         )
-        msg = await clients[drone.site].request(NS.bootstrap(drone.site), encode(request), 10)
-        return isinstance(decode_bootstrap_reply(msg.data), Issued)
+        for _ in range(200):
+            msg = await clients[drone.site].request(NS.bootstrap(drone.site), encode(request), 10)
+            reply = decode_bootstrap_reply(msg.data)
+            if isinstance(reply, Issued) or reply.reason.permanent:
+                return isinstance(reply, Issued)
+            await asyncio.sleep(RETRY_S)  # throttled: the signature stays valid for minutes
+        return False
 
     try:
         return await timed(drones, concurrency, renew, rate_per_s)
