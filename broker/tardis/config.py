@@ -231,6 +231,11 @@ def _meanings(config: BusConfig, raw: Mapping[str, Any]) -> list[str]:
         _ = config.metrics_address
     except ValueError as err:
         problems.append(f"{problem('metrics', raw.get('metrics'))} ({err})")
+    if config.bootstrap_creds is not None and config.bootstrap_authority is None:
+        problems.append(
+            "bus.bootstrap_creds: set without bus.bootstrap_authority, which turns the "
+            "issuer on: without it no drone gets a token to bootstrap with"
+        )
     return problems
 
 
