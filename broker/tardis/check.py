@@ -224,19 +224,20 @@ def _factory(where: str, form: str, kwargs: dict[str, Any], data: Any, report: R
 
 
 def bootstrap_warnings(bus: BusConfig) -> list[str]:
-    """What keeps the issuer from working here: its authority file, the drones' credentials"""
+    """What keeps the issuer from working here: its key file, the drones' credentials"""
     from broker.errors import AuthError
-    from broker.server.auth.authority import load_authority
+    from broker.server.auth.authority import load_issuer_key
 
-    if bus.bootstrap_authority is None:
+    if bus.bootstrap_key is None:
         return []
     warnings = []
     try:
-        load_authority(Path(bus.bootstrap_authority))
+        load_issuer_key(Path(bus.bootstrap_key))
     except AuthError as err:
         warnings.append(
-            f"bus.bootstrap_authority: {err}; the manager cannot issue drone identities "
-            "(the file `cobald-remote auth init` wrote, readable by the user that runs COBalD)"
+            f"bus.bootstrap_key: {err}; the manager cannot issue drone identities "
+            "(the file `cobald-remote auth issuer-key` wrote, readable by the user that runs "
+            "COBalD)"
         )
     if bus.bootstrap_creds is None:
         warnings.append(

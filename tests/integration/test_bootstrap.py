@@ -23,7 +23,7 @@ from support.waiting import wait_until
 
 from broker.manager.issuer import IssuerSettings
 from broker.manager.service import ManagerService, ManagerSettings
-from broker.server.auth.authority import load_authority
+from broker.server.auth.authority import issuer_key_of, load_authority, save_issuer_key
 from broker.server.auth.credentials import bootstrap_credentials
 from broker.server.auth.jwt import decode_jwt
 from broker.server.embedded import EmbeddedServer
@@ -54,8 +54,14 @@ def manager_settings(
         servers=[server.url],
         creds=str(tmp_path / "manager.creds"),
         retry_s=0.2,
-        issuer=IssuerSettings(authority=authority, **issuer),
+        issuer=IssuerSettings(key=issuer_key(tmp_path, authority), **issuer),
     )
+
+
+def issuer_key(tmp_path: Path, authority: Path) -> Path:
+    path = tmp_path / "issuer-key.json"
+    save_issuer_key(issuer_key_of(load_authority(authority)), path)
+    return path
 
 
 def site_bootstrap(tmp_path: Path, authority: Path, site: str = SITE) -> Path:

@@ -12,7 +12,12 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from broker.server.auth.authority import create_authority, save_authority
+from broker.server.auth.authority import (
+    create_authority,
+    issuer_key_of,
+    save_authority,
+    save_issuer_key,
+)
 from broker.server.auth.credentials import bootstrap_credentials, manager_credentials
 from remote_agent.protocol.names import Namespace
 
@@ -35,6 +40,8 @@ def secure(root: Path, namespace: Namespace, site: str) -> DemoAuth:
     save_authority(authority, authority_file)
     config = root / "server.conf"
     config.write_text(f'jetstream {{ store_dir: "{root / "js"}" }}\n' + authority.server_config())
+    issuer_key = root / "issuer-key.json"
+    save_issuer_key(issuer_key_of(authority), issuer_key)
     manager = root / "manager.creds"
     manager.write_text(manager_credentials(authority))
     site_creds = root / f"bootstrap-{site}.creds"
@@ -44,7 +51,7 @@ def secure(root: Path, namespace: Namespace, site: str) -> DemoAuth:
         manager_creds=manager,
         bus_keys={
             "creds": str(manager),
-            "bootstrap_authority": str(authority_file),
+            "bootstrap_key": str(issuer_key),
             "bootstrap_creds": str(site_creds),
         },
     )
