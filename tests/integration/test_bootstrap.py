@@ -70,6 +70,18 @@ def site_bootstrap(tmp_path: Path, authority: Path, site: str = SITE) -> Path:
     return path
 
 
+def bootstrapped(tmp_path: Path, server: EmbeddedServer, authority: Path, token: str) -> Agent:
+    return Agent(
+        agent_settings(
+            tmp_path,
+            server.url,
+            DRONE,
+            bootstrap_token=token,
+            bootstrap_creds=site_bootstrap(tmp_path, authority),
+        )
+    )
+
+
 async def minted(service: ManagerService, drone: str = DRONE, site: str = SITE) -> str:
     await asyncio.wait_for(service.ready.wait(), 30)
     assert service.issuer is not None
@@ -143,16 +155,7 @@ async def test_a_bootstrapped_drone_runs_its_whole_life_on_its_own_identity(
     server, authority = secured
     settings = manager_settings(tmp_path, server, authority)
     async with running_manager(settings) as service:
-        token = await minted(service)
-        agent = Agent(
-            agent_settings(
-                tmp_path,
-                server.url,
-                DRONE,
-                bootstrap_token=token,
-                bootstrap_creds=site_bootstrap(tmp_path, authority),
-            )
-        )
+        agent = bootstrapped(tmp_path, server, authority, await minted(service))
         await drone_life(service, agent, reason="bootstrap test")
         assert service.issuer_counts["issued_enroll"] == 1
         seed = (tmp_path / f"spool-{DRONE}" / "identity.seed").stat()
@@ -242,15 +245,7 @@ async def test_a_token_minted_before_a_manager_restart_works_after_it(
         token = await minted(service)
     async with running_manager(settings) as service:
         await asyncio.wait_for(service.ready.wait(), 30)
-        agent = Agent(
-            agent_settings(
-                tmp_path,
-                server.url,
-                DRONE,
-                bootstrap_token=token,
-                bootstrap_creds=site_bootstrap(tmp_path, authority),
-            )
-        )
+        agent = bootstrapped(tmp_path, server, authority, token)
         await drone_life(service, agent, reason="restart test")
 
 
@@ -260,15 +255,7 @@ async def test_a_drone_whose_bootstrap_is_refused_keeps_its_gate_shut_and_says_w
     server, authority = secured
     async with running_manager(manager_settings(tmp_path, server, authority)) as service:
         await minted(service)
-        agent = Agent(
-            agent_settings(
-                tmp_path,
-                server.url,
-                DRONE,
-                bootstrap_token="not-the-token",
-                bootstrap_creds=site_bootstrap(tmp_path, authority),
-            )
-        )
+        agent = bootstrapped(tmp_path, server, authority, "not-the-token")
         with caplog.at_level(logging.ERROR, "remote_agent"):
             async with running(agent) as run:
                 await wait_until(lambda: "refused this drone's identity" in caplog.text, 30)
@@ -277,18 +264,6 @@ async def test_a_drone_whose_bootstrap_is_refused_keeps_its_gate_shut_and_says_w
                 assert await run.stop() == 128 + 15
         assert "forged" in caplog.text
         assert service.issuer_counts["refused_forged"] == 1
-
-
-def bootstrapped(tmp_path: Path, server: EmbeddedServer, authority: Path, token: str) -> Agent:
-    return Agent(
-        agent_settings(
-            tmp_path,
-            server.url,
-            DRONE,
-            bootstrap_token=token,
-            bootstrap_creds=site_bootstrap(tmp_path, authority),
-        )
-    )
 
 
 async def test_the_agent_renews_its_identity_and_stays_on_the_bus(
