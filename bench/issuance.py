@@ -61,6 +61,7 @@ from nats.aio.msg import Msg
 
 from broker.manager.issuer import IssuerSettings
 from broker.manager.service import ManagerService, ManagerSettings
+from broker.server.auth.authority import issuer_key_of, save_issuer_key
 from broker.server.auth.credentials import bootstrap_credentials
 from remote_agent.agent.identity import BootstrapIdentity
 from remote_agent.protocol.bootstrap import (
@@ -302,11 +303,13 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             (bus.tmp / f"{site}.creds").write_text(bootstrap_credentials(bus.authority, NS, site))
         names = [(sites[i % len(sites)], i) for i in range(args.drones)]
         drones = [(site, _common.drone_name(site, i)) for site, i in names]
+        key_file = bus.tmp / "issuer.key"  # the account signing key alone, as auth issuer-key
+        save_issuer_key(issuer_key_of(bus.authority), key_file)
         settings = ManagerSettings(
             servers=[bus.url],
             creds=str(bus.manager_creds),
             retry_s=0.5,
-            issuer=IssuerSettings(authority=bus.authority_file),
+            issuer=IssuerSettings(key=key_file),
         )
         service = ManagerService(settings)
         service_task = asyncio.create_task(service.run())

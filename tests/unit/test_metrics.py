@@ -372,7 +372,7 @@ def test_an_issuer_that_did_nothing_yet_shows_zeros() -> None:
 def test_the_bus_exports_the_issuer_counts_when_it_issues(issuing: bool) -> None:
     settings = {"servers": "nats://127.0.0.1:4222", "metrics": "127.0.0.1:0"}
     if issuing:
-        settings["bootstrap_authority"] = "authority.json"  # read when the issuer starts
+        settings["bootstrap_key"] = "issuer.key"  # read when the issuer starts
     bus = RemoteBus(BusConfig.from_mapping(settings), register=False)
     assert bus.metrics is not None
     bus.manager.issuer_counts["issued_enroll"] += 2
