@@ -374,3 +374,29 @@ async def test_the_issuer_answers_only_into_the_sites_own_inbox(
         assert await control.store.read(SITE, OTHER) is None
         # the token was not spent by the dropped requests
         assert isinstance(await asker.ask(asker.enroll(DRONE, token)), Issued)
+
+
+async def test_the_worker_does_not_inherit_the_token(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The startd (and so its payloads) runs without the token in its environment"""
+    server, authority = secured
+    async with running_manager(manager_settings(tmp_path, server, authority)) as service:
+        token = await minted(service)
+        monkeypatch.setenv("TardisDroneCobaldRemoteToken", token)
+        monkeypatch.setenv("COBALD_REMOTE_TOKEN", token)
+        seen = tmp_path / "worker-env"
+        agent = Agent(
+            agent_settings(
+                tmp_path,
+                server.url,
+                DRONE,
+                command=["sh", "-c", f"env > {seen}; exec sleep 3600"],
+                bootstrap_token=token,
+                bootstrap_creds=site_bootstrap(tmp_path, authority),
+            )
+        )
+        async with running(agent) as run:
+            await wait_until(lambda: agent.gate_open and seen.exists(), 30, "the worker")
+            assert await run.stop() == 128 + 15
+        assert token not in seen.read_text()
