@@ -57,7 +57,8 @@ class Sources:
         ``site:<name>``, ``batch_system``), counts by name (``<call>_failed``: failures)
     :param notes_buffered: TARDIS state notes waiting for the bus
     :param issuer_counts: what the bootstrap issuer did (``issued_enroll``,
-        ``issued_renew``, ``refused_<reason>``, ``alarms``, ``minted``; kept across reconnects)
+        ``issued_renew``, ``refused_<reason>``, ``dropped_reply_subject``, ``alarms``,
+        ``minted``; kept across reconnects)
     """
 
     registry: Registry
@@ -287,6 +288,12 @@ class ManagerCollector(Collector):
             "(the manager log names the drone and the site)",
             "reason",
             [(str(reason), counts.get(f"refused_{reason}", 0)) for reason in Refusal],
+        )
+        yield CounterMetricFamily(
+            PREFIX + "bootstrap_dropped",
+            "Bootstrap requests answered nowhere: their reply subject was not their site's "
+            "bootstrap inbox",
+            value=counts.get("dropped_reply_subject", 0),
         )
         yield CounterMetricFamily(
             PREFIX + "bootstrap_alarms",

@@ -344,7 +344,13 @@ def test_promtool_finds_nothing_to_complain_about() -> None:
 
 def test_issuer_families_list_every_refusal_zeros_included() -> None:
     counts = collections.Counter(
-        issued_enroll=5, issued_renew=7, refused_forged=2, refused_throttled=3, alarms=1, minted=9
+        issued_enroll=5,
+        issued_renew=7,
+        refused_forged=2,
+        refused_throttled=3,
+        dropped_reply_subject=4,
+        alarms=1,
+        minted=9,
     )
     samples = _samples(render(Sources(registry=Registry(NS), issuer_counts=lambda: counts)))
     issued = "cobald_remote_bootstrap_issued_total"
@@ -356,6 +362,7 @@ def test_issuer_families_list_every_refusal_zeros_included() -> None:
         if name == "cobald_remote_bootstrap_refused_total"
     }
     assert refused == {str(reason): 0 for reason in Refusal} | {"forged": 2, "throttled": 3}
+    assert samples[("cobald_remote_bootstrap_dropped_total", ())] == 4
     assert samples[("cobald_remote_bootstrap_alarms_total", ())] == 1
     assert samples[("cobald_remote_bootstrap_tokens_minted_total", ())] == 9
 
@@ -364,6 +371,7 @@ def test_an_issuer_that_did_nothing_yet_shows_zeros() -> None:
     samples = _samples(render(Sources(registry=Registry(NS), issuer_counts=collections.Counter)))
     assert samples[("cobald_remote_bootstrap_issued_total", (("kind", "renew"),))] == 0
     assert samples[("cobald_remote_bootstrap_refused_total", (("reason", "reused"),))] == 0
+    assert samples[("cobald_remote_bootstrap_dropped_total", ())] == 0
     assert samples[("cobald_remote_bootstrap_alarms_total", ())] == 0
     assert samples[("cobald_remote_bootstrap_tokens_minted_total", ())] == 0
 
