@@ -19,13 +19,14 @@ import pytest
 from support.agent import SITE, drone_life, running
 from support.agent import settings as agent_settings
 from support.manager import running_manager
+from support.servers import refused_for_another
 from support.waiting import wait_until
 
 from broker.manager.issuer import IssuerSettings
 from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.auth.authority import issuer_key_of, load_authority, save_issuer_key
 from broker.server.auth.credentials import bootstrap_credentials
-from broker.server.auth.jwt import decode_jwt
+from broker.server.auth.jwt import creds_file, decode_jwt
 from broker.server.embedded import EmbeddedServer
 from remote_agent.agent import Agent
 from remote_agent.protocol import events as ev
@@ -156,7 +157,20 @@ async def test_a_bootstrapped_drone_runs_its_whole_life_on_its_own_identity(
     settings = manager_settings(tmp_path, server, authority)
     async with running_manager(settings) as service:
         agent = bootstrapped(tmp_path, server, authority, await minted(service))
-        await drone_life(service, agent, reason="bootstrap test")
+
+        async def refused_with_its_identity() -> None:
+            # the drone's own JWT and seed, as a thief on the drone would take them
+            publisher = agent.emitter.publisher
+            assert publisher is not None and publisher.identity is not None
+            seed = (tmp_path / f"spool-{DRONE}" / "identity.seed").read_text().strip()
+            creds = tmp_path / "taken.creds"
+            creds.write_text(creds_file(publisher.identity.user_jwt().decode(), seed))
+            await refused_for_another(server.url, creds, DRONE, OTHER)
+
+        await drone_life(
+            service, agent, while_up=refused_with_its_identity, reason="bootstrap test"
+        )
+        assert service.registry.view(SITE, OTHER) is None
         assert service.issuer_counts["issued_enroll"] == 1
         seed = (tmp_path / f"spool-{DRONE}" / "identity.seed").stat()
         assert seed.st_mode & 0o777 == 0o600
