@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
 import nkeys
@@ -13,9 +13,15 @@ from nats.aio.client import Client
 
 from broker.manager.issuer import IssuerSettings
 from broker.manager.service import ManagerService, ManagerSettings
-from broker.server.auth.authority import load_authority
-from broker.server.auth.credentials import bootstrap_credentials
+from broker.server.auth.authority import create_authority, load_authority, save_authority
+from broker.server.auth.credentials import (
+    bootstrap_credentials,
+    leaf_credentials,
+    manager_credentials,
+)
 from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from remote_agent.deploy_files import DEPLOY_DIR
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.bootstrap import (
     EnrollRequest,
@@ -29,6 +35,8 @@ from remote_agent.protocol.bootstrap import (
 from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.names import Namespace, bootstrap_inbox
 from support.agent import SITE
+from support.servers import hub_and_leaf, uncomment
+from support.waiting import wait_until
 
 NS = Namespace()
 #: the drone a test bootstraps, unless it names another
@@ -44,6 +52,47 @@ def manager_settings(
         retry_s=0.2,
         issuer=IssuerSettings(authority=authority, **issuer),
     )
+
+
+@contextlib.asynccontextmanager
+async def secured_hub_and_leaf(
+    tmp_path: Path,
+) -> AsyncIterator[tuple[EmbeddedServer, EmbeddedServer, Path]]:
+    """
+    A hub (single.conf) and a site's leaf node (leaf.conf), both in operator mode
+
+    As ``docs/deployment.md`` sets them up: the same authority's server configuration on
+    both, the leaf's remote on its own credentials; JetStream domain ``hub``, provisioned.
+    Yields the hub, the leaf and the authority file; ``tmp_path / "manager.creds"`` holds
+    the manager's credentials.
+    """
+    authority_file = tmp_path / "authority.json"
+    save_authority(create_authority(), authority_file)
+    authority = load_authority(authority_file)
+    nats_dir = DEPLOY_DIR / "nats"
+    conf = tmp_path / "conf"
+    conf.mkdir()
+    (conf / "auth.conf").write_text(authority.server_config())
+    (conf / "single.conf").write_text((nats_dir / "single.conf").read_text())
+    (conf / "hub.conf").write_text('include "single.conf"\ninclude "auth.conf"\n')
+    leaf_creds, manager = conf / "leaf.creds", tmp_path / "manager.creds"
+    leaf_creds.write_text(leaf_credentials(authority, SITE))
+    manager.write_text(manager_credentials(authority))
+    leaf_conf = uncomment(
+        (nats_dir / "leaf.conf").read_text(), "credentials:", "account:", 'include "auth.conf"'
+    )
+    leaf_conf = leaf_conf.replace("/etc/cobald-remote/nats/site1-leaf.creds", str(leaf_creds))
+    (conf / "leaf.conf").write_text(
+        leaf_conf.replace("ACCOUNT_PUBLIC_KEY", authority.account_public)
+    )
+    hub, leaf = hub_and_leaf(tmp_path, conf / "hub.conf", conf / "leaf.conf")
+    async with hub, leaf:
+        nc = await connect(hub.url, user_credentials=str(manager))
+        try:
+            await provision(nc.jetstream())
+        finally:
+            await close(nc)
+        yield hub, leaf, authority_file
 
 
 def site_bootstrap(tmp_path: Path, authority: Path, site: str = SITE) -> Path:
@@ -129,3 +178,33 @@ class Asker:
 def refused(reply: Issued | IssueRefused, reason: Refusal) -> None:
     assert isinstance(reply, IssueRefused), reply
     assert reply.reason is reason, reply
+
+
+async def violations(
+    url: str,
+    creds: Path,
+    inbox_prefix: str,
+    *,
+    publish: Sequence[str] = (),
+    subscribe: Sequence[str] = (),
+) -> None:
+    """With ``creds``: each publish and each subscription is a permissions violation"""
+    errors: list[str] = []
+
+    async def note(err: Exception) -> None:
+        errors.append(str(err))
+
+    nc = await connect(url, user_credentials=str(creds), inbox_prefix=inbox_prefix, error_cb=note)
+    try:
+        for subject in publish:
+            await nc.publish(subject, b"x")
+        for subject in subscribe:
+            await nc.subscribe(subject)
+        await nc.flush()
+        expected = len(publish) + len(subscribe)
+        await wait_until(lambda: len(errors) >= expected, 10, f"{expected} violations")
+    finally:
+        await close(nc)
+    assert all("permissions violation" in error.lower() for error in errors), errors
+    for subject in (*publish, *subscribe):
+        assert any(subject.lower() in error for error in errors), (subject, errors)
