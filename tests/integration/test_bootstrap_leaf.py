@@ -10,7 +10,6 @@ from __future__ import annotations
 
 from pathlib import Path
 
-import nkeys
 import pytest
 from support.agent import SITE, drone_life
 from support.agent import settings as agent_settings
@@ -28,7 +27,6 @@ from broker.manager.issuer import IssuerSettings
 from broker.manager.service import ManagerSettings
 from broker.server.auth.jwt import creds_file, decode_jwt
 from remote_agent.agent import Agent
-from remote_agent.agent.identity import SEED_FILE
 from remote_agent.protocol.bootstrap import Issued
 from remote_agent.protocol.names import Namespace, bootstrap_inbox, inbox_prefix
 
@@ -78,13 +76,12 @@ async def test_a_drone_at_a_leaf_runs_its_whole_life_on_its_own_bootstrapped_ide
 
             async def refused_at_the_leaf() -> None:
                 # the drone's own identity: its own key (made on the drone) and a JWT for it
-                seed = (agent.settings.spool_dir / SEED_FILE).read_bytes().strip()
-                asker = Asker(leaf.url, bootstrap)
-                asker.key = nkeys.from_seed(bytearray(seed))
+                asker = Asker(leaf.url, bootstrap).with_seed_of(agent.settings.spool_dir)
                 issued = await asker.ask(asker.renew(DRONE))
                 assert isinstance(issued, Issued), issued
                 assert decode_jwt(issued.jwt)["sub"] == asker.public
                 own = tmp_path / "own.creds"
+                seed: bytes = asker.key.seed
                 own.write_text(creds_file(issued.jwt, seed.decode()))
                 await violations(leaf.url, own, inbox_prefix(DRONE), **acting_for(OTHER))
                 # the site's bootstrap identity: nothing but its requests and their replies

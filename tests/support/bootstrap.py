@@ -21,6 +21,7 @@ from broker.server.auth.credentials import (
 )
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
+from remote_agent.agent.identity import SEED_FILE
 from remote_agent.deploy_files import DEPLOY_DIR
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.bootstrap import (
@@ -118,6 +119,11 @@ class Asker:
 
     async def _note(self, err: Exception) -> None:
         self.errors.append(str(err))
+
+    def with_seed_of(self, spool_dir: Path) -> Asker:
+        """Ask with the key a drone made and kept in its spool directory"""
+        self.key = nkeys.from_seed(bytearray((spool_dir / SEED_FILE).read_bytes().strip()))
+        return self
 
     def with_key(self, seed_byte: int) -> Asker:
         self.key = nkeys.from_seed(
