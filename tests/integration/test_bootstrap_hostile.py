@@ -233,7 +233,8 @@ async def test_a_flood_from_one_site_is_throttled_while_another_site_enrolls(
 ) -> None:
     server, authority = secured
     creds = site_bootstrap(tmp_path, authority)
-    settings = manager_settings(tmp_path, server, authority, rate_per_s=1.0, burst=5.0)
+    # a site refills one request each 100 s: nothing the test does in between gets one back
+    settings = manager_settings(tmp_path, server, authority, rate_per_s=0.01, burst=5.0)
     async with running_manager(settings) as service:
         token = await minted(service)
         other_token = await minted(service, OTHER_SITE_DRONE, site="site2")
@@ -246,19 +247,16 @@ async def test_a_flood_from_one_site_is_throttled_while_another_site_enrolls(
             )
             reasons = [a.reason for a in answers if isinstance(a, IssueRefused)]
             assert len(reasons) == flood, answers
-            assert reasons.count(Refusal.THROTTLED) >= flood - 10, reasons
-            assert set(reasons) <= {Refusal.THROTTLED, Refusal.FORGED}, reasons
-            refused(await attacker.ask(attacker.enroll(DRONE, token), nc=nc), Refusal.THROTTLED)
+            assert reasons.count(Refusal.FORGED) == 5, reasons  # the burst, then nothing
+            assert reasons.count(Refusal.THROTTLED) == flood - 5, reasons
+            # the site's own drone, with its token, waits like everyone of its site
+            owner = Asker(server.url, creds).with_key(4)
+            refused(await owner.ask(owner.enroll(DRONE, token)), Refusal.THROTTLED)
             # meanwhile a drone of another site enrolls
             other = Asker(server.url, site_bootstrap(tmp_path, authority, "site2"), "site2")
             issued = await other.with_key(5).ask(other.enroll(OTHER_SITE_DRONE, other_token))
             assert isinstance(issued, Issued), issued
-        throttled = service.issuer_counts["refused_throttled"]
-        assert throttled == reasons.count(Refusal.THROTTLED) + 1
-        assert service.issuer_counts["refused_forged"] == flood - reasons.count(Refusal.THROTTLED)
+        assert service.issuer_counts["refused_throttled"] == flood - 5 + 1
+        assert service.issuer_counts["refused_forged"] == 5
+        assert service.issuer_counts["issued_enroll"] == 1
         assert await grant_revision(service) == before
-        # once the bucket refilled the site's own drone enrolls
-        await asyncio.sleep(1.5)
-        owner = Asker(server.url, creds).with_key(4)
-        assert isinstance(await owner.ask(owner.enroll(DRONE, token)), Issued)
-        assert service.issuer_counts["issued_enroll"] == 2
