@@ -221,7 +221,6 @@ async def test_hostile_bytes_from_the_bootstrap_identity_change_no_grant_and_are
             with pytest.raises((nats.errors.Error, TimeoutError)):
                 await attacker.ask(b"\x00" * (64 * 1024), nc=nc)
             assert not nc.is_connected  # the server cut it off
-        assert attacker.errors
         assert service.issuer_counts["refused_malformed"] == len(hostile)
         # the drone's token is still good for the drone
         owner = Asker(server.url, creds).with_key(4)
