@@ -259,3 +259,31 @@ async def test_a_flood_from_one_site_is_throttled_while_another_site_enrolls(
         assert service.issuer_counts["refused_forged"] == 5
         assert service.issuer_counts["issued_enroll"] == 1
         assert await grant_revision(service) == before
+
+
+async def test_of_many_keys_racing_for_one_token_at_two_managers_exactly_one_wins(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    """The token stolen from the batch system and used at once by several thieves"""
+    server, authority = secured
+    creds = site_bootstrap(tmp_path, authority)
+    settings = manager_settings(tmp_path, server, authority)
+    second = dataclasses.replace(settings, durable="second-manager")
+    async with running_manager(settings) as one, running_manager(second) as two:
+        token = await minted(one)
+        await asyncio.wait_for(two.ready.wait(), 30)
+        racers = [Asker(server.url, creds).with_key(10 + i) for i in range(24)]
+        answers = await asyncio.gather(*(r.ask(r.enroll(DRONE, token)) for r in racers))
+        [winner] = [r for r, a in zip(racers, answers, strict=True) if isinstance(a, Issued)]
+        for answer in answers:
+            if not isinstance(answer, Issued):
+                refused(answer, Refusal.REUSED)
+        counts = one.issuer_counts + two.issuer_counts
+        assert counts["issued_enroll"] == 1
+        assert counts["alarms"] == counts["refused_reused"] == len(racers) - 1
+        # the queue group shared the requests (all 24 at one: a chance of 2 in 2**24)
+        for service in (one, two):
+            assert service.issuer_counts["issued_enroll"] + service.issuer_counts["refused_reused"]
+        assert one.issuer is not None
+        found = await one.issuer.grants.get(SITE, DRONE)
+        assert found is not None and found[0].public_key == winner.public
