@@ -8,26 +8,34 @@ bootstrap identity may do nothing there but ask the issuer and read its answers.
 
 from __future__ import annotations
 
+import asyncio
+import logging
 from pathlib import Path
 
+import nats.errors
 import pytest
-from support.agent import SITE, drone_life
+from support.agent import SITE, drone_life, running
 from support.agent import settings as agent_settings
 from support.bootstrap import (
     DRONE,
     Asker,
     minted,
+    refused,
     secured_hub_and_leaf,
     site_bootstrap,
     violations,
 )
 from support.manager import running_manager
+from support.processes import CLI, start_process
+from support.waiting import wait_until
 
 from broker.manager.issuer import IssuerSettings
-from broker.manager.service import ManagerSettings
+from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.auth.jwt import creds_file, decode_jwt
 from remote_agent.agent import Agent
-from remote_agent.protocol.bootstrap import Issued
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.bootstrap import Issued, Refusal
+from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.names import Namespace, bootstrap_inbox, inbox_prefix
 
 pytestmark = pytest.mark.timeout(180)
@@ -35,6 +43,13 @@ NS = Namespace()
 OTHER = "site1-00000000bb"
 #: the JetStream API of the hub's domain, as a drone at the leaf names it
 API = "$JS.hub.API"
+#: the life of each JWT the issuer signs in the revocation test: renewed at half of it
+JWT_VALID_S = 3.0
+
+
+def up(service: ManagerService) -> bool:
+    view = service.registry.view(SITE, DRONE)
+    return view is not None and view.state is ev.DroneState.IDLE
 
 
 def acting_for(drone: str) -> dict[str, list[str]]:
@@ -108,3 +123,94 @@ async def test_a_drone_at_a_leaf_runs_its_whole_life_on_its_own_bootstrapped_ide
             assert service.registry.metrics().rejected_total == 0
             assert service.issuer_counts["issued_enroll"] == 1
             assert not any(key.startswith("refused_") for key in service.issuer_counts)
+
+
+async def test_a_revoked_drone_at_a_leaf_is_cut_off_there_once_its_jwt_expires(
+    tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Renewed through the leaf while granted; revoked by the command, the leaf shuts it out"""
+    async with secured_hub_and_leaf(tmp_path) as (hub, leaf, authority):
+        manager_creds = tmp_path / "manager.creds"
+        settings = ManagerSettings(
+            servers=[hub.url],
+            creds=str(manager_creds),
+            domain="hub",
+            retry_s=0.2,
+            issuer=IssuerSettings(authority=authority, jwt_valid_s=JWT_VALID_S),
+        )
+        bootstrap = site_bootstrap(tmp_path, authority)
+        async with running_manager(settings) as service:
+            token = await minted(service)
+            agent = Agent(
+                agent_settings(
+                    tmp_path,
+                    leaf.url,
+                    DRONE,
+                    domain="hub",
+                    bootstrap_token=token,
+                    bootstrap_creds=bootstrap,
+                )
+            )
+            with caplog.at_level(logging.INFO, "remote_agent"):
+                async with running(agent) as run:
+                    await wait_until(lambda: up(service), 30, "the drone's events")
+                    # it outlives its first JWTs: renewed through the leaf
+                    await wait_until(
+                        lambda: service.issuer_counts["issued_renew"] >= 3, 30, "renewals"
+                    )
+                    assert up(service)
+                    # the identity a thief of the drone's key could hold at the revocation
+                    thief = Asker(leaf.url, bootstrap).with_seed_of(agent.settings.spool_dir)
+                    issued = await thief.ask(thief.renew(DRONE))
+                    assert isinstance(issued, Issued), issued
+                    stolen = tmp_path / "stolen.creds"
+                    seed: bytes = thief.key.seed
+                    stolen.write_text(creds_file(issued.jwt, seed.decode()))
+                    errors: list[str] = []
+
+                    async def note(err: Exception) -> None:
+                        errors.append(str(err))
+
+                    held = await connect(
+                        leaf.url,
+                        user_credentials=str(stolen),
+                        allow_reconnect=False,
+                        error_cb=note,
+                    )
+                    cli = await start_process(
+                        *CLI,
+                        "auth",
+                        "revoke-bootstrapped",
+                        DRONE,
+                        f"--server={hub.url}",
+                        f"--creds={manager_creds}",
+                        "--domain=hub",
+                    )
+                    assert await asyncio.wait_for(cli.wait(), 60) == 0
+                    refused(await thief.ask(thief.renew(DRONE)), Refusal.REVOKED)
+                    await wait_until(
+                        lambda: service.issuer_counts["refused_revoked"] >= 2,
+                        JWT_VALID_S * 2,
+                        "the agent's renewal refused",
+                    )
+                    # cut off: the gate shut, the drone drained itself and exited
+                    await wait_until(lambda: not agent.gate_open, 10, "the gate shut")
+                    assert await run.exit_code(30) == 0
+                    assert "revoked" in caplog.text
+                    # the leaf closes a connection on that JWT at its expiry, and takes no new one
+                    await wait_until(lambda: held.is_closed, JWT_VALID_S * 3, "the leaf closed it")
+                    assert "expired" in str(held.last_error or errors), (held.last_error, errors)
+                    await asyncio.sleep(1.5)  # a JWT's expiry is a whole second: past it
+                    with pytest.raises(nats.errors.Error, match=r"(?i)authorization violation"):
+                        await asyncio.wait_for(
+                            connect(
+                                leaf.url,
+                                user_credentials=str(stolen),
+                                allow_reconnect=False,
+                                max_reconnect_attempts=0,
+                            ),
+                            30,
+                        )
+                    await close(held)
+            view = service.registry.view(SITE, DRONE)
+            assert view is not None and view.phase is ev.RecordPhase.DRAINED
