@@ -36,7 +36,13 @@ from remote_agent.agent import Agent
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.bootstrap import Issued, Refusal
 from remote_agent.protocol.connect import close, connect
-from remote_agent.protocol.names import Namespace, bootstrap_inbox, inbox_prefix
+from remote_agent.protocol.names import (
+    Namespace,
+    bootstrap_inbox,
+    direct_get,
+    inbox_prefix,
+    kv_write_prefix,
+)
 
 pytestmark = pytest.mark.timeout(180)
 NS = Namespace()
@@ -57,10 +63,14 @@ def acting_for(drone: str) -> dict[str, list[str]]:
     return {
         "publish": [
             NS.event(SITE, drone, "drained"),
-            f"{API}.$KV.{NS.record_bucket}.{SITE}.{drone}",
+            kv_write_prefix(NS.record_bucket, "hub") + NS.record_key(SITE, drone),
         ],
         "subscribe": [NS.command(SITE, drone)],
     }
+
+
+#: the grants bucket (token hashes, enrolled keys): for the manager's eyes only
+GRANT = direct_get(NS.grant_bucket, NS.record_key(SITE, DRONE), "hub")
 
 
 async def test_a_drone_at_a_leaf_runs_its_whole_life_on_its_own_bootstrapped_identity(
@@ -99,6 +109,14 @@ async def test_a_drone_at_a_leaf_runs_its_whole_life_on_its_own_bootstrapped_ide
                 seed: bytes = asker.key.seed
                 own.write_text(creds_file(issued.jwt, seed.decode()))
                 await violations(leaf.url, own, inbox_prefix(DRONE), **acting_for(OTHER))
+                # nor can it read grants or overhear the site's bootstrap replies
+                await violations(
+                    leaf.url,
+                    own,
+                    inbox_prefix(DRONE),
+                    publish=[GRANT, kv_write_prefix(NS.grant_bucket, "hub") + "site1.x"],
+                    subscribe=[f"{bootstrap_inbox(SITE)}.>"],
+                )
                 # the site's bootstrap identity: nothing but its requests and their replies
                 await violations(
                     leaf.url,
@@ -108,6 +126,7 @@ async def test_a_drone_at_a_leaf_runs_its_whole_life_on_its_own_bootstrapped_ide
                         *acting_for(DRONE)["publish"],
                         NS.bootstrap("site2"),
                         f"{API}.STREAM.INFO.{NS.event_stream}",
+                        GRANT,
                     ],
                     subscribe=[
                         NS.bootstrap(SITE),  # the other drones' requests, with their tokens
