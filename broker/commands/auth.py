@@ -178,6 +178,17 @@ def _auth_bootstrap(args: argparse.Namespace) -> int:
     )
 
 
+def _auth_issuer_key(args: argparse.Namespace) -> int:
+    from broker.server.auth.authority import issuer_key_of, load_authority, save_issuer_key
+
+    save_issuer_key(issuer_key_of(load_authority(Path(args.authority))), Path(args.out))
+    return _advise(
+        args,
+        f"issuer key written to {args.out}: give the manager that file (bus.bootstrap_key), "
+        "not the authority; it lets its reader make users of the account, so keep it secret",
+    )
+
+
 async def _revoke_grants(args: argparse.Namespace) -> int:
     from broker.commands.options import connected
     from broker.errors import AuthError
@@ -324,6 +335,13 @@ def add_commands(auth: argparse.ArgumentParser) -> None:
     bootstrap.add_argument("--out", help="write here (0600) instead of stdout")
     add_json(bootstrap)
     bootstrap.set_defaults(run=_auth_bootstrap)
+    issuer_key = commands.add_parser(
+        "issuer-key", help="the account signing key alone, for the manager's issuer (0600)"
+    )
+    issuer_key.add_argument("--authority", required=True, help="the file auth init wrote")
+    issuer_key.add_argument("--out", required=True, help="write it here (made 0600)")
+    add_json(issuer_key)
+    issuer_key.set_defaults(run=_auth_issuer_key)
     grants = commands.add_parser(
         "revoke-bootstrapped",
         help="renew no identity of bootstrapped drones: cut off once their JWT expires",

@@ -58,4 +58,10 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
         help="TARDIS's site and batch-system adapters: the demo's polled ones (default), or "
         "TARDIS's own HTCondor adapters against fake condor_* tools (docs/tardis.md)",
     )
+    demo.add_argument(
+        "--bootstrap",
+        action="store_true",
+        help="the broker in operator mode: each drone bootstraps an identity of its own "
+        "from a one-time token (docs/deployment.md#bootstrap)",
+    )
     demo.set_defaults(run=_demo)

@@ -27,7 +27,7 @@ from nats.aio.subscription import Subscription
 
 from broker.manager.grants import Grant, GrantStore
 from broker.manager.registry import Registry
-from broker.server.auth.authority import Authority, load_authority
+from broker.server.auth.authority import IssuerKey, load_issuer_key
 from broker.server.auth.credentials import drone_jwt
 from remote_agent.protocol.bootstrap import (
     MAX_CLOCK_SKEW_S,
@@ -61,7 +61,7 @@ class IssuerSettings:
     """
     The issuer's configuration (the ``bootstrap:`` section of the bus configuration)
 
-    :param authority: the authority file (``auth init``): its account signing key signs
+    :param key: the issuer's key file (``auth issuer-key``): the account signing key
     :param token_valid_s: how long a minted token may wait for its drone to start
     :param jwt_valid_s: how long an issued JWT is valid; the agent renews it at half
     :param rate_per_s: requests per second each site may send on average
@@ -69,7 +69,7 @@ class IssuerSettings:
     :param in_flight: requests handled at once; more wait in the subscription
     """
 
-    authority: Path
+    key: Path
     token_valid_s: float = DEFAULT_TOKEN_VALID_S
     jwt_valid_s: float = DEFAULT_JWT_VALID_S
     rate_per_s: float = 500.0
@@ -112,7 +112,7 @@ class Issuer:
     def __init__(
         self,
         settings: IssuerSettings,
-        authority: Authority,
+        key: IssuerKey,
         grants: GrantStore,
         registry: Registry,
         *,
@@ -122,7 +122,7 @@ class Issuer:
         self.settings = settings
         self.grants = grants
         self.counts: collections.Counter[str] = collections.Counter() if counts is None else counts
-        self._authority = authority
+        self._key = key
         self._registry = registry
         self._namespace: Namespace = registry.namespace
         self._domain = domain
@@ -141,9 +141,9 @@ class Issuer:
         domain: str | None = None,
         counts: collections.Counter[str] | None = None,
     ) -> Issuer:
-        """:raises AuthError: if the authority file cannot be read"""
-        authority = load_authority(settings.authority)
-        return cls(settings, authority, grants, registry, domain=domain, counts=counts)
+        """:raises AuthError: if the issuer's key file cannot be read"""
+        key = load_issuer_key(settings.key)
+        return cls(settings, key, grants, registry, domain=domain, counts=counts)
 
     async def mint(self, site: str, drone: str) -> str:
         """A new one-time token for ``drone`` (:meth:`GrantStore.mint`)"""
@@ -266,8 +266,10 @@ class Issuer:
             logging.ERROR,
             f"reused {request.site}",
             "ALARM: the bootstrap token of drone %s/%s was used already, by another key: it"
-            " may have been stolen from the batch system; the drone that holds the identity"
-            " is not the one asking now (cut it off: cobald-remote auth revoke-bootstrapped %s)",
+            " may have been stolen (from the batch system's view of the job) or the drone's"
+            " uuid runs twice; if the drone asking now is the real one (its job runs), the"
+            " identity went to someone else: cut it off with"
+            " `cobald-remote auth revoke-bootstrapped %s` (docs/operations.md)",
             request.site,
             request.drone,
             request.drone,
@@ -278,7 +280,7 @@ class Issuer:
     def _sign(self, request: AnyBootstrapRequest) -> Issued:
         valid_s = self.settings.jwt_valid_s
         jwt = drone_jwt(
-            self._authority,
+            self._key,
             self._namespace,
             request.site,
             request.drone,

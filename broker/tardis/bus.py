@@ -193,11 +193,11 @@ class RemoteBus:
         """
         The environment a drone job needs to bootstrap: its new one-time token
 
-        Nothing without an issuer (``bus.bootstrap_authority`` not set).
+        Nothing without an issuer (``bus.bootstrap_key`` not set).
 
         :raises BootstrapUnavailable: if the issuer is configured but not connected
         """
-        if self.config.bootstrap_authority is None:
+        if self.config.bootstrap_key is None:
             return {}
         issuer = self.manager.issuer
         if issuer is None:

@@ -58,7 +58,7 @@ EXPECTED: Final[Mapping[str, str]] = {
     "drone_environment": "true or false",
     "note_buffer": "a whole number > 0",
     "metrics": "host:port (e.g. 127.0.0.1:9464), or a port on loopback",
-    "bootstrap_authority": "the path of the authority file (`cobald-remote auth init`)",
+    "bootstrap_key": "the path of the issuer's key file (`cobald-remote auth issuer-key`)",
     "bootstrap_creds": "the path of the site's bootstrap credentials on the drones",
     "bootstrap_token_valid_s": _SECONDS,
     "bootstrap_jwt_valid_s": _SECONDS,
@@ -88,7 +88,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     :param note_buffer: TARDIS state notes kept while the bus is unreachable
     :param metrics: ``host:port`` to serve Prometheus metrics on (``/metrics``);
         ``None``: no metrics endpoint
-    :param bootstrap_authority: the authority file; set, the manager issues every
+    :param bootstrap_key: the issuer's key file; set, the manager issues every
         drone it submits its own identity (one-time token, then a JWT for the drone's
         own key; ``docs/deployment.md#bootstrap``). ``None``: drones bring credentials
     :param bootstrap_creds: where the site's bootstrap credentials are on the drones
@@ -111,7 +111,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     drone_environment: bool = True
     note_buffer: Annotated[int, msgspec.Meta(gt=0)] = 10_000
     metrics: str | None = None
-    bootstrap_authority: str | None = None
+    bootstrap_key: str | None = None
     bootstrap_creds: str | None = None
     bootstrap_token_valid_s: Seconds = DEFAULT_TOKEN_VALID_S
     bootstrap_jwt_valid_s: Seconds = DEFAULT_JWT_VALID_S
@@ -149,11 +149,11 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         )
 
     def issuer_settings(self) -> IssuerSettings | None:
-        """The issuer's settings if ``bootstrap_authority`` is set"""
-        if self.bootstrap_authority is None:
+        """The issuer's settings if ``bootstrap_key`` is set"""
+        if self.bootstrap_key is None:
             return None
         return IssuerSettings(
-            authority=Path(self.bootstrap_authority),
+            key=Path(self.bootstrap_key),
             token_valid_s=self.bootstrap_token_valid_s,
             jwt_valid_s=self.bootstrap_jwt_valid_s,
         )
@@ -231,6 +231,11 @@ def _meanings(config: BusConfig, raw: Mapping[str, Any]) -> list[str]:
         _ = config.metrics_address
     except ValueError as err:
         problems.append(f"{problem('metrics', raw.get('metrics'))} ({err})")
+    if config.bootstrap_creds is not None and config.bootstrap_key is None:
+        problems.append(
+            "bus.bootstrap_creds: set without bus.bootstrap_key, which turns the "
+            "issuer on: without it no drone gets a token to bootstrap with"
+        )
     return problems
 
 

@@ -131,7 +131,7 @@ class RemoteSiteAdapter(SiteAdapter):
         self.counts: collections.Counter[str] = collections.Counter()
         bus.count_sources[SITE_PART + self._site] = self.counts  # the token, as drones name it
         self._removal = RemovalPolicy(inner, bus, self._site, self.counts)
-        if self._extra_env or bus.config.bootstrap_authority is not None:
+        if self._extra_env or bus.config.bootstrap_key is not None:
             # the adapters call self.drone_environment(...) on *themselves*:
             # shadow it on the instance (docs/tardis.md, "Drone environment")
             inner.drone_environment = self.drone_environment

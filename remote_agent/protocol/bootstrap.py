@@ -38,6 +38,8 @@ MAX_CLOCK_SKEW_S: Final = 300.0
 #: the environment variable the token reaches the drone in (TARDIS adds ``TardisDrone``)
 TOKEN_ENV_KEY: Final = "CobaldRemoteToken"
 
+_EPOCH: Final = dt.datetime(1970, 1, 1, tzinfo=dt.UTC)
+
 #: a user public key as nkeys spells it: ``U`` and 55 more base32 characters
 PublicKey = Annotated[str, msgspec.Meta(pattern=r"^U[A-Z2-7]{55}\Z")]
 Signature = Annotated[bytes, msgspec.Meta(min_length=64, max_length=64)]
@@ -128,7 +130,7 @@ def signing_input(kind: str, site: str, drone: str, public_key: str, at: dt.date
 
     ``at`` in integer microseconds since the epoch; ``kind`` is the request's tag.
     """
-    at_us = round(at.timestamp() * 1_000_000)
+    at_us = (at - _EPOCH) // dt.timedelta(microseconds=1)
     return f"cobald-remote {kind} {site} {drone} {public_key} {at_us}".encode()
 
 

@@ -24,6 +24,7 @@ from support.waiting import wait_until
 from broker.server.auth.jwt import decode_jwt
 from broker.server.embedded import EmbeddedServer
 from remote_agent.agent import Agent
+from remote_agent.protocol import events as ev
 from remote_agent.protocol.bootstrap import EnrollRequest, Issued, Refusal
 from remote_agent.protocol.names import Namespace
 
@@ -173,3 +174,86 @@ async def test_a_drone_whose_bootstrap_is_refused_keeps_its_gate_shut_and_says_w
                 assert await run.stop() == 128 + 15
         assert "forged" in caplog.text
         assert service.issuer_counts["refused_forged"] == 1
+
+
+def bootstrapped(tmp_path: Path, server: EmbeddedServer, authority: Path, token: str) -> Agent:
+    return Agent(
+        agent_settings(
+            tmp_path,
+            server.url,
+            DRONE,
+            bootstrap_token=token,
+            bootstrap_creds=site_bootstrap(tmp_path, authority),
+        )
+    )
+
+
+async def test_the_agent_renews_its_identity_and_stays_on_the_bus(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    """JWTs of 3 s: renewed at half their life, each time a reconnect with the new one"""
+    server, authority = secured
+    settings = manager_settings(tmp_path, server, authority, jwt_valid_s=3)
+    async with running_manager(settings) as service:
+        agent = bootstrapped(tmp_path, server, authority, await minted(service))
+        async with running(agent) as run:
+            await wait_until(lambda: agent.gate_open, 30, "the gate to open")
+            await wait_until(lambda: service.issuer_counts["issued_renew"] >= 3, 30, "renewals")
+            # past several expiries of the first JWT: still on the bus, commands still arrive
+            control = service.control
+            assert control is not None
+            answers = [(await control.status(SITE, DRONE)).outcome for _ in range(20)]
+            assert answers.count("answered") >= 15, answers  # a few may fall into a reconnect
+            assert agent.gate_open
+            assert await run.stop() == 128 + 15
+        view = service.registry.view(SITE, DRONE)
+        assert view is not None and view.state is ev.DroneState.EXITING
+
+
+async def test_an_identity_that_expired_while_the_issuer_was_away_is_renewed_after(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    """
+    The manager away longer than a JWT lives: the server closes the drone's connection
+    at its expiry; the gate stays open, events wait, and once the issuer is back the
+    drone connects again with a new JWT, its subscriptions made again
+    """
+    server, authority = secured
+    settings = manager_settings(tmp_path, server, authority, jwt_valid_s=3)
+    async with running_manager(settings) as service:
+        agent = bootstrapped(tmp_path, server, authority, await minted(service))
+    async with running(agent) as run:
+        async with running_manager(settings) as service:
+            await wait_until(lambda: agent.gate_open, 30, "the gate to open")
+        publisher = agent.emitter.publisher
+        assert publisher is not None
+        await wait_until(lambda: not publisher.connected.is_set(), 30, "the JWT to expire")
+        assert agent.gate_open and publisher.refused is None
+        async with running_manager(settings) as service:
+            await wait_until(publisher.connected.is_set, 30, "a new connection")
+            control = service.control
+            assert control is not None
+            drained = await control.drain(SITE, DRONE, reason="after the outage")
+            assert drained.command is not None, drained  # the command subscription is back
+            assert await run.exit_code(30) == 0
+
+
+async def test_a_revoked_drone_gets_no_new_identity_and_is_cut_off_at_its_expiry(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path], caplog: pytest.LogCaptureFixture
+) -> None:
+    server, authority = secured
+    settings = manager_settings(tmp_path, server, authority, jwt_valid_s=3)
+    async with running_manager(settings) as service:
+        agent = bootstrapped(tmp_path, server, authority, await minted(service))
+        async with running(agent) as run:
+            await wait_until(lambda: agent.gate_open, 30, "the gate to open")
+            publisher = agent.emitter.publisher
+            assert publisher is not None
+            assert service.issuer is not None
+            with caplog.at_level(logging.ERROR, "remote_agent"):
+                await service.issuer.grants.revoke(SITE, DRONE, "test")
+                await wait_until(lambda: not agent.gate_open, 30, "the gate to shut")
+                await wait_until(lambda: not publisher.connected.is_set(), 30, "the cut-off")
+            assert "revoked" in caplog.text
+            assert service.issuer_counts["refused_revoked"] >= 1
+            assert await run.exit_code(30) is not None

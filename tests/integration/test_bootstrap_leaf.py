@@ -19,6 +19,7 @@ from support.agent import settings as agent_settings
 from support.bootstrap import (
     DRONE,
     Asker,
+    issuer_key,
     minted,
     refused,
     secured_hub_and_leaf,
@@ -82,7 +83,7 @@ async def test_a_drone_at_a_leaf_runs_its_whole_life_on_its_own_bootstrapped_ide
             creds=str(tmp_path / "manager.creds"),
             domain="hub",
             retry_s=0.2,
-            issuer=IssuerSettings(authority=authority),
+            issuer=IssuerSettings(key=issuer_key(tmp_path, authority)),
         )
         bootstrap = site_bootstrap(tmp_path, authority)
         async with running_manager(settings) as service:
@@ -155,7 +156,7 @@ async def test_a_revoked_drone_at_a_leaf_is_cut_off_there_once_its_jwt_expires(
             creds=str(manager_creds),
             domain="hub",
             retry_s=0.2,
-            issuer=IssuerSettings(authority=authority, jwt_valid_s=JWT_VALID_S),
+            issuer=IssuerSettings(key=issuer_key(tmp_path, authority), jwt_valid_s=JWT_VALID_S),
         )
         bootstrap = site_bootstrap(tmp_path, authority)
         async with running_manager(settings) as service:

@@ -2,7 +2,7 @@
 Bootstrap tokens through the real decorated TARDIS site adapter, on a nats-server in operator mode
 
 TARDIS's own HTCondor site adapter, wrapped by :class:`RemoteSiteAdapter` with
-``bus.bootstrap_authority`` set, submits through fake condor tools: each drone's job
+``bus.bootstrap_key`` set, submits through fake condor tools: each drone's job
 carries its own one-time token (and no other drone's, and not the bus's shared
 environment), an agent started with that environment bootstraps, and a deploy while
 the bus is not connected fails as TARDIS retries it, minting nothing.
@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 from support.agent import SLEEPER, running
-from support.bootstrap import site_bootstrap
+from support.bootstrap import issuer_key, site_bootstrap
 from support.htcondor import HTCondorDrone, SiteFactory, htcondor_site
 from support.tardis import attributes
 from support.waiting import wait_until
@@ -58,7 +58,7 @@ def bus_config(tmp_path: Path, server: EmbeddedServer, authority: Path) -> BusCo
             "lost_after_s": 10.0,
             "request_timeout_s": 5.0,
             "drain_deadline_s": 60.0,
-            "bootstrap_authority": str(authority),
+            "bootstrap_key": str(issuer_key(tmp_path, authority)),
             "bootstrap_creds": str(tmp_path / "bootstrap-{site}.creds"),
         }
     )

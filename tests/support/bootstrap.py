@@ -13,7 +13,13 @@ from nats.aio.client import Client
 
 from broker.manager.issuer import IssuerSettings
 from broker.manager.service import ManagerService, ManagerSettings
-from broker.server.auth.authority import create_authority, load_authority, save_authority
+from broker.server.auth.authority import (
+    create_authority,
+    issuer_key_of,
+    load_authority,
+    save_authority,
+    save_issuer_key,
+)
 from broker.server.auth.credentials import (
     bootstrap_credentials,
     leaf_credentials,
@@ -51,8 +57,15 @@ def manager_settings(
         servers=[server.url],
         creds=str(tmp_path / "manager.creds"),
         retry_s=0.2,
-        issuer=IssuerSettings(authority=authority, **issuer),
+        issuer=IssuerSettings(key=issuer_key(tmp_path, authority), **issuer),
     )
+
+
+def issuer_key(tmp_path: Path, authority: Path) -> Path:
+    """The issuer's key file (``auth issuer-key``) of ``authority``"""
+    path = tmp_path / "issuer-key.json"
+    save_issuer_key(issuer_key_of(load_authority(authority)), path)
+    return path
 
 
 @contextlib.asynccontextmanager

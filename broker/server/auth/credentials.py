@@ -14,7 +14,7 @@ from typing import Any, Final
 
 import nkeys
 
-from broker.server.auth.authority import Authority
+from broker.server.auth.authority import Authority, IssuerKey
 from broker.server.auth.jwt import creds_file, encode_jwt, key_of, new_key, public_of, seed_of
 from remote_agent.protocol.events import EVENT_TYPES, kind_of
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
@@ -58,7 +58,7 @@ class DroneLimits:
 
 
 def user_jwt(
-    authority: Authority,
+    authority: Authority | IssuerKey,
     public_key: str,
     name: str,
     permissions: Mapping[str, Any],
@@ -138,7 +138,7 @@ def drone_permissions(
 
 
 def drone_jwt(
-    authority: Authority,
+    authority: Authority | IssuerKey,
     namespace: Namespace,
     site: str,
     drone: str,
