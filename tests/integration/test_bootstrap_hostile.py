@@ -38,10 +38,12 @@ from remote_agent.protocol.bootstrap import (
     Refusal,
     decode_bootstrap_reply,
 )
-from remote_agent.protocol.connect import connect
-from remote_agent.protocol.names import bootstrap_inbox
+from remote_agent.protocol.connect import close, connect
+from remote_agent.protocol.names import Namespace, bootstrap_inbox, inbox_prefix
 
 pytestmark = pytest.mark.timeout(120)
+NS = Namespace()
+OTHER = "site1-00000000bb"
 OTHER_SITE_DRONE = "site2-00000000aa"
 
 
@@ -50,6 +52,11 @@ async def grant_revision(service: ManagerService, drone: str = DRONE, site: str 
     found = await service.issuer.grants.get(site, drone)
     assert found is not None
     return found[1]
+
+
+def answered(service: ManagerService) -> int:
+    """Requests the issuer decided (every count but the tokens it minted)"""
+    return sum(n for name, n in service.issuer_counts.items() if name != "minted")
 
 
 async def test_a_bootstrap_reply_read_by_another_drone_of_the_site_gives_it_nothing(
@@ -287,3 +294,55 @@ async def test_of_many_keys_racing_for_one_token_at_two_managers_exactly_one_win
         assert one.issuer is not None
         found = await one.issuer.grants.get(SITE, DRONE)
         assert found is not None and found[0].public_key == winner.public
+
+
+async def test_the_issuer_answers_only_into_the_site_s_own_bootstrap_inbox(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    """
+    A reply subject is the asker's to choose, and the issuer publishes with the manager's
+    rights: named elsewhere, an answer would land on subjects the bootstrap identity may
+    not publish to (another drone's events, record or inbox, the JetStream API)
+    """
+    server, authority = secured
+    creds = site_bootstrap(tmp_path, authority)
+    async with running_manager(manager_settings(tmp_path, server, authority)) as service:
+        token = await minted(service)
+        before = await grant_revision(service)
+        targets = [
+            NS.event(SITE, OTHER, "drained"),
+            NS.record_subject(SITE, OTHER),
+            f"{inbox_prefix(OTHER)}.x",
+            f"{bootstrap_inbox('site2')}.x",
+            f"$JS.API.STREAM.INFO.{NS.event_stream}",
+            bootstrap_inbox(SITE),  # the inbox prefix itself is no inbox
+        ]
+        seen: list[str] = []
+
+        async def landed(msg: Msg) -> None:
+            seen.append(msg.subject)
+
+        watcher = await connect(server.url, user_credentials=str(tmp_path / "manager.creds"))
+        attacker = Asker(server.url, creds).with_key(3)
+        try:
+            for target in targets:
+                await watcher.subscribe(target, cb=landed)
+            await watcher.flush()
+            async with attacker.connected() as nc:
+                for target in targets:
+                    for data in (b"garbage", ev.encode(attacker.enroll(DRONE, token))):
+                        await nc.publish(NS.bootstrap(SITE), data, reply=target)
+                await nc.flush()
+                sent = 2 * len(targets)
+                await wait_until(lambda: answered(service) >= sent, 10, "every request handled")
+                # the issuer still answers a request asked the right way
+                refused(await attacker.ask(b"garbage", nc=nc), Refusal.MALFORMED)
+            await watcher.flush()
+        finally:
+            await close(watcher)
+        assert not seen, seen
+        assert service.issuer_counts["refused_malformed"] == sent + 1
+        assert service.issuer_counts["issued_enroll"] == 0
+        assert await grant_revision(service) == before  # the token was not spent
+        owner = Asker(server.url, creds).with_key(4)
+        assert isinstance(await owner.ask(owner.enroll(DRONE, token)), Issued)
