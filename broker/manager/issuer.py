@@ -43,7 +43,7 @@ from remote_agent.protocol.bootstrap import (
 )
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import encode
-from remote_agent.protocol.names import Namespace, is_token
+from remote_agent.protocol.names import Namespace, bootstrap_inbox, is_token
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("cobald.runtime.cobald_remote.issuer")
@@ -184,13 +184,15 @@ class Issuer:
 
     async def _answer(self, nc: Client, msg: Msg) -> None:
         site = msg.subject.rsplit(".", 1)[-1]
+        if not msg.reply.startswith(f"{bootstrap_inbox(site)}."):
+            # an answer goes out with the manager's rights: only into the site's own inboxes
+            self._refuse(site, "?", Refusal.MALFORMED, "no reply subject in the site's inbox")
+            return
         try:
             reply = await self._decide(site, msg.data)
         except Exception as err:  # the bucket or a bug: the drone asks again later
             log.warning("cannot answer a bootstrap request from site %s: %r", site, err)
             reply = self._refuse(site, "?", Refusal.UNAVAILABLE, "the issuer failed; ask again")
-        if not msg.reply:
-            return
         try:
             # not msg.respond(): that would echo the request's headers
             await nc.publish(msg.reply, encode(reply))
