@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 from dataclasses import replace
 from pathlib import Path
 
 import pytest
 from support.agent import SLEEPER, running
-from support.bootstrap import issuer_key, site_bootstrap
+from support.bootstrap import Asker, issuer_key, site_bootstrap
 from support.htcondor import HTCondorDrone, SiteFactory, htcondor_site
 from support.tardis import attributes
 from support.waiting import wait_until
@@ -30,7 +31,7 @@ from broker.server.embedded import EmbeddedServer
 from broker.tardis_adapter import BusConfig, RemoteBus, RemoteSiteAdapter
 from remote_agent.agent import Agent
 from remote_agent.protocol import events as ev
-from remote_agent.protocol.bootstrap import token_hash
+from remote_agent.protocol.bootstrap import Issued, token_hash
 from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.names import Namespace
 from remote_agent.settings import TARDIS_SETTINGS_ENV, Settings
@@ -96,11 +97,16 @@ def agent_from(tmp_path: Path, env: dict[str, str]) -> Agent:
         gate_socket=tmp_path / f"gate-{drone}.sock",
         startd=False,
     )
-    return Agent(replace(settings, poll_s=0.05, end_grace_s=0.2, reconnect_wait_s=0.1))
+    return Agent(
+        replace(settings, poll_s=0.05, end_grace_s=0.2, reconnect_wait_s=0.1, exit_flush_s=1.0)
+    )
 
 
 async def test_each_submitted_drone_gets_its_own_token_in_its_job_and_bootstraps(
-    tmp_path: Path, secured: tuple[EmbeddedServer, Path], site: SiteFactory
+    tmp_path: Path,
+    secured: tuple[EmbeddedServer, Path],
+    site: SiteFactory,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     server, authority = secured
     lbs = await site(600.0)  # the jobs stay queued; the agent runs here
@@ -139,6 +145,21 @@ async def test_each_submitted_drone_gets_its_own_token_in_its_job_and_bootstraps
             assert await run.stop() == 128 + 15
         assert bus.manager.issuer_counts["issued_enroll"] == 1
         assert not any(key.startswith("refused_") for key in bus.manager.issuer_counts)
+        # the second job's token read off the queue (condor_q -l) and used before it starts:
+        # the thief has that one drone's identity, and the real drone's bootstrap alarms
+        thief = Asker(server.url, tmp_path / "bootstrap-site1.creds").with_key(9)
+        assert isinstance(await thief.ask(thief.enroll(drones[1], tokens[drones[1]])), Issued)
+        robbed = agent_from(tmp_path, dict(jobs[drones[1]].env))
+        with caplog.at_level(logging.ERROR):
+            async with running(robbed) as run:
+                await wait_until(lambda: "ALARM" in caplog.text, 30, "the alarm")
+                await wait_until(lambda: "reused" in caplog.text, 30, "the agent's refusal")
+                assert not robbed.gate_open
+                assert await run.stop() == 128 + 15
+        assert bus.manager.issuer_counts["alarms"] == 1
+        assert bus.manager.issuer_counts["refused_reused"] == 1
+        view = bus.registry.view(SITE, drones[1])
+        assert view is None or view.state is not ev.DroneState.IDLE
 
 
 async def test_a_deploy_while_the_bus_is_not_connected_fails_as_tardis_retries_it(
