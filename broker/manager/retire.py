@@ -18,6 +18,7 @@ from nats.js import JetStreamContext
 
 from broker.manager.grants import GrantStore
 from broker.manager.registry import Registry
+from broker.manager.views import DroneView
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("cobald.runtime.cobald_remote.registry")
@@ -68,15 +69,7 @@ async def retire_ended(
                 await grants.purge(view.site, view.drone)
             except (nats.errors.Error, TimeoutError) as err:  # APIError included
                 retried += 1
-                registry.retry_retirement(view, now + RETRY_PURGE_S)
-                _failures.warning(
-                    "grant purge failed",
-                    "cannot purge the bootstrap grant of ended drone %s/%s yet: %r",
-                    view.site,
-                    view.drone,
-                    err,
-                    extra={"site": view.site, "drone": view.drone},
-                )
+                _retry_later(registry, view, now, "bootstrap grant", err)
                 continue
         if view.record is not None:
             if not registry.retirable(view):
@@ -99,15 +92,23 @@ async def retire_ended(
                 )
             except (nats.errors.Error, TimeoutError) as err:
                 retried += 1
-                registry.retry_retirement(view, now + RETRY_PURGE_S)
-                _failures.warning(
-                    "purge failed",
-                    "cannot purge the record of ended drone %s/%s yet: %r",
-                    view.site,
-                    view.drone,
-                    err,
-                    extra={"site": view.site, "drone": view.drone},
-                )
+                _retry_later(registry, view, now, "record", err)
                 continue
         retired += registry.retire(view)
     return Retired(retired, purged, kept, retried)
+
+
+def _retry_later(
+    registry: Registry, view: DroneView, now: float, what: str, err: BaseException
+) -> None:
+    """A purge failed for a passing reason: the drone stays for a later call"""
+    registry.retry_retirement(view, now + RETRY_PURGE_S)
+    _failures.warning(
+        f"{what} purge failed",
+        "cannot purge the %s of ended drone %s/%s yet: %r",
+        what,
+        view.site,
+        view.drone,
+        err,
+        extra={"site": view.site, "drone": view.drone},
+    )

@@ -16,14 +16,19 @@ from pathlib import Path
 import nats.errors
 import pytest
 from support.agent import SITE, drone_life, running
-from support.agent import settings as agent_settings
-from support.bootstrap import Asker, manager_settings, minted, refused, site_bootstrap
+from support.bootstrap import (
+    Asker,
+    bootstrapped,
+    manager_settings,
+    minted,
+    refused,
+    site_bootstrap,
+)
 from support.manager import running_manager
 from support.waiting import wait_until
 
 from broker.server.auth.jwt import decode_jwt
 from broker.server.embedded import EmbeddedServer
-from remote_agent.agent import Agent
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.bootstrap import EnrollRequest, Issued, Refusal
 from remote_agent.protocol.names import Namespace
@@ -40,16 +45,7 @@ async def test_a_bootstrapped_drone_runs_its_whole_life_on_its_own_identity(
     server, authority = secured
     settings = manager_settings(tmp_path, server, authority)
     async with running_manager(settings) as service:
-        token = await minted(service)
-        agent = Agent(
-            agent_settings(
-                tmp_path,
-                server.url,
-                DRONE,
-                bootstrap_token=token,
-                bootstrap_creds=site_bootstrap(tmp_path, authority),
-            )
-        )
+        agent = bootstrapped(tmp_path, server, authority, await minted(service))
         await drone_life(service, agent, reason="bootstrap test")
         assert service.issuer_counts["issued_enroll"] == 1
         seed = (tmp_path / f"spool-{DRONE}" / "identity.seed").stat()
@@ -139,15 +135,7 @@ async def test_a_token_minted_before_a_manager_restart_works_after_it(
         token = await minted(service)
     async with running_manager(settings) as service:
         await asyncio.wait_for(service.ready.wait(), 30)
-        agent = Agent(
-            agent_settings(
-                tmp_path,
-                server.url,
-                DRONE,
-                bootstrap_token=token,
-                bootstrap_creds=site_bootstrap(tmp_path, authority),
-            )
-        )
+        agent = bootstrapped(tmp_path, server, authority, token)
         await drone_life(service, agent, reason="restart test")
 
 
@@ -157,15 +145,7 @@ async def test_a_drone_whose_bootstrap_is_refused_keeps_its_gate_shut_and_says_w
     server, authority = secured
     async with running_manager(manager_settings(tmp_path, server, authority)) as service:
         await minted(service)
-        agent = Agent(
-            agent_settings(
-                tmp_path,
-                server.url,
-                DRONE,
-                bootstrap_token="not-the-token",
-                bootstrap_creds=site_bootstrap(tmp_path, authority),
-            )
-        )
+        agent = bootstrapped(tmp_path, server, authority, "not-the-token")
         with caplog.at_level(logging.ERROR, "remote_agent"):
             async with running(agent) as run:
                 await wait_until(lambda: "refused this drone's identity" in caplog.text, 30)
@@ -174,18 +154,6 @@ async def test_a_drone_whose_bootstrap_is_refused_keeps_its_gate_shut_and_says_w
                 assert await run.stop() == 128 + 15
         assert "forged" in caplog.text
         assert service.issuer_counts["refused_forged"] == 1
-
-
-def bootstrapped(tmp_path: Path, server: EmbeddedServer, authority: Path, token: str) -> Agent:
-    return Agent(
-        agent_settings(
-            tmp_path,
-            server.url,
-            DRONE,
-            bootstrap_token=token,
-            bootstrap_creds=site_bootstrap(tmp_path, authority),
-        )
-    )
 
 
 async def test_the_agent_renews_its_identity_and_stays_on_the_bus(

@@ -27,6 +27,7 @@ from broker.server.auth.credentials import (
 )
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
+from remote_agent.agent import Agent
 from remote_agent.agent.identity import SEED_FILE
 from remote_agent.deploy_files import DEPLOY_DIR
 from remote_agent.protocol import events as ev
@@ -42,6 +43,7 @@ from remote_agent.protocol.bootstrap import (
 from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.names import Namespace, bootstrap_inbox
 from support.agent import SITE
+from support.agent import settings as agent_settings
 from support.servers import hub_and_leaf, uncomment
 from support.waiting import wait_until
 
@@ -113,6 +115,21 @@ def site_bootstrap(tmp_path: Path, authority: Path, site: str = SITE) -> Path:
     path = tmp_path / f"bootstrap-{site}.creds"
     path.write_text(bootstrap_credentials(load_authority(authority), NS, site))
     return path
+
+
+def bootstrapped(
+    tmp_path: Path, server: EmbeddedServer, authority: Path, token: str, drone: str = DRONE
+) -> Agent:
+    """An in-process agent that bootstraps with ``token`` over the site's identity"""
+    return Agent(
+        agent_settings(
+            tmp_path,
+            server.url,
+            drone,
+            bootstrap_token=token,
+            bootstrap_creds=site_bootstrap(tmp_path, authority),
+        )
+    )
 
 
 async def minted(service: ManagerService, drone: str = DRONE, site: str = SITE) -> str:
