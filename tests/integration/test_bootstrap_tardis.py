@@ -114,9 +114,9 @@ async def test_each_submitted_drone_gets_its_own_token_in_its_job_and_bootstraps
         RemoteBus(bus_config(tmp_path, server, authority), register=False)
     ) as bus:
         adapter = RemoteSiteAdapter(HTCondorSiteAdapter("m1", "Site1"), bus)
-        drones = ["site1-00000000aa", "site1-00000000bb"]
-        for drone in drones:
-            await adapter.deploy_resource(attributes(drone))
+        drones = ["site1-00000000aa", "site1-00000000bb", "site1-00000000cc"]
+        # at once, as TARDIS deploys its drones: one bulk condor_submit for them all
+        await asyncio.gather(*(adapter.deploy_resource(attributes(drone)) for drone in drones))
         jobs = {job.drone: job for job in lbs.jobs.values()}
         assert sorted(jobs) == drones
         # what condor_submit received: each job its own token, the site's creds path
