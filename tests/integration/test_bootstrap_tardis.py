@@ -115,7 +115,7 @@ async def test_each_submitted_drone_gets_its_own_token_in_its_job_and_bootstraps
     ) as bus:
         adapter = RemoteSiteAdapter(HTCondorSiteAdapter("m1", "Site1"), bus)
         drones = ["site1-00000000aa", "site1-00000000bb", "site1-00000000cc"]
-        # at once, as TARDIS deploys its drones: one bulk condor_submit for them all
+        # at once, as TARDIS deploys its drones (its condor_submit calls are batched)
         await asyncio.gather(*(adapter.deploy_resource(attributes(drone)) for drone in drones))
         jobs = {job.drone: job for job in lbs.jobs.values()}
         assert sorted(jobs) == drones
