@@ -346,3 +346,23 @@ async def test_the_issuer_answers_only_into_the_site_s_own_bootstrap_inbox(
         assert await grant_revision(service) == before  # the token was not spent
         owner = Asker(server.url, creds).with_key(4)
         assert isinstance(await owner.ask(owner.enroll(DRONE, token)), Issued)
+
+
+async def test_a_revocation_before_the_drone_enrolled_outlives_a_new_token(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    """Revoked while its job waits (its token seen stolen): a deploy again mints no way in"""
+    server, authority = secured
+    creds = site_bootstrap(tmp_path, authority)
+    async with running_manager(manager_settings(tmp_path, server, authority)) as service:
+        stolen = await minted(service)
+        assert service.issuer is not None
+        assert await service.issuer.grants.revoke(SITE, DRONE, "token seen stolen") is not None
+        again = await minted(service)  # TARDIS deploys the drone again
+        thief = Asker(server.url, creds).with_key(3)
+        for token in (stolen, again):
+            reply = await thief.ask(thief.enroll(DRONE, token))
+            assert isinstance(reply, IssueRefused), reply
+        found = await service.issuer.grants.get(SITE, DRONE)
+        assert found is not None and found[0].revoked == "token seen stolen"
+        assert service.issuer_counts["issued_enroll"] == 0
