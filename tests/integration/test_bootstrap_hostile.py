@@ -21,7 +21,7 @@ import pytest
 from nats.aio.msg import Msg
 from support.agent import SITE, drone_life, running
 from support.agent import settings as agent_settings
-from support.bootstrap import DRONE, Asker, manager_settings, minted, refused, site_bootstrap
+from support.bootstrap import DRONE, Asker, manager_settings, minted, refused, site_bootstrap, up
 from support.manager import running_manager
 from support.waiting import wait_until
 
@@ -107,14 +107,7 @@ async def test_a_bootstrap_reply_read_by_another_drone_of_the_site_gives_it_noth
                 refused(await spy.ask(spy.renew(DRONE), nc=nc), Refusal.FORGED)
                 refused(await spy.ask(spy.enroll(DRONE, token), nc=nc), Refusal.REUSED)
                 # the real drone runs on its identity all the same
-                await wait_until(
-                    lambda: (
-                        (view := service.registry.view(SITE, DRONE)) is not None
-                        and view.state is ev.DroneState.IDLE
-                    ),
-                    30,
-                    "the drone's events at the manager",
-                )
+                await wait_until(lambda: up(service.registry), 30, "the drone's events")
                 assert agent.gate_open
                 assert await run.stop() == 128 + 15
         assert service.issuer_counts["issued_enroll"] == 1

@@ -19,20 +19,20 @@ from support.agent import settings as agent_settings
 from support.bootstrap import (
     DRONE,
     Asker,
-    issuer_key,
+    manager_settings,
     minted,
     refused,
     secured_hub_and_leaf,
     site_bootstrap,
+    up,
     violations,
 )
 from support.manager import running_manager
 from support.processes import CLI, start_process
 from support.waiting import wait_until
 
-from broker.manager.issuer import IssuerSettings
-from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.auth.jwt import creds_file, decode_jwt
+from broker.server.embedded import EmbeddedServer
 from remote_agent.agent import Agent
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.bootstrap import Issued, Refusal
@@ -54,9 +54,18 @@ API = "$JS.hub.API"
 JWT_VALID_S = 3.0
 
 
-def up(service: ManagerService) -> bool:
-    view = service.registry.view(SITE, DRONE)
-    return view is not None and view.state is ev.DroneState.IDLE
+def leaf_agent(tmp_path: Path, leaf: EmbeddedServer, token: str, bootstrap: Path) -> Agent:
+    """A drone at the leaf with nothing but its token and the site's bootstrap identity"""
+    return Agent(
+        agent_settings(
+            tmp_path,
+            leaf.url,
+            DRONE,
+            domain="hub",
+            bootstrap_token=token,
+            bootstrap_creds=bootstrap,
+        )
+    )
 
 
 def acting_for(drone: str) -> dict[str, list[str]]:
@@ -78,26 +87,11 @@ async def test_a_drone_at_a_leaf_runs_its_whole_life_on_its_own_bootstrapped_ide
     tmp_path: Path,
 ) -> None:
     async with secured_hub_and_leaf(tmp_path) as (hub, leaf, authority):
-        settings = ManagerSettings(
-            servers=[hub.url],
-            creds=str(tmp_path / "manager.creds"),
-            domain="hub",
-            retry_s=0.2,
-            issuer=IssuerSettings(key=issuer_key(tmp_path, authority)),
-        )
         bootstrap = site_bootstrap(tmp_path, authority)
-        async with running_manager(settings) as service:
-            token = await minted(service)
-            agent = Agent(
-                agent_settings(
-                    tmp_path,
-                    leaf.url,
-                    DRONE,
-                    domain="hub",
-                    bootstrap_token=token,
-                    bootstrap_creds=bootstrap,
-                )
-            )
+        async with running_manager(
+            manager_settings(tmp_path, hub, authority, domain="hub")
+        ) as service:
+            agent = leaf_agent(tmp_path, leaf, await minted(service), bootstrap)
             assert agent.settings.creds is None  # nothing but the token and the site's identity
 
             async def refused_at_the_leaf() -> None:
@@ -151,34 +145,18 @@ async def test_a_revoked_drone_at_a_leaf_is_cut_off_there_once_its_jwt_expires(
     """Renewed through the leaf while granted; revoked by the command, the leaf shuts it out"""
     async with secured_hub_and_leaf(tmp_path) as (hub, leaf, authority):
         manager_creds = tmp_path / "manager.creds"
-        settings = ManagerSettings(
-            servers=[hub.url],
-            creds=str(manager_creds),
-            domain="hub",
-            retry_s=0.2,
-            issuer=IssuerSettings(key=issuer_key(tmp_path, authority), jwt_valid_s=JWT_VALID_S),
-        )
+        settings = manager_settings(tmp_path, hub, authority, domain="hub", jwt_valid_s=JWT_VALID_S)
         bootstrap = site_bootstrap(tmp_path, authority)
         async with running_manager(settings) as service:
-            token = await minted(service)
-            agent = Agent(
-                agent_settings(
-                    tmp_path,
-                    leaf.url,
-                    DRONE,
-                    domain="hub",
-                    bootstrap_token=token,
-                    bootstrap_creds=bootstrap,
-                )
-            )
+            agent = leaf_agent(tmp_path, leaf, await minted(service), bootstrap)
             with caplog.at_level(logging.INFO, "remote_agent"):
                 async with running(agent) as run:
-                    await wait_until(lambda: up(service), 30, "the drone's events")
+                    await wait_until(lambda: up(service.registry), 30, "the drone's events")
                     # it outlives its first JWTs: renewed through the leaf
                     await wait_until(
                         lambda: service.issuer_counts["issued_renew"] >= 3, 30, "renewals"
                     )
-                    assert up(service)
+                    assert up(service.registry)
                     # the identity a thief of the drone's key could hold at the revocation
                     thief = Asker(leaf.url, bootstrap).with_seed_of(agent.settings.spool_dir)
                     issued = await thief.ask(thief.renew(DRONE))

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pytest
 from support.agent import SLEEPER, running
-from support.bootstrap import Asker, issuer_key, site_bootstrap
+from support.bootstrap import Asker, issuer_key, site_bootstrap, up
 from support.htcondor import HTCondorDrone, SiteFactory, htcondor_site
 from support.tardis import attributes
 from support.waiting import wait_until
@@ -133,14 +133,7 @@ async def test_each_submitted_drone_gets_its_own_token_in_its_job_and_bootstraps
         agent = agent_from(tmp_path, dict(jobs[drones[0]].env))
         assert agent.settings.creds is None and agent.settings.bootstrap_token == tokens[drones[0]]
         async with running(agent) as run:
-            await wait_until(
-                lambda: (
-                    (view := bus.registry.view(SITE, drones[0])) is not None
-                    and view.state is ev.DroneState.IDLE
-                ),
-                30,
-                "the bootstrapped drone's events",
-            )
+            await wait_until(lambda: up(bus.registry, drones[0]), 30, "the drone's events")
             assert agent.gate_open
             assert await run.stop() == 128 + 15
         assert bus.manager.issuer_counts["issued_enroll"] == 1
@@ -158,8 +151,7 @@ async def test_each_submitted_drone_gets_its_own_token_in_its_job_and_bootstraps
                 assert await run.stop() == 128 + 15
         assert bus.manager.issuer_counts["alarms"] == 1
         assert bus.manager.issuer_counts["refused_reused"] == 1
-        view = bus.registry.view(SITE, drones[1])
-        assert view is None or view.state is not ev.DroneState.IDLE
+        assert not up(bus.registry, drones[1])
 
 
 async def test_a_deploy_while_the_bus_is_not_connected_fails_as_tardis_retries_it(
@@ -197,14 +189,7 @@ async def test_a_drone_tardis_submits_runs_its_whole_life_on_its_bootstrapped_id
         tardis = HTCondorDrone.make(bus)
 
         async def enrolled_and_up() -> None:
-            await wait_until(
-                lambda: (
-                    (view := bus.registry.view(SITE, tardis.uuid)) is not None
-                    and view.state in (ev.DroneState.IDLE, ev.DroneState.BUSY)
-                ),
-                60,
-                "the drone's agent up",
-            )
+            await wait_until(lambda: up(bus.registry, tardis.uuid), 60, "the drone's agent up")
 
         await tardis.let_go_in("AvailableState", before=enrolled_and_up)
         view = bus.registry.view(SITE, tardis.uuid)

@@ -12,6 +12,7 @@ import nkeys
 from nats.aio.client import Client
 
 from broker.manager.issuer import IssuerSettings
+from broker.manager.registry import Registry
 from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.auth.authority import (
     create_authority,
@@ -41,6 +42,7 @@ from remote_agent.protocol.bootstrap import (
     signing_input,
 )
 from remote_agent.protocol.connect import close, connect
+from remote_agent.protocol.events import DroneState
 from remote_agent.protocol.names import Namespace, bootstrap_inbox
 from support.agent import SITE
 from support.agent import settings as agent_settings
@@ -53,11 +55,18 @@ DRONE = "site1-00000000aa"
 
 
 def manager_settings(
-    tmp_path: Path, server: EmbeddedServer, authority: Path, **issuer: float
+    tmp_path: Path,
+    server: EmbeddedServer,
+    authority: Path,
+    *,
+    domain: str | None = None,
+    **issuer: float,
 ) -> ManagerSettings:
+    """The manager on ``server`` with the issuer of ``authority``, with ``issuer`` settings"""
     return ManagerSettings(
         servers=[server.url],
         creds=str(tmp_path / "manager.creds"),
+        domain=domain,
         retry_s=0.2,
         issuer=IssuerSettings(key=issuer_key(tmp_path, authority), **issuer),
     )
@@ -209,6 +218,12 @@ class Asker:
         async with self.connected() as own:
             msg = await own.request(subject, data, timeout=2)
         return decode_bootstrap_reply(msg.data)
+
+
+def up(registry: Registry, drone: str = DRONE, site: str = SITE) -> bool:
+    """Whether the drone's agent is up and idle, as the manager's registry has it"""
+    view = registry.view(site, drone)
+    return view is not None and view.state in (DroneState.IDLE, DroneState.BUSY)
 
 
 def refused(reply: Issued | IssueRefused, reason: Refusal) -> None:
