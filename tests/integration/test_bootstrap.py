@@ -16,6 +16,7 @@ from pathlib import Path
 import nats.errors
 import pytest
 from support.agent import SITE, drone_life, running
+from support.agent import settings as agent_settings
 from support.bootstrap import (
     Asker,
     bootstrapped,
@@ -29,9 +30,11 @@ from support.waiting import wait_until
 
 from broker.server.auth.jwt import decode_jwt
 from broker.server.embedded import EmbeddedServer
+from remote_agent.agent import Agent
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.bootstrap import EnrollRequest, Issued, Refusal
-from remote_agent.protocol.names import Namespace
+from remote_agent.protocol.connect import close, connect
+from remote_agent.protocol.names import Namespace, bootstrap_inbox
 
 pytestmark = pytest.mark.timeout(120)
 NS = Namespace()
@@ -225,3 +228,68 @@ async def test_a_revoked_drone_gets_no_new_identity_and_is_cut_off_at_its_expiry
             assert "revoked" in caplog.text
             assert service.issuer_counts["refused_revoked"] >= 1
             assert await run.exit_code(30) is not None
+
+
+async def test_the_issuer_answers_only_into_the_sites_own_inbox(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    """
+    A request whose reply subject is another drone's event or record: the issuer, which
+    may publish anywhere, would write there for the site; it answers nothing instead
+    """
+    server, authority = secured
+    creds = site_bootstrap(tmp_path, authority)
+    async with running_manager(manager_settings(tmp_path, server, authority)) as service:
+        token = await minted(service)
+        asker = Asker(server.url, creds)
+        nc = await connect(server.url, user_credentials=str(creds), allow_reconnect=False)
+        targets = [
+            NS.event(SITE, OTHER, "drained"),
+            f"$KV.{NS.record_bucket}.{SITE}.{OTHER}",
+            f"{bootstrap_inbox('site2')}.x",
+        ]
+        try:
+            for target in targets:
+                await nc.publish(
+                    NS.bootstrap(SITE), ev.encode(asker.enroll(DRONE, token)), reply=target
+                )
+            await nc.flush()
+            await wait_until(
+                lambda: service.issuer_counts["dropped_reply_subject"] == len(targets), 10
+            )
+        finally:
+            await close(nc)
+        control = service.control
+        assert control is not None
+        js = control.nc.jetstream()
+        info = await js.stream_info(NS.event_stream, subjects_filter=NS.drone_events(SITE, OTHER))
+        assert not info.state.subjects
+        assert await control.store.read(SITE, OTHER) is None
+        # the token was not spent by the dropped requests
+        assert isinstance(await asker.ask(asker.enroll(DRONE, token)), Issued)
+
+
+async def test_the_worker_does_not_inherit_the_token(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The startd (and so its payloads) runs without the token in its environment"""
+    server, authority = secured
+    async with running_manager(manager_settings(tmp_path, server, authority)) as service:
+        token = await minted(service)
+        monkeypatch.setenv("TardisDroneCobaldRemoteToken", token)
+        monkeypatch.setenv("COBALD_REMOTE_TOKEN", token)
+        seen = tmp_path / "worker-env"
+        agent = Agent(
+            agent_settings(
+                tmp_path,
+                server.url,
+                DRONE,
+                command=["sh", "-c", f"env > {seen}; exec sleep 3600"],
+                bootstrap_token=token,
+                bootstrap_creds=site_bootstrap(tmp_path, authority),
+            )
+        )
+        async with running(agent) as run:
+            await wait_until(lambda: agent.gate_open and seen.exists(), 30, "the worker")
+            assert await run.stop() == 128 + 15
+        assert token not in seen.read_text()
