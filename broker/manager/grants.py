@@ -89,8 +89,9 @@ class GrantStore:
         """
         A new token for ``drone``, valid for ``valid_for_s``; only its hash is stored
 
-        A drone that enrolled already keeps its grant: the token returned then is
-        one that no grant accepts (a second job with the drone's uuid bootstraps nothing).
+        A drone that enrolled already, or was revoked, keeps its grant: the token returned
+        then is one that no grant accepts (a second job with the drone's uuid bootstraps
+        nothing).
 
         :raises GrantError: if the bucket cannot be written
         """
@@ -104,7 +105,7 @@ class GrantStore:
         )
         for _ in range(_CAS_TRIES):
             found = await self.get(site, drone)
-            if found is not None and found[0].public_key is not None:
+            if found is not None and (found[0].public_key is not None or found[0].revoked):
                 return new_token()
             try:
                 if found is None:

@@ -17,7 +17,7 @@ import pytest
 from support.agent import SITE, drone_life
 from support.agent import settings as agent_settings
 from support.manager import running_manager
-from support.servers import drone_creds, hub_and_leaf, refused_for_another
+from support.servers import drone_creds, hub_and_leaf, refused_for_another, uncomment
 
 from broker.cli import main
 from broker.errors import AuthError
@@ -163,14 +163,6 @@ def test_drone_credentials_expire_after_a_week_unless_told_otherwise(
 DEPLOY_NATS = DEPLOY_DIR / "nats"
 
 
-def _uncomment(config: str, *keys: str) -> str:
-    """leaf.conf's commented lines for ``keys``, switched on as docs/deployment.md says"""
-    for key in keys:
-        config, found = re.subn(rf"^(\s*)# ({re.escape(key)})", r"\1\2", config, flags=re.M)
-        assert found == 1, f"leaf.conf has no commented {key!r} line"
-    return config
-
-
 @pytest.mark.timeout(180)
 async def test_a_leaf_node_checks_the_credentials_of_its_drones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -202,7 +194,7 @@ async def test_a_leaf_node_checks_the_credentials_of_its_drones(
 
     shutil.copy(DEPLOY_NATS / "single.conf", hub_dir)
     (hub_dir / "hub.conf").write_text('include "single.conf"\ninclude "auth.conf"\n')
-    leaf_conf = _uncomment(
+    leaf_conf = uncomment(
         (DEPLOY_NATS / "leaf.conf").read_text(), "credentials:", "account:", 'include "auth.conf"'
     )
     leaf_conf = leaf_conf.replace("/etc/cobald-remote/nats/site1-leaf.creds", str(leaf_creds))

@@ -14,31 +14,26 @@ import logging
 from pathlib import Path
 
 import nats.errors
-import nkeys
 import pytest
 from support.agent import SITE, drone_life, running
 from support.agent import settings as agent_settings
+from support.bootstrap import (
+    Asker,
+    bootstrapped,
+    manager_settings,
+    minted,
+    refused,
+    site_bootstrap,
+)
 from support.manager import running_manager
 from support.servers import refused_for_another
 from support.waiting import wait_until
 
-from broker.manager.issuer import IssuerSettings
-from broker.manager.service import ManagerService, ManagerSettings
-from broker.server.auth.authority import issuer_key_of, load_authority, save_issuer_key
-from broker.server.auth.credentials import bootstrap_credentials
 from broker.server.auth.jwt import creds_file, decode_jwt
 from broker.server.embedded import EmbeddedServer
 from remote_agent.agent import Agent
 from remote_agent.protocol import events as ev
-from remote_agent.protocol.bootstrap import (
-    EnrollRequest,
-    Issued,
-    IssueRefused,
-    Refusal,
-    RenewRequest,
-    decode_bootstrap_reply,
-    signing_input,
-)
+from remote_agent.protocol.bootstrap import EnrollRequest, Issued, Refusal
 from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.names import Namespace, bootstrap_inbox
 
@@ -46,108 +41,6 @@ pytestmark = pytest.mark.timeout(120)
 NS = Namespace()
 DRONE = "site1-00000000aa"
 OTHER = "site1-00000000bb"
-
-
-def manager_settings(
-    tmp_path: Path, server: EmbeddedServer, authority: Path, **issuer: float
-) -> ManagerSettings:
-    return ManagerSettings(
-        servers=[server.url],
-        creds=str(tmp_path / "manager.creds"),
-        retry_s=0.2,
-        issuer=IssuerSettings(key=issuer_key(tmp_path, authority), **issuer),
-    )
-
-
-def issuer_key(tmp_path: Path, authority: Path) -> Path:
-    path = tmp_path / "issuer-key.json"
-    save_issuer_key(issuer_key_of(load_authority(authority)), path)
-    return path
-
-
-def site_bootstrap(tmp_path: Path, authority: Path, site: str = SITE) -> Path:
-    path = tmp_path / f"bootstrap-{site}.creds"
-    path.write_text(bootstrap_credentials(load_authority(authority), NS, site))
-    return path
-
-
-def bootstrapped(tmp_path: Path, server: EmbeddedServer, authority: Path, token: str) -> Agent:
-    return Agent(
-        agent_settings(
-            tmp_path,
-            server.url,
-            DRONE,
-            bootstrap_token=token,
-            bootstrap_creds=site_bootstrap(tmp_path, authority),
-        )
-    )
-
-
-async def minted(service: ManagerService, drone: str = DRONE, site: str = SITE) -> str:
-    await asyncio.wait_for(service.ready.wait(), 30)
-    assert service.issuer is not None
-    return await service.issuer.mint(site, drone)
-
-
-class Asker:
-    """A client on a site's bootstrap identity that sends hand-made requests"""
-
-    def __init__(self, url: str, creds: Path, site: str = SITE) -> None:
-        self.url, self.creds, self.site = url, creds, site
-        #: what the server said about this client's requests (permission violations)
-        self.errors: list[str] = []
-        self.key = nkeys.from_seed(nkeys.encode_seed(bytes(32), nkeys.PREFIX_BYTE_USER))
-
-    async def _note(self, err: Exception) -> None:
-        self.errors.append(str(err))
-
-    def with_key(self, seed_byte: int) -> Asker:
-        self.key = nkeys.from_seed(
-            nkeys.encode_seed(bytes([seed_byte]) * 32, nkeys.PREFIX_BYTE_USER)
-        )
-        return self
-
-    @property
-    def public(self) -> str:
-        public: bytes = self.key.public_key
-        return public.decode()
-
-    def enroll(
-        self, drone: str, token: str, *, site: str | None = None, at: dt.datetime | None = None
-    ) -> EnrollRequest:
-        site = site or self.site
-        at = at or dt.datetime.now(dt.UTC)
-        signature = self.key.sign(signing_input("enroll", site, drone, self.public, at))
-        return EnrollRequest(
-            site=site, drone=drone, public_key=self.public, at=at, signature=signature, token=token
-        )
-
-    def renew(self, drone: str) -> RenewRequest:
-        at = dt.datetime.now(dt.UTC)
-        signature = self.key.sign(signing_input("renew", self.site, drone, self.public, at))
-        return RenewRequest(
-            site=self.site, drone=drone, public_key=self.public, at=at, signature=signature
-        )
-
-    async def ask(self, request: object, subject_site: str | None = None) -> Issued | IssueRefused:
-        data = request if isinstance(request, bytes) else ev.encode(request)  # type: ignore[arg-type]
-        nc = await connect(
-            self.url,
-            user_credentials=str(self.creds),
-            inbox_prefix=bootstrap_inbox(self.site),
-            allow_reconnect=False,
-            error_cb=self._note,
-        )
-        try:
-            msg = await nc.request(NS.bootstrap(subject_site or self.site), data, timeout=2)
-        finally:
-            await close(nc)
-        return decode_bootstrap_reply(msg.data)
-
-
-def refused(reply: Issued | IssueRefused, reason: Refusal) -> None:
-    assert isinstance(reply, IssueRefused), reply
-    assert reply.reason is reason, reply
 
 
 async def test_a_bootstrapped_drone_runs_its_whole_life_on_its_own_identity(

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -40,6 +41,14 @@ def hub_and_leaf(
         env={"NATS_NODE": "site1-leaf", "NATS_HUB": f"nats-leaf://127.0.0.1:{leaf_port}"},
     )
     return hub, leaf
+
+
+def uncomment(config: str, *keys: str) -> str:
+    """leaf.conf's commented lines for ``keys``, switched on as docs/deployment.md says"""
+    for key in keys:
+        config, found = re.subn(rf"^(\s*)# ({re.escape(key)})", r"\1\2", config, flags=re.M)
+        assert found == 1, f"leaf.conf has no commented {key!r} line"
+    return config
 
 
 @contextlib.asynccontextmanager
