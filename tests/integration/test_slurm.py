@@ -1,0 +1,300 @@
+"""
+Drones as real Slurm jobs: TARDIS's own SlurmAdapter (sbatch, squeue, scancel through its
+ShellExecutor), wrapped by the decorators, against a real single-node Slurm
+(``support.slurm``); each job runs the shipped ``deploy/slurm/drone-job``: the real agent
+around an emulated startd that joins the emulated overlay pool (``support.slurm_site``)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.js import JetStreamContext
+from support.slurm import PARTITION, SlurmCluster, missing, slurm_cluster
+from support.slurm_site import SlurmSite
+from support.waiting import wait_until
+from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
+from tardis.adapters.sites.slurm import SlurmAdapter
+from tardis.agents.batchsystemagent import BatchSystemAgent
+from tardis.agents.siteagent import SiteAgent
+from tardis.configuration.configuration import Configuration
+from tardis.interfaces.siteadapter import SiteAdapter
+from tardis.resources.drone import Drone
+
+from broker.emulation.groundtruth import read_ground_truth
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from broker.tardis_adapter import (
+    BusConfig,
+    RemoteBatchSystemAdapter,
+    RemoteBus,
+    RemoteSiteAdapter,
+    TardisStateNotes,
+)
+from remote_agent.protocol import events as ev
+
+pytestmark = [
+    pytest.mark.timeout(240),
+    pytest.mark.skipif(missing() is not None, reason=str(missing())),
+]
+
+BusFactory = Callable[..., Awaitable[RemoteBus]]
+SITE = "site1"
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """One real Slurm for every Slurm test; its daemons stopped by PID at the end"""
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+async def site(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[SlurmSite]:
+    """
+    The Slurm site and the overlay pool as TARDIS's Slurm and HTCondor adapters see them:
+    the recorded Slurm clients and the fake collector tools on the ``PATH`` of TARDIS's
+    ``ShellExecutor``, ``SLURM_CONF`` naming the test cluster
+    """
+    slurm_site = SlurmSite(slurm, tmp_path / "site")
+    slurm_site.write()
+    Configuration._shared_state.clear()
+    SiteAdapter.site_configuration.fget.cache_clear()
+    try:
+        async with slurm_site.running_overlay():
+            tools = [slurm_site.tools_dir, slurm_site.collector_dir()]
+            monkeypatch.setenv("PATH", os.pathsep.join([*map(str, tools), os.environ["PATH"]]))
+            monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+            Configuration().update_config(slurm_site.tardis_configuration())
+            try:
+                yield slurm_site
+            finally:
+                slurm.run("scontrol", "update", f"PartitionName={PARTITION}", "State=UP")
+                for job_id in _submitted(slurm_site):
+                    slurm.run("scancel", str(job_id), check=False)
+    finally:
+        Configuration._shared_state.clear()
+        SiteAdapter.site_configuration.fget.cache_clear()
+
+
+def _submitted(site: SlurmSite) -> list[int]:
+    result = site.cluster.run("squeue", "-h", "-o", "%A", check=False)
+    return [int(line) for line in result.stdout.split()]
+
+
+@pytest.fixture
+async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
+    """Start :class:`RemoteBus` services as COBalD would run them; stopped at the end"""
+    await provision(js)
+    running: list[tuple[RemoteBus, asyncio.Task[None]]] = []
+
+    async def make(**settings: Any) -> RemoteBus:
+        config = BusConfig.from_mapping({"servers": nats_server.url, **settings})
+        bus = RemoteBus(config, register=False)
+        task = asyncio.create_task(bus.run())
+        running.append((bus, task))
+        assert await bus.wait_ready(30), "the bus did not connect"
+        return bus
+
+    yield make
+    for bus, task in running:
+        bus.stop()
+        await asyncio.wait_for(task, 30)
+
+
+class Transitions:
+    """A TARDIS plugin recording state names"""
+
+    def __init__(self) -> None:
+        self.states: list[str] = []
+
+    async def notify(self, state: Any, resource_attributes: Any) -> None:
+        self.states.append(str(state))
+
+
+@dataclass
+class SlurmDrone:
+    """A real TARDIS drone on TARDIS's Slurm site adapter, wrapped by the decorators"""
+
+    drone: Drone
+    site: RemoteSiteAdapter
+    states: Transitions
+    bus: RemoteBus
+
+    @classmethod
+    def make(cls, bus: RemoteBus, *plugins: Any, **restored: Any) -> SlurmDrone:
+        site = RemoteSiteAdapter(SlurmAdapter("m1", "Site1"), bus)
+        batch = RemoteBatchSystemAdapter(HTCondorBatchAdapter(), bus)
+        states = Transitions()
+        drone = Drone(
+            site_agent=SiteAgent(site),
+            batch_system_agent=BatchSystemAgent(batch),
+            plugins=[TardisStateNotes(bus), states, *plugins],
+            **restored,
+        )
+        return cls(drone, site, states, bus)
+
+    @property
+    def uuid(self) -> str:
+        return str(self.drone.resource_attributes.drone_uuid)
+
+    @property
+    def job_id(self) -> int:
+        return int(self.drone.resource_attributes.remote_resource_uuid)
+
+    def view(self) -> Any:
+        return self.bus.registry.view(SITE, self.uuid)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[asyncio.Task[None]]:
+        task = asyncio.create_task(self.drone.run())
+        try:
+            yield task
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def let_go_in(
+        self, state: str, before: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Run it; once it reaches ``state`` (and ``before`` is done) COBalD lets it go"""
+        async with self.running() as task:
+            await wait_until(lambda: state in self.states.states, 90, state)
+            if before is not None:
+                await before()
+            self.drone.demand = 0
+            await asyncio.wait_for(task, 120)
+        assert self.states.states[-1] == "DownState"
+
+
+def _busy(drone: SlurmDrone) -> Callable[[], bool]:
+    return lambda: (view := drone.view()) is not None and view.state is ev.DroneState.BUSY
+
+
+def _startd_events(site: SlurmSite, job_id: int) -> list[str]:
+    started = site.started(job_id)
+    assert started is not None, f"job {job_id} never ran"
+    return [e["event"] for e in read_ground_truth(Path(started["ep"]) / "ground_truth.jsonl")]
+
+
+async def test_a_drone_given_up_while_queued_is_released_and_cancelled_before_it_runs(
+    site: SlurmSite, make_bus: BusFactory
+) -> None:
+    bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0)
+    # nothing starts: the partition takes jobs but runs none
+    site.cluster.run("scontrol", "update", f"PartitionName={PARTITION}", "State=DOWN")
+    tardis = SlurmDrone.make(bus)
+
+    async def queued() -> None:
+        assert site.state(tardis.job_id) == "PENDING"
+
+    await tardis.let_go_in("BootingState", before=queued)  # demand drops while it waits
+    assert "CleanupState" in tardis.states.states
+    view = tardis.view()
+    assert view is not None and view.phase is ev.RecordPhase.RELEASED  # the manager won
+    assert tardis.site.counts["terminate_resource_allowed"] >= 1
+    assert [c.args for c in site.calls("scancel")] == [f"{tardis.job_id} PENDING"]
+    assert site.state(tardis.job_id) == "CANCELLED"
+    site.cluster.run("scontrol", "update", f"PartitionName={PARTITION}", "State=UP")
+    assert site.started(tardis.job_id) is None  # it never ran
+    assert len(site.calls("sbatch")) == 1 and site.calls("squeue")  # TARDIS's own view
+
+
+async def test_a_drone_with_payloads_drains_and_ends_its_own_job(
+    site: SlurmSite, make_bus: BusFactory
+) -> None:
+    """TARDIS lets it go while a payload runs: the agent drains, the job exits 0, no scancel"""
+    bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0, drain_deadline_s=60.0)
+    tardis = SlurmDrone.make(bus)
+
+    async def claimed_and_busy() -> None:
+        view = tardis.view()
+        assert view is not None and view.phase is ev.RecordPhase.UP  # the agent claimed it
+        await wait_until(_busy(tardis), 60, "a payload runs")
+
+    await tardis.let_go_in("AvailableState", before=claimed_and_busy)
+    assert tardis.site.counts["status_from_agent"] > 0
+    view = tardis.view()
+    assert view is not None and view.phase is ev.RecordPhase.DRAINED
+    job = tardis.job_id
+    assert await site.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 60) == "COMPLETED"
+    assert site.cluster.job(job)["ExitCode"] == "0:0"
+    assert site.ended(job) == {"returncode": 0}
+    assert site.scancels_of("RUNNING") == []
+    startd = _startd_events(site, job)
+    assert startd.count("payload_started") >= 1
+    assert startd.count("payload_finished") == startd.count("payload_started")
+    assert "payload_killed" not in startd
+    # what Slurm passed to the job (sbatch --export=...): TARDIS's variables with the
+    # agent's settings, the job user's login environment, nothing else of the submit host
+    started = site.started(job)
+    assert started is not None
+    env = started["env"]
+    assert env["TardisDroneUuid"] == tardis.uuid
+    assert env["TardisDroneCobaldRemoteSite"] == SITE
+    assert env["TardisDroneCobaldRemoteUrl"] == bus.config.drone_servers[0]
+    assert env["SLURM_Walltime"] == "10"
+    assert "PYTEST_CURRENT_TEST" not in env and "SLURM_CONF" in os.environ
+
+
+async def test_a_drone_whose_agent_never_connects_runs_as_stock_tardis_would(
+    site: SlurmSite, make_bus: BusFactory
+) -> None:
+    """
+    TARDIS's Slurm adapter does all the work: squeue, then scancel of the running job
+    (ShutDown, Cleanup). The agent cannot reach the bus, so it never opens the gate and
+    no payload ever runs: the removal is safe.
+    """
+    bus = await make_bus(
+        lost_after_s=10.0, request_timeout_s=2.0, drone_servers="nats://127.0.0.1:9"
+    )
+    tardis = SlurmDrone.make(bus)
+    await tardis.let_go_in("AvailableState")
+    assert "DrainingState" in tardis.states.states
+    assert tardis.site.counts["status_from_agent"] == 0
+    view = tardis.view()
+    assert view is not None and view.phase is ev.RecordPhase.RELEASED  # released by the drain
+    job = tardis.job_id
+    assert site.scancels_of("RUNNING"), site.calls()  # stock TARDIS: scancel
+    assert await site.wait_state(job, {"CANCELLED", "COMPLETED", "FAILED"}, 60) == "CANCELLED"
+    startd = _startd_events(site, job)
+    assert "drain_requested" in startd  # TARDIS's condor_drain reached the startd
+    assert "payload_started" not in startd  # the gate never opened
+
+
+async def test_an_operators_scancel_is_seen_as_the_drones_end_within_a_heartbeat(
+    site: SlurmSite, make_bus: BusFactory
+) -> None:
+    bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0)
+    tardis = SlurmDrone.make(bus)
+    async with tardis.running():
+        await wait_until(lambda: "AvailableState" in tardis.states.states, 90, "Available")
+        await wait_until(_busy(tardis), 60, "a payload runs")
+        view = tardis.view()
+        assert view is not None
+        # the site's operator cancels the job, outside TARDIS
+        cancelled = time.monotonic()
+        site.cluster.run("scancel", str(tardis.job_id))
+        await wait_until(
+            lambda: (view := tardis.view()) is not None and view.state is ev.DroneState.EXITING,
+            site.heartbeat_s * 10,
+            "the agent's last event",
+        )
+        seen_after_s = time.monotonic() - cancelled
+        assert seen_after_s < site.heartbeat_s * 5, seen_after_s  # generous: a heartbeat
+        await wait_until(lambda: tardis.states.states[-1] == "DownState", 90, "TARDIS: Down")
+    view = tardis.view()
+    assert view is not None and view.state is ev.DroneState.EXITING
+    assert site.scancels_of("RUNNING") == []  # TARDIS itself cancelled nothing
+    assert await site.wait_state(tardis.job_id, {"CANCELLED"}, 60) == "CANCELLED"
