@@ -27,6 +27,7 @@ from tardis.agents.batchsystemagent import BatchSystemAgent
 from tardis.agents.siteagent import SiteAgent
 from tardis.configuration.configuration import Configuration
 from tardis.interfaces.siteadapter import SiteAdapter
+from tardis.plugins.sqliteregistry import SqliteRegistry
 from tardis.resources.drone import Drone
 
 from broker.emulation.groundtruth import read_ground_truth
@@ -36,8 +37,10 @@ from broker.tardis_adapter import (
     BusConfig,
     RemoteBatchSystemAdapter,
     RemoteBus,
+    RemoteFactoryPool,
     RemoteSiteAdapter,
     TardisStateNotes,
+    create_composite_pool,
 )
 from remote_agent.protocol import events as ev
 
@@ -298,3 +301,67 @@ async def test_an_operators_scancel_is_seen_as_the_drones_end_within_a_heartbeat
     assert view is not None and view.state is ev.DroneState.EXITING
     assert site.scancels_of("RUNNING") == []  # TARDIS itself cancelled nothing
     assert await site.wait_state(tardis.job_id, {"CANCELLED"}, 60) == "CANCELLED"
+
+
+def _pools(composite: Any) -> list[RemoteFactoryPool]:
+    """The pools of a composite ``create_composite_pool`` built"""
+    found: list[RemoteFactoryPool] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, RemoteFactoryPool):
+            found.append(node)
+            return
+        for child in getattr(node, "children", None) or []:
+            walk(child)
+        if hasattr(node, "target"):
+            walk(node.target)
+
+    walk(composite)
+    return found
+
+
+async def test_a_restarted_cobald_picks_its_drones_up_and_removes_none_with_payloads(
+    site: SlurmSite, make_bus: BusFactory, nats_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """TARDIS's SQLite registry restores the drone; the rebuilt registry knows its payloads"""
+    Configuration().update_config(
+        {"Plugins": {"SqliteRegistry": {"db_file": str(tmp_path / "drone_registry.db")}}}
+    )
+    settings = {"lost_after_s": 10.0, "request_timeout_s": 5.0, "drain_deadline_s": 60.0}
+    first = SlurmDrone.make(await make_bus(**settings), SqliteRegistry())
+    async with first.running():
+        await wait_until(lambda: "AvailableState" in first.states.states, 90, "Available")
+        await wait_until(_busy(first), 60, "a payload runs")
+    first.bus.stop()  # the daemon ends abruptly: no state change, no removal
+    job = first.job_id
+
+    # the daemon starts again: the same factory COBalD's configuration builds
+    composite = create_composite_pool(interval=1, bus={"servers": nats_server.url, **settings})
+    [pool] = _pools(composite)
+    [restored] = pool.children  # COBalD would run it
+    assert restored.resource_attributes.drone_uuid == first.uuid
+    assert str(restored.resource_attributes.remote_resource_uuid) == str(job)  # SQLite: a str
+    assert str(restored.state) == "AvailableState"
+    bus = pool.bus
+    assert bus is not None
+    bus_task = asyncio.create_task(bus.run())
+    try:
+        assert await bus.wait_ready(30), "the bus did not connect"
+        view = bus.registry.view(SITE, first.uuid)
+        assert view is not None and view.state is ev.DroneState.BUSY  # rebuilt from the stream
+        second = SlurmDrone(restored, restored.site_agent._site_adapter, Transitions(), bus)
+        restored.register_plugins(second.states)
+        async with second.running() as task:
+            restored.demand = 0  # COBalD lets it go at once
+            await asyncio.wait_for(task, 120)
+        assert second.states.states[-1] == "DownState"
+    finally:
+        bus.stop()
+        await asyncio.wait_for(bus_task, 30)
+    view = second.view()
+    assert view is not None and view.phase is ev.RecordPhase.DRAINED
+    assert second.site.counts["status_from_agent"] > 0
+    assert await site.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 60) == "COMPLETED"
+    assert site.scancels_of("RUNNING") == []
+    startd = _startd_events(site, job)
+    assert startd.count("payload_finished") == startd.count("payload_started") >= 1
