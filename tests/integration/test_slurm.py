@@ -98,14 +98,14 @@ async def site(
                             "drone_heartbeat_interval": 1,
                         }
                     ],
-                    "Site1": slurm_site.tardis_site("Site1", "m1", 1),
+                    "Site1": slurm_site.tardis_site("m1", 1),
                 }
             )
             try:
                 yield slurm_site
             finally:
                 slurm.run("scontrol", "update", f"PartitionName={PARTITION}", "State=UP")
-                slurm_site.cancel_all()
+                slurm.cancel_all()
     finally:
         await overlay.close()
         truth.close()

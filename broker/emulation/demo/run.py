@@ -180,6 +180,12 @@ async def run_mode(
         raise ValueError(f"mode must be one of {sorted(MODES)}")
     if mode == "remote" and not nats_url:
         raise ValueError("the run with cobald-remote needs a NATS URL")
+    if scenario.tardis_adapters == "slurm":
+        from broker.emulation.demo.slurm_run import run_slurm_mode
+
+        return await run_slurm_mode(
+            scenario, mode, root, nats_url=nats_url, progress=progress, every_s=progress_every_s
+        )
     os.makedirs(root, exist_ok=True)
     lbs_truth, obs_truth = GroundTruth(root / "lbs.jsonl"), GroundTruth(root / "obs.jsonl")
     overlay = OverlayPool(root, scenario.payload_duration, obs_truth)

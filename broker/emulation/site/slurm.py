@@ -217,10 +217,21 @@ class SlurmCluster:
                 tails.append(f"--- {path.name}\n" + path.read_text(errors="replace")[-1500:])
         return "\n".join(tails)
 
+    def cancel_all(self, timeout_s: float = 30.0) -> None:
+        """``scancel`` every job and wait until none runs (slurmd's exit would orphan them)"""
+        if "slurmctld" not in self.procs or self.procs["slurmctld"].poll() is not None:
+            return
+        self.run("scancel", "--full", "--partition", PARTITION, check=False)
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline:
+            listed = self.run("squeue", "-h", "-t", "PD,R,CG,S", "-o", "%A", check=False)
+            if listed.returncode != 0 or not listed.stdout.strip():
+                return
+            time.sleep(0.2)
+
     def stop(self) -> None:
         """Cancel what still runs, then stop slurmd, slurmctld and munged, each by its PID"""
-        if "slurmctld" in self.procs and self.procs["slurmctld"].poll() is None:
-            self.run("scancel", "--full", "--partition", PARTITION, check=False)
+        self.cancel_all()
         for name in ("slurmd", "slurmctld", "munged"):
             proc = self.procs.pop(name, None)
             if proc is None or proc.poll() is not None:

@@ -83,7 +83,7 @@ class SlurmSite:
 
     @property
     def startup_command(self) -> Path:
-        return self.root / "drone-job"
+        return startup_command(self.root)
 
     @property
     def tools_dir(self) -> Path:
@@ -129,20 +129,9 @@ class SlurmSite:
             tool.write_text(_TOOL.format(name=name, real=real, squeue=squeue, **common))
             tool.chmod(0o755)
 
-    def tardis_site(self, name: str, machine_type: str, cores: int) -> dict[str, Any]:
+    def tardis_site(self, machine_type: str, cores: int) -> dict[str, Any]:
         """TARDIS's section of this site (its ``SlurmAdapter``)"""
-        return {
-            "MachineTypes": [machine_type],
-            "MachineTypeConfiguration": {
-                machine_type: {
-                    "Walltime": 60,
-                    "Partition": PARTITION,
-                    "StartupCommand": str(self.startup_command),
-                }
-            },
-            "MachineMetaData": {machine_type: {"Cores": cores, "Memory": 0.25, "Disk": 1}},
-            "bulk_delay": 0.1,
-        }
+        return tardis_site(self.startup_command, machine_type, cores)
 
     # ------------------------------------------------------------ reading the records
 
@@ -184,10 +173,6 @@ class SlurmSite:
             await asyncio.sleep(0.2)
         return state
 
-    def cancel_all(self) -> None:
-        """``scancel`` every job still queued or running (the end of a run)"""
-        self.cluster.run("scancel", "--full", "--partition", PARTITION, check=False)
-
     # ------------------------------------------------------------ the overlay pool
 
     @contextlib.asynccontextmanager
@@ -228,6 +213,23 @@ class SlurmSite:
                 truth.record("job_exited", job_id=job, drone=drone, returncode=None, killed=True)
                 overlay.leave(drone)
                 self.left.add(job)
+
+
+def startup_command(root: Path) -> Path:
+    """The site's StartupCommand, for a site whose files are under ``root``"""
+    return root / "drone-job"
+
+
+def tardis_site(startup: Path, machine_type: str, cores: int) -> dict[str, Any]:
+    """TARDIS's section of a Slurm site whose StartupCommand is ``startup``"""
+    return {
+        "MachineTypes": [machine_type],
+        "MachineTypeConfiguration": {
+            machine_type: {"Walltime": 60, "Partition": PARTITION, "StartupCommand": str(startup)}
+        },
+        "MachineMetaData": {machine_type: {"Cores": cores, "Memory": 0.25, "Disk": 1}},
+        "bulk_delay": 0.1,
+    }
 
 
 def _alive(pid: int) -> bool:
