@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import os
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
@@ -19,7 +18,7 @@ from typing import Any
 
 import pytest
 from nats.js import JetStreamContext
-from support.processes import CLI, run_process
+from support.buses import BusFactory, Transitions, running_buses
 from support.slurm import requires_slurm
 from support.waiting import wait_until
 from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
@@ -39,7 +38,6 @@ from broker.emulation.site.slurm_site import SlurmSite
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from broker.tardis_adapter import (
-    BusConfig,
     RemoteBatchSystemAdapter,
     RemoteBus,
     RemoteFactoryPool,
@@ -51,7 +49,6 @@ from remote_agent.protocol import events as ev
 
 pytestmark = [pytest.mark.timeout(240), requires_slurm]
 
-BusFactory = Callable[..., Awaitable[RemoteBus]]
 SITE = "site1"
 
 
@@ -119,30 +116,8 @@ async def site(
 async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
     """Start :class:`RemoteBus` services as COBalD would run them; stopped at the end"""
     await provision(js)
-    running: list[tuple[RemoteBus, asyncio.Task[None]]] = []
-
-    async def make(**settings: Any) -> RemoteBus:
-        config = BusConfig.from_mapping({"servers": nats_server.url, **settings})
-        bus = RemoteBus(config, register=False)
-        task = asyncio.create_task(bus.run())
-        running.append((bus, task))
-        assert await bus.wait_ready(30), "the bus did not connect"
-        return bus
-
-    yield make
-    for bus, task in running:
-        bus.stop()
-        await asyncio.wait_for(task, 30)
-
-
-class Transitions:
-    """A TARDIS plugin recording state names"""
-
-    def __init__(self) -> None:
-        self.states: list[str] = []
-
-    async def notify(self, state: Any, resource_attributes: Any) -> None:
-        self.states.append(str(state))
+    async with running_buses(nats_server.url) as make:
+        yield make
 
 
 @dataclass
@@ -399,50 +374,3 @@ async def test_a_restarted_cobald_picks_its_drones_up_and_removes_none_with_payl
     assert site.scancels_of("RUNNING") == []
     startd = _startd_events(site, job)
     assert startd.count("payload_finished") == startd.count("payload_started") >= 1
-
-
-@pytest.mark.timeout(300)
-async def test_the_demo_runs_on_real_slurm(tmp_path: Path) -> None:
-    """``cobald-remote demo --tardis-adapters slurm``, kept short: its own cluster, then none"""
-    report = tmp_path / "demo.json"
-    work = tmp_path / "work"
-    code, out, err = await run_process(
-        *CLI,
-        "demo",
-        "--seed",
-        "2",
-        "--duration",
-        "10",
-        "--drones",
-        "2",
-        "--json",
-        str(report),
-        "--workdir",
-        str(work),
-        "--tardis-adapters",
-        "slurm",
-        timeout_s=280,
-    )
-    assert code == 0, err[-2000:]
-    assert "Slurm: scancel of a running job" in out and "payloads: killed" in out
-    remote = json.loads(report.read_text())["runs"]["remote"]
-    assert remote["kill_reasons"] == {}
-    assert remote["drones"]["requested"] >= 1
-    assert remote["slurm"]["scancel of a running job"] == 0
-    # every drone job, startd and Slurm daemon of the run was stopped
-    await wait_until(lambda: not _processes_naming(work), 30, "all processes stopped")
-
-
-def _processes_naming(path: Path) -> list[str]:
-    """The live processes whose command line or environment names a file under ``path``"""
-    found = []
-    for proc in Path("/proc").iterdir():
-        try:
-            argv = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
-            env = (proc / "environ").read_bytes().decode(errors="replace")
-            state = (proc / "stat").read_text().rpartition(")")[2].split()[0]
-        except (OSError, IndexError):
-            continue
-        if str(path) in argv + env and state != "Z":
-            found.append(f"{proc.name}: {argv}")
-    return found

@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.emulation.demo.analysis import analyze
-from broker.emulation.demo.run import Progress, start_daemon, stop_daemon
+from broker.emulation.demo.run import Progress, daemon_died, start_daemon, stop_daemon, supervise
 from broker.emulation.demo.scenario import Scenario
 from broker.emulation.demo.template import bus_section, render_config
 from broker.emulation.groundtruth import GroundTruth, read_ground_truth
@@ -96,16 +96,9 @@ async def run_slurm_mode(
             daemon = await start_daemon(config, root / "daemon.log", env)
             progress(f"[{mode:6}] COBalD daemon pid {daemon.pid}, Slurm in {cluster.root}")
             try:
-                next_report = start
-                while time.time() < end:
-                    if daemon.returncode is not None:
-                        died = True
-                        break
-                    if time.time() >= next_report:
-                        elapsed = max(0.0, time.time() - start)
-                        progress(f"[{mode:6} {elapsed:4.0f}s] {_line(site)}")
-                        next_report += every_s
-                    await asyncio.sleep(0.5)
+                died = await supervise(
+                    daemon, mode, (start, end), lambda: _line(site), progress, every_s
+                )
             finally:
                 await stop_daemon(daemon)
                 finished = time.time()
@@ -115,10 +108,7 @@ async def run_slurm_mode(
         obs_truth.close()
         await asyncio.to_thread(cluster.stop)
     if died:
-        tail = (root / "daemon.log").read_text(errors="replace").splitlines()[-15:]
-        raise RuntimeError(
-            f"the COBalD daemon exited with {daemon.returncode}; its log ends:\n" + "\n".join(tail)
-        )
+        raise daemon_died(daemon, root)
     result = analyze(root, min(finished, end))
     result["slurm"] = slurm_counts(site, min(finished, end))
     progress(f"[{mode:6} done] {_line(site)}")

@@ -15,7 +15,6 @@ import re
 import secrets
 import shutil
 import signal
-import socket
 import subprocess
 import time
 from collections.abc import Callable, Iterator, Mapping
@@ -23,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from broker.emulation.errors import SlurmUnavailable
+from broker.emulation.ports import free_ports
 
 #: the daemons and clients the cluster needs
 PROGRAMS = ("munged", "slurmctld", "slurmd", "sbatch", "squeue", "scancel", "sinfo", "scontrol")
@@ -42,15 +42,6 @@ def missing() -> str | None:
     if os.geteuid() != 0:
         return "a single-node Slurm here runs its daemons as root"
     return None
-
-
-def free_ports(count: int) -> list[int]:
-    """Loopback ports for the daemons, which must be named in ``slurm.conf`` before they bind"""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 def _which(name: str) -> str | None:
