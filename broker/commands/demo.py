@@ -59,4 +59,10 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
         "TARDIS's own HTCondor adapters against fake condor_* tools, or TARDIS's Slurm "
         "adapter against a real single-node Slurm it starts (root, slurm-wlm; docs/tardis.md)",
     )
+    demo.add_argument(
+        "--bootstrap",
+        action="store_true",
+        help="the broker in operator mode: each drone bootstraps an identity of its own "
+        "from a one-time token (docs/deployment.md#bootstrap)",
+    )
     demo.set_defaults(run=_demo)

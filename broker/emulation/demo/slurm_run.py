@@ -11,6 +11,7 @@ import asyncio
 import os
 import statistics
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -57,6 +58,7 @@ async def run_slurm_mode(
     root: Path,
     *,
     nats_url: str | None,
+    bus_keys: Mapping[str, Any] | None,
     progress: Progress,
     every_s: float,
 ) -> dict[str, Any]:
@@ -86,6 +88,8 @@ async def run_slurm_mode(
         await overlay.start()
         start = time.time() + 2.0  # room for the daemon to import before the schedule begins
         bus = bus_section(scenario, nats_url) if mode == "remote" and nats_url else None
+        if bus is not None and bus_keys:
+            bus.update(bus_keys)
         config = root / "cobald.yaml"
         config.write_text(render_config(scenario, root, start=start, bus=bus))
         env = slurm_environment(
