@@ -70,7 +70,11 @@ async def run_slurm_mode(
     """
     os.makedirs(root, exist_ok=True)
     cluster = SlurmCluster(root / "slurm")
-    await asyncio.to_thread(cluster.start)
+    try:
+        await asyncio.to_thread(cluster.start)
+    except BaseException:
+        await asyncio.to_thread(cluster.stop)  # what started before the failure
+        raise
     obs_truth = GroundTruth(root / "obs.jsonl")
     overlay = OverlayPool(root, scenario.payload_duration, obs_truth)
     site = SlurmSite(

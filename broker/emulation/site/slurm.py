@@ -32,6 +32,8 @@ PARTITION = "drones"
 CPUS = 2
 #: jobs that may share a core
 OVERSUBSCRIBE = 16
+#: seconds from an ``scancel``'s SIGTERM to its SIGKILL (Slurm's default: 30)
+KILL_WAIT_S = 5
 
 
 def missing() -> str | None:
@@ -140,7 +142,7 @@ class SlurmCluster:
                 "ReturnToService=2",
                 # finished jobs stay visible to squeue and scontrol for this long
                 "MinJobAge=600",
-                "KillWait=5",
+                f"KillWait={KILL_WAIT_S}",
                 "SlurmdTimeout=60",
                 "InactiveLimit=0",
                 f"NodeName={NODE} NodeAddr=127.0.0.1 NodeHostname=localhost CPUs={CPUS} "

@@ -30,7 +30,7 @@ from typing import Any
 import broker
 from broker.emulation.groundtruth import GroundTruth, read_ground_truth
 from broker.emulation.site.overlay import OverlayPool
-from broker.emulation.site.slurm import PARTITION, SlurmCluster
+from broker.emulation.site.slurm import KILL_WAIT_S, PARTITION, SlurmCluster
 from remote_agent.deploy_files import DEPLOY_DIR
 
 #: where ``broker`` is imported from: the jobs and tools import it from there too
@@ -102,12 +102,17 @@ class SlurmSite:
         """The node's ``drone.env``, the job script and the recorded Slurm clients"""
         self.jobs.mkdir(parents=True, exist_ok=True)
         cli = Path(sys.executable).parent / "cobald-remote"
-        agent = str(cli) if cli.is_file() else f"{sys.executable} -m broker.cli"
+        if not cli.is_file():  # the drone job runs the agent by one absolute path
+            cli = self.root / "cobald-remote"
+            cli.write_text(f'#!/bin/sh\nexec {sys.executable} -m broker.cli "$@"\n')
+            cli.chmod(0o755)
         (self.root / "drone.env").write_text(
-            f"COBALD_REMOTE='{agent}'\n"
+            f"COBALD_REMOTE={cli}\n"
             f"COBALD_REMOTE_POLL_S={self.agent_poll_s}\n"
             f"COBALD_REMOTE_HEARTBEAT_S={self.agent_heartbeat_s}\n"
             f"COBALD_REMOTE_END_GRACE_S={self.end_grace_s}\n"
+            # within Slurm's KillWait (slurm.py): the payloads get their grace time
+            f"COBALD_REMOTE_KILL_AFTER_S={KILL_WAIT_S}\n"
         )
         (self.root / "site.json").write_text(
             json.dumps(
