@@ -1,8 +1,9 @@
 """
 Drones as real Slurm jobs: TARDIS's own SlurmAdapter (sbatch, squeue, scancel through its
 ShellExecutor), wrapped by the decorators, against a real single-node Slurm
-(``support.slurm``); each job runs the shipped ``deploy/slurm/drone-job``: the real agent
-around an emulated startd that joins the emulated overlay pool (``support.slurm_site``)
+(``broker/emulation/site/slurm.py``); each job runs the shipped ``deploy/slurm/drone-job``:
+the real agent around an emulated startd that joins the emulated overlay pool
+(``broker/emulation/site/slurm_site.py``)
 """
 
 from __future__ import annotations

@@ -227,10 +227,17 @@ def startup_command(root: Path) -> Path:
 
 def tardis_site(startup: Path, machine_type: str, cores: int) -> dict[str, Any]:
     """TARDIS's section of a Slurm site whose StartupCommand is ``startup``"""
+    # sbatch writes a job's output to the submit directory (the daemon's) unless told
+    output = {"long": {"output": str(startup.parent / "jobs" / "slurm-%j.out")}}
     return {
         "MachineTypes": [machine_type],
         "MachineTypeConfiguration": {
-            machine_type: {"Walltime": 60, "Partition": PARTITION, "StartupCommand": str(startup)}
+            machine_type: {
+                "Walltime": 60,
+                "Partition": PARTITION,
+                "StartupCommand": str(startup),
+                "SubmitOptions": output,
+            }
         },
         "MachineMetaData": {machine_type: {"Cores": cores, "Memory": 0.25, "Disk": 1}},
         "bulk_delay": 0.1,
