@@ -265,6 +265,10 @@ SETTINGS_ENV: Final = {
 }
 
 
+#: variables whose values only the agent may read: the worker's environment leaves them out
+SECRET_ENV: Final = frozenset({SETTINGS_ENV["bootstrap_token"], TARDIS_SETTINGS_ENV["token"]})
+
+
 def _check_bootstrap(token: str, bootstrap_creds: object, creds: object) -> None:
     """:raises SettingsError: if a bootstrap token comes without its credentials, or with others"""
     if not token:

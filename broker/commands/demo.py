@@ -61,8 +61,9 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
     )
     demo.add_argument(
         "--bootstrap",
-        action="store_true",
-        help="the broker in operator mode: each drone bootstraps an identity of its own "
-        "from a one-time token (docs/deployment.md#bootstrap)",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the broker in operator mode, each drone on an identity of its own that it "
+        "bootstraps from a one-time token (docs/deployment.md#bootstrap); default: on",
     )
     demo.set_defaults(run=_demo)

@@ -43,7 +43,7 @@ from remote_agent.protocol.bootstrap import (
 )
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import encode
-from remote_agent.protocol.names import Namespace, is_token
+from remote_agent.protocol.names import Namespace, bootstrap_inbox, is_token
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("cobald.runtime.cobald_remote.issuer")
@@ -105,8 +105,10 @@ class Issuer:
     """
     Serves the bootstrap requests of every site, signing with the authority's account key
 
-    :attr:`counts` holds ``issued_enroll``, ``issued_renew``, ``refused_<reason>`` and
-    ``alarms`` (a token used again by another key: stolen, or a second job per drone).
+    :attr:`counts` holds ``minted``, ``issued_enroll``, ``issued_renew``,
+    ``refused_<reason>``, ``dropped_reply_subject`` (a request whose reply subject is not
+    its site's bootstrap inbox: answered nowhere) and ``alarms`` (a token used again by
+    another key: stolen, or a second job per drone).
     """
 
     def __init__(
@@ -184,13 +186,23 @@ class Issuer:
 
     async def _answer(self, nc: Client, msg: Msg) -> None:
         site = msg.subject.rsplit(".", 1)[-1]
+        if not (is_token(site) and msg.reply.startswith(bootstrap_inbox(site) + ".")):
+            # the issuer may publish anywhere: a reply to a subject the requester chose
+            # (another drone's event, a record's key) would write where the site may not
+            self.counts["dropped_reply_subject"] += 1
+            self._say.warning(
+                f"reply {site}",
+                "dropped a bootstrap request on %s: its reply subject %r is not the site's"
+                " bootstrap inbox",
+                msg.subject,
+                msg.reply[:200],
+            )
+            return
         try:
             reply = await self._decide(site, msg.data)
         except Exception as err:  # the bucket or a bug: the drone asks again later
             log.warning("cannot answer a bootstrap request from site %s: %r", site, err)
             reply = self._refuse(site, "?", Refusal.UNAVAILABLE, "the issuer failed; ask again")
-        if not msg.reply:
-            return
         try:
             # not msg.respond(): that would echo the request's headers
             await nc.publish(msg.reply, encode(reply))

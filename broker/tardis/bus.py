@@ -83,6 +83,11 @@ class RemoteBus:
                     ),
                     tardis_calls=lambda: self.count_sources,
                     notes_buffered=lambda: len(self._notes),
+                    issuer_counts=(
+                        (lambda: self.manager.issuer_counts)
+                        if self.manager.settings.issuer is not None
+                        else None
+                    ),
                 ),
                 *address,
             )

@@ -145,8 +145,9 @@ class BootstrapIdentity:
         backoff = Backoff(first=_RETRY_FIRST_S, most=_RETRY_MOST_S)
         while self.refused is None:
             if self.expires is not None:
-                now = dt.datetime.now(dt.UTC)
-                await asyncio.sleep(max(0.0, (self.expires - now).total_seconds() / 2))
+                # at least a second: a clock ahead of the issuer's must not renew in a loop
+                left = (self.expires - dt.datetime.now(dt.UTC)).total_seconds()
+                await asyncio.sleep(max(_RETRY_FIRST_S, left / 2))
             while True:
                 outcome = await self._obtain()
                 if outcome is True:

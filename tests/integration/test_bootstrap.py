@@ -19,13 +19,14 @@ import pytest
 from support.agent import SITE, drone_life, running
 from support.agent import settings as agent_settings
 from support.manager import running_manager
+from support.servers import refused_for_another
 from support.waiting import wait_until
 
 from broker.manager.issuer import IssuerSettings
 from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.auth.authority import issuer_key_of, load_authority, save_issuer_key
 from broker.server.auth.credentials import bootstrap_credentials
-from broker.server.auth.jwt import decode_jwt
+from broker.server.auth.jwt import creds_file, decode_jwt
 from broker.server.embedded import EmbeddedServer
 from remote_agent.agent import Agent
 from remote_agent.protocol import events as ev
@@ -156,7 +157,20 @@ async def test_a_bootstrapped_drone_runs_its_whole_life_on_its_own_identity(
     settings = manager_settings(tmp_path, server, authority)
     async with running_manager(settings) as service:
         agent = bootstrapped(tmp_path, server, authority, await minted(service))
-        await drone_life(service, agent, reason="bootstrap test")
+
+        async def refused_with_its_identity() -> None:
+            # the drone's own JWT and seed, as a thief on the drone would take them
+            publisher = agent.emitter.publisher
+            assert publisher is not None and publisher.identity is not None
+            seed = (tmp_path / f"spool-{DRONE}" / "identity.seed").read_text().strip()
+            creds = tmp_path / "taken.creds"
+            creds.write_text(creds_file(publisher.identity.user_jwt().decode(), seed))
+            await refused_for_another(server.url, creds, DRONE, OTHER)
+
+        await drone_life(
+            service, agent, while_up=refused_with_its_identity, reason="bootstrap test"
+        )
+        assert service.registry.view(SITE, OTHER) is None
         assert service.issuer_counts["issued_enroll"] == 1
         seed = (tmp_path / f"spool-{DRONE}" / "identity.seed").stat()
         assert seed.st_mode & 0o777 == 0o600
@@ -335,3 +349,68 @@ async def test_a_revoked_drone_gets_no_new_identity_and_is_cut_off_at_its_expiry
             assert "revoked" in caplog.text
             assert service.issuer_counts["refused_revoked"] >= 1
             assert await run.exit_code(30) is not None
+
+
+async def test_the_issuer_answers_only_into_the_sites_own_inbox(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    """
+    A request whose reply subject is another drone's event or record: the issuer, which
+    may publish anywhere, would write there for the site; it answers nothing instead
+    """
+    server, authority = secured
+    creds = site_bootstrap(tmp_path, authority)
+    async with running_manager(manager_settings(tmp_path, server, authority)) as service:
+        token = await minted(service)
+        asker = Asker(server.url, creds)
+        nc = await connect(server.url, user_credentials=str(creds), allow_reconnect=False)
+        targets = [
+            NS.event(SITE, OTHER, "drained"),
+            f"$KV.{NS.record_bucket}.{SITE}.{OTHER}",
+            f"{bootstrap_inbox('site2')}.x",
+        ]
+        try:
+            for target in targets:
+                await nc.publish(
+                    NS.bootstrap(SITE), ev.encode(asker.enroll(DRONE, token)), reply=target
+                )
+            await nc.flush()
+            await wait_until(
+                lambda: service.issuer_counts["dropped_reply_subject"] == len(targets), 10
+            )
+        finally:
+            await close(nc)
+        control = service.control
+        assert control is not None
+        js = control.nc.jetstream()
+        info = await js.stream_info(NS.event_stream, subjects_filter=NS.drone_events(SITE, OTHER))
+        assert not info.state.subjects
+        assert await control.store.read(SITE, OTHER) is None
+        # the token was not spent by the dropped requests
+        assert isinstance(await asker.ask(asker.enroll(DRONE, token)), Issued)
+
+
+async def test_the_worker_does_not_inherit_the_token(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path], monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The startd (and so its payloads) runs without the token in its environment"""
+    server, authority = secured
+    async with running_manager(manager_settings(tmp_path, server, authority)) as service:
+        token = await minted(service)
+        monkeypatch.setenv("TardisDroneCobaldRemoteToken", token)
+        monkeypatch.setenv("COBALD_REMOTE_TOKEN", token)
+        seen = tmp_path / "worker-env"
+        agent = Agent(
+            agent_settings(
+                tmp_path,
+                server.url,
+                DRONE,
+                command=["sh", "-c", f"env > {seen}; exec sleep 3600"],
+                bootstrap_token=token,
+                bootstrap_creds=site_bootstrap(tmp_path, authority),
+            )
+        )
+        async with running(agent) as run:
+            await wait_until(lambda: agent.gate_open and seen.exists(), 30, "the worker")
+            assert await run.stop() == 128 + 15
+        assert token not in seen.read_text()
