@@ -18,6 +18,7 @@ import nats
 import pytest
 from nats.js import JetStreamContext
 from prometheus_client.parser import text_string_to_metric_families
+from support.buses import BusFactory, Transitions, running_buses
 from support.drones import FakeDrone, publish
 from support.htcondor import HTCondorDrone, SiteFactory, Transitions
 from support.htcondor import htcondor_site as support_htcondor_site
@@ -37,7 +38,6 @@ from broker.manager.timeline import read_timeline
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from broker.tardis_adapter import (
-    BusConfig,
     RemoteBatchSystemAdapter,
     RemoteBus,
     RemoteSiteAdapter,
@@ -48,27 +48,13 @@ from remote_agent.protocol.names import Namespace
 
 pytestmark = pytest.mark.timeout(180)
 
-BusFactory = Callable[..., Awaitable[RemoteBus]]
-
 
 @pytest.fixture
 async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
     """Start :class:`RemoteBus` services as COBalD would run them; stopped at the end"""
     await provision(js)
-    running: list[tuple[RemoteBus, asyncio.Task[None]]] = []
-
-    async def make(**settings: Any) -> RemoteBus:
-        config = BusConfig.from_mapping({"servers": nats_server.url, **settings})
-        bus = RemoteBus(config, register=False)
-        task = asyncio.create_task(bus.run())
-        running.append((bus, task))
-        assert await bus.wait_ready(30), "the bus did not connect"
-        return bus
-
-    yield make
-    for bus, task in running:
-        bus.stop()
-        await asyncio.wait_for(task, 30)
+    async with running_buses(nats_server.url) as make:
+        yield make
 
 
 class Agent:
