@@ -10,7 +10,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +20,7 @@ from nats.js import JetStreamContext
 from prometheus_client.parser import text_string_to_metric_families
 from support.buses import BusFactory, Transitions, running_buses
 from support.drones import FakeDrone, publish
-from support.htcondor import HTCondorDrone, SiteFactory, Transitions
+from support.htcondor import HTCondorDrone, SiteFactory
 from support.htcondor import htcondor_site as support_htcondor_site
 from support.processes import CLI, pid_exists, start_process
 from support.tardis import SITE, FakeOverlay, FakeSite, attributes
@@ -39,7 +39,6 @@ from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
 from broker.tardis_adapter import (
     RemoteBatchSystemAdapter,
-    RemoteBus,
     RemoteSiteAdapter,
     TardisStateNotes,
 )
