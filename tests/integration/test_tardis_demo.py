@@ -155,7 +155,11 @@ async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path, adapte
     assert not [pid for pid in _pids(tmp_path / "work" / "remote") if _running(pid)]
     assert document["scenario"]["tardis_adapters"] == adapters
     # by default every drone runs on an identity it bootstrapped from its one-time token
-    logs = [path.read_text() for path in (tmp_path / "work" / "remote" / "jobs").glob("*/job.log")]
+    logs = [
+        path.read_text(errors="replace")
+        for path in (tmp_path / "work" / "remote").rglob("*")
+        if path.name == "job.log" or (path.name.startswith("slurm-") and path.suffix == ".out")
+    ]
     started = [log for log in logs if "agent_started" in log or "gate_opened" in log]
     assert started and all("got this drone's identity" in log for log in started)
     submitted = [
