@@ -25,6 +25,7 @@ from broker.manager.service import ManagerService
 from broker.manager.views import DroneView
 from broker.tardis.config import BusConfig
 from broker.tardis.failures import CallLog
+from broker.tardis.wake import Waker
 from remote_agent.protocol.environment import TARDIS_ENV_PREFIX, TARDIS_SETTINGS_ENV, site_of
 from remote_agent.protocol.events import TardisState, encode, utcnow
 from remote_agent.protocol.names import MSG_ID, Namespace
@@ -61,6 +62,9 @@ class RemoteBus:
         self.call_log = CallLog(log)
         #: every counter of the integration, by part: the bus, each site, the batch system
         self.count_sources: dict[str, collections.Counter[str]] = {"bus": self.counts}
+        #: wakes the TARDIS drones whose agents' facts change (:mod:`broker.tardis.drone`)
+        self.waker = Waker(lambda drone: self.announced(self.site_of(drone), drone) is not None)
+        self.registry.watchers.append(self.waker.seen)
         self._notes: collections.deque[TardisState] = collections.deque()
         self._wake: asyncio.Event | None = None
         self._stopping = False
