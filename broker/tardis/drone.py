@@ -2,8 +2,9 @@
 :class:`EventDrone`: TARDIS's own drone, whose state machine also runs when it is woken
 
 Its rule: one state run at a time; a wake during a run schedules at most one more, and a
-woken run is followed at once by the next while it changes TARDIS's state (up to
-:data:`CHAIN_RUNS` runs); with no wake, the drone waits its heartbeat as TARDIS's does.
+woken run is followed at once by the next while it moves TARDIS to a state not yet seen since
+the wake (up to :data:`CHAIN_RUNS` runs); with no wake, the drone waits its heartbeat as
+TARDIS's does.
 """
 
 from __future__ import annotations
@@ -22,7 +23,7 @@ log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
 
 #: the most state runs one wake leads to: Booting -> Integrate -> Integrating ->
 #: Available, and Available -> Disintegrate -> ShutDown -> ShuttingDown, with a
-#: run to spare; the bound keeps a cycle (Drain <-> Draining) from spinning
+#: run to spare (a cycle such as Drain -> Draining -> Drain ends the chain anyway)
 CHAIN_RUNS: Final = 5
 
 
@@ -77,7 +78,7 @@ class EventDrone(Drone):
             if self.state is None:  # as Drone.run: the first state change notifies the plugins
                 self.resource_attributes.resource_status = ResourceStatus.Booting
                 await self.set_state(RequestState())
-            chain = 0
+            chain: list[type] = []  # the states a woken run went through
             while True:
                 current = self.state
                 self._flag.clear()  # what happened before this run, this run sees
@@ -87,12 +88,19 @@ class EventDrone(Drone):
                     log.debug("TARDIS drone %s is down", drone_uuid)
                     self._demand = 0
                     return
-                if chain and type(self.state) is not type(current) and chain < CHAIN_RUNS:
-                    chain += 1
+                if chain and self._goes_on(chain, current):
                     continue
-                chain = 1 if await self._rest() else 0
+                chain = [] if not await self._rest() else [type(self.state)]
         finally:
             self.waker.discharge(drone_uuid, self)
+
+    def _goes_on(self, chain: list[type], current: Any) -> bool:
+        """Whether a woken run goes on at once: a new state, not seen in this chain"""
+        new = type(self.state)
+        if new is type(current) or new in chain or len(chain) >= CHAIN_RUNS:
+            return False
+        chain.append(new)
+        return True
 
     async def _rest(self) -> bool:
         """Wait for a wake or the heartbeat; whether a wake ended it"""

@@ -136,7 +136,9 @@ async def test_a_drone_follows_its_agents_events_without_waiting_for_its_heartbe
         assert site.called("resource_status") == 0
         await publish(js, bus.namespace, agent.drained())
         await wait_until(lambda: "ShutDownState" in recorder.states, 30, "ShutDown")
-    assert recorder.states[5:7] == ["DisintegrateState", "ShutDownState"]
+    assert recorder.states[5:] == ["DisintegrateState", "ShutDownState"]
+    # a drained agent ends its own job: TARDIS waits for that instead of suspending it
+    assert site.called("stop_resource") == 0
     assert overlay.called("get_machine_status") == 0
     assert drone.woken >= 1
 

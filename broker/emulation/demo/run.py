@@ -233,6 +233,6 @@ async def run_mode(
         raise RuntimeError(
             f"the COBalD daemon exited with {daemon.returncode}; its log ends:\n" + "\n".join(tail)
         )
-    result = analyze(root, min(finished, end))
+    result = analyze(root, min(finished, end), cores_per_drone=scenario.slots)
     progress(f"[{mode:6} done] {live.line()}")
     return result
