@@ -64,7 +64,6 @@ from broker.tardis_adapter import (
 from remote_agent.agent import Agent
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
-from remote_agent.settings import Settings
 
 SITE_NAME = "Bench"
 SITE = "bench"
@@ -100,7 +99,7 @@ class BenchSite(SiteAdapter):  # type: ignore[misc]
     async def _job(self, drone: str, queued_s: float) -> int:
         await asyncio.sleep(queued_s)
         self.started.add(drone)
-        return await Agent(agent_settings(self._bus, drone)).run()
+        return await Agent(_common.agent_settings(self._bus, SITE, drone, 30.0)).run()
 
     async def resource_status(self, resource_attributes: Any) -> Any:
         drone = str(resource_attributes["drone_uuid"])
@@ -160,25 +159,6 @@ class BlindOverlay(BatchSystemAdapter):  # type: ignore[misc]
     @property
     def machine_meta_data_translation_mapping(self) -> Any:
         return AttributeDict(Cores=1, Memory=1, Disk=1)
-
-
-def agent_settings(bus: Bus, drone: str) -> Settings:
-    settings = Settings(
-        site=SITE,
-        drone=drone,
-        servers=(bus.url,),
-        worker_command=("sleep", "1000"),
-        spool_dir=bus.tmp / f"spool-{drone}",
-        gate_socket=bus.tmp / f"gate-{drone}.sock",
-        prefix=bus.namespace.prefix,
-        startd=False,
-        heartbeat_s=30.0,
-        end_grace_s=0.2,
-        kill_after_s=2.0,
-        exit_flush_s=5.0,
-    )
-    settings.validate()
-    return settings
 
 
 class States:

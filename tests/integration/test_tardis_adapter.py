@@ -22,7 +22,7 @@ from nats.js import JetStreamContext
 from prometheus_client.parser import text_string_to_metric_families
 from support.drones import FakeDrone, publish
 from support.processes import CLI, pid_exists, start_process
-from support.tardis import SITE, FakeOverlay, FakeSite, attributes
+from support.tardis import SITE, BusFactory, FakeOverlay, FakeSite, Transitions, attributes
 from support.waiting import wait_until
 from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
 from tardis.adapters.sites.htcondor import HTCondorAdapter as HTCondorSiteAdapter
@@ -42,9 +42,7 @@ from broker.emulation.site.overlay import OverlayPool
 from broker.emulation.site.schedd import install_fake_schedd
 from broker.manager.timeline import read_timeline
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from broker.tardis_adapter import (
-    BusConfig,
     RemoteBatchSystemAdapter,
     RemoteBus,
     RemoteSiteAdapter,
@@ -55,28 +53,6 @@ from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 
 pytestmark = pytest.mark.timeout(180)
-
-BusFactory = Callable[..., Awaitable[RemoteBus]]
-
-
-@pytest.fixture
-async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
-    """Start :class:`RemoteBus` services as COBalD would run them; stopped at the end"""
-    await provision(js)
-    running: list[tuple[RemoteBus, asyncio.Task[None]]] = []
-
-    async def make(**settings: Any) -> RemoteBus:
-        config = BusConfig.from_mapping({"servers": nats_server.url, **settings})
-        bus = RemoteBus(config, register=False)
-        task = asyncio.create_task(bus.run())
-        running.append((bus, task))
-        assert await bus.wait_ready(30), "the bus did not connect"
-        return bus
-
-    yield make
-    for bus, task in running:
-        bus.stop()
-        await asyncio.wait_for(task, 30)
 
 
 class Agent:
@@ -119,16 +95,6 @@ class Agent:
                 self.proc.kill()
                 await self.proc.wait()
         assert not pid_exists(self.proc.pid) or self.proc.returncode is not None
-
-
-class Transitions:
-    """A TARDIS plugin recording state names"""
-
-    def __init__(self) -> None:
-        self.states: list[str] = []
-
-    async def notify(self, state: Any, resource_attributes: Any) -> None:
-        self.states.append(str(state))
 
 
 async def test_a_drone_whose_agent_never_connects_is_run_by_the_wrapped_adapters(

@@ -8,13 +8,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from nats.js import JetStreamContext
 from support.drones import FakeDrone, publish
-from support.tardis import SITE, FakeOverlay, FakeSite
+from support.tardis import SITE, BusFactory, FakeOverlay, FakeSite, Transitions
 from support.waiting import wait_until
 from tardis.agents.batchsystemagent import BatchSystemAgent
 from tardis.agents.siteagent import SiteAgent
@@ -22,11 +23,8 @@ from tardis.interfaces.batchsystemadapter import MachineStatus
 from tardis.interfaces.siteadapter import ResourceStatus
 from tardis.resources.drone import Drone
 
-from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from broker.tardis.drone import EventDrone
 from broker.tardis_adapter import (
-    BusConfig,
     RemoteBatchSystemAdapter,
     RemoteBus,
     RemoteSiteAdapter,
@@ -37,38 +35,6 @@ pytestmark = pytest.mark.timeout(120)
 
 #: far longer than any test here: a state run that happens was woken
 LONG_HEARTBEAT_S = 3600
-
-BusFactory = Callable[..., Awaitable[RemoteBus]]
-
-
-@pytest.fixture
-async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
-    """:class:`RemoteBus` services as COBalD runs them; stopped at the end"""
-    await provision(js)
-    running: list[tuple[RemoteBus, asyncio.Task[None]]] = []
-
-    async def make(**settings: Any) -> RemoteBus:
-        bus = RemoteBus(
-            BusConfig.from_mapping({"servers": nats_server.url, **settings}), register=False
-        )
-        running.append((bus, asyncio.create_task(bus.run())))
-        assert await bus.wait_ready(30), "the bus did not connect"
-        return bus
-
-    yield make
-    for bus, task in running:
-        bus.stop()
-        await asyncio.wait_for(task, 30)
-
-
-class Transitions:
-    """A TARDIS plugin recording state names"""
-
-    def __init__(self) -> None:
-        self.states: list[str] = []
-
-    async def notify(self, state: Any, resource_attributes: Any) -> None:
-        self.states.append(str(state))
 
 
 class HeldDrone(EventDrone):
@@ -86,21 +52,34 @@ class HeldDrone(EventDrone):
         await super().set_state(state)
 
 
-def event_drone(
+@dataclass
+class Rig:
+    """A TARDIS drone on the decorated fake adapters, its recorder, and its fake agent"""
+
+    drone: Any
+    site: FakeSite
+    overlay: FakeOverlay
+    recorder: Transitions
+    agent: FakeDrone
+
+
+def rig(
     bus: RemoteBus,
-    site: FakeSite,
-    overlay: FakeOverlay,
-    recorder: Transitions,
     drone_uuid: str | None = None,
-    cls: type[EventDrone] = EventDrone,
-) -> EventDrone:
-    return cls(
-        waker=bus.waker,
+    *,
+    cls: type[Drone] = EventDrone,
+    heartbeat_s: int = LONG_HEARTBEAT_S,
+    overlay: MachineStatus = MachineStatus.NotAvailable,
+) -> Rig:
+    site, batch, recorder = FakeSite(heartbeat_s=heartbeat_s), FakeOverlay(overlay), Transitions()
+    drone = cls(
         site_agent=SiteAgent(RemoteSiteAdapter(site, bus)),
-        batch_system_agent=BatchSystemAgent(RemoteBatchSystemAdapter(overlay, bus)),
+        batch_system_agent=BatchSystemAgent(RemoteBatchSystemAdapter(batch, bus)),
         plugins=[TardisStateNotes(bus), recorder],
         drone_uuid=drone_uuid,
+        **({"waker": bus.waker} if issubclass(cls, EventDrone) else {}),
     )
+    return Rig(drone, site, batch, recorder, FakeDrone(SITE, drone.resource_attributes.drone_uuid))
 
 
 @contextlib.asynccontextmanager
@@ -118,12 +97,14 @@ async def test_a_drone_follows_its_agents_events_without_waiting_for_its_heartbe
     make_bus: BusFactory, js: JetStreamContext
 ) -> None:
     bus = await make_bus()
-    uuid = "site1-00000e0001"
-    site = FakeSite(status=ResourceStatus.Booting, heartbeat_s=LONG_HEARTBEAT_S)
-    overlay = FakeOverlay(status=MachineStatus.NotAvailable)
-    recorder = Transitions()
-    drone = event_drone(bus, site, overlay, recorder, uuid)
-    agent = FakeDrone(SITE, uuid)
+    one = rig(bus)
+    drone, site, overlay, recorder, agent = (
+        one.drone,
+        one.site,
+        one.overlay,
+        one.recorder,
+        one.agent,
+    )
     async with running(drone):
         await wait_until(lambda: recorder.states == ["RequestState", "BootingState"], 30, "Booting")
         assert drone.state_runs == 1  # the request; the heartbeat wait has begun
@@ -147,12 +128,10 @@ async def test_a_burst_of_events_during_a_state_run_leads_to_one_more_run(
     make_bus: BusFactory, js: JetStreamContext
 ) -> None:
     bus = await make_bus()
-    uuid = "site1-00000e0002"
-    site = FakeSite(status=ResourceStatus.Booting, heartbeat_s=LONG_HEARTBEAT_S)
-    recorder = Transitions()
-    drone = event_drone(bus, site, FakeOverlay(), recorder, uuid, cls=HeldDrone)
+    one = rig(bus, cls=HeldDrone)
+    drone, recorder, agent = one.drone, one.recorder, one.agent
     assert isinstance(drone, HeldDrone)
-    agent = FakeDrone(SITE, uuid)
+    uuid = drone.resource_attributes.drone_uuid
     async with running(drone):
         await publish(js, bus.namespace, agent.started())
         await publish(js, bus.namespace, agent.ready())
@@ -190,16 +169,14 @@ async def test_a_burst_of_events_during_a_state_run_leads_to_one_more_run(
 async def test_a_drone_without_an_agent_runs_as_tardis_stock_drone(make_bus: BusFactory) -> None:
     """Same script, a stock Drone and an EventDrone side by side: same states, same calls"""
     bus = await make_bus()
-    sites = [FakeSite(status=ResourceStatus.Booting) for _ in range(2)]
-    overlays = [FakeOverlay(status=MachineStatus.Available) for _ in range(2)]
-    recorders = [Transitions(), Transitions()]
-    stock = Drone(
-        site_agent=SiteAgent(RemoteSiteAdapter(sites[0], bus)),
-        batch_system_agent=BatchSystemAgent(RemoteBatchSystemAdapter(overlays[0], bus)),
-        plugins=[TardisStateNotes(bus), recorders[0]],
-    )
-    evented = event_drone(bus, sites[1], overlays[1], recorders[1])
-    drones = (stock, evented)
+    rigs = [
+        rig(bus, cls=cls, heartbeat_s=1, overlay=MachineStatus.Available)
+        for cls in (Drone, EventDrone)
+    ]
+    stock, evented = drones = [r.drone for r in rigs]
+    sites = [r.site for r in rigs]
+    overlays = [r.overlay for r in rigs]
+    recorders = [r.recorder for r in rigs]
     async with running(stock) as stock_task, running(evented) as event_task:
         await wait_until(
             lambda: all("BootingState" in r.states for r in recorders), 30, "both Booting"

@@ -185,6 +185,7 @@ def _goodput(tally: _Tally, down: dict[str, float], cores: float) -> dict[str, A
     ]
     hours = tally.rented_s / 3600
     goodput: dict[str, Any] = {
+        "core-s rented": round(tally.rented_s * cores, 1),
         "payload core-s completed": round(tally.done_s, 1),
         "core-s rented while idle": round(tally.rented_s * cores - tally.busy_s, 1),
         "payloads completed per drone-hour": (
