@@ -33,6 +33,8 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:
     sys.path.insert(0, str(ROOT))
 
+from broker.server.auth.authority import Authority, create_authority, save_authority  # noqa: E402
+from broker.server.auth.credentials import manager_credentials  # noqa: E402
 from broker.server.embedded import EmbeddedServer  # noqa: E402
 from broker.server.provision import Topology, provision  # noqa: E402
 from remote_agent.protocol import events as ev  # noqa: E402
@@ -71,6 +73,51 @@ async def bus(
                 yield Bus(server, nc, js, namespace, Path(tmp))
             finally:
                 await nc.close()
+
+
+@dataclass
+class SecuredBus:
+    """A running embedded server in operator mode, provisioned by the manager's credentials"""
+
+    server: EmbeddedServer
+    authority: Authority
+    authority_file: Path
+    manager_creds: Path
+    tmp: Path
+
+    @property
+    def url(self) -> str:
+        return self.server.url
+
+
+@contextlib.asynccontextmanager
+async def secured_bus(
+    namespace: Namespace | None = None, *, prefix: str = "cobald-remote-bench-"
+) -> AsyncIterator[SecuredBus]:
+    """
+    Start a nats-server in operator mode (a new authority) in a temporary directory
+
+    ``manager_creds`` has the manager's credentials (no limits); the server is
+    provisioned as ``broker init`` does it. Everything is stopped and removed after.
+    """
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp_name:
+        tmp = Path(tmp_name)
+        authority = create_authority()
+        authority_file = tmp / "authority.json"
+        save_authority(authority, authority_file)
+        config = tmp / "server.conf"
+        config.write_text(
+            f'jetstream {{ store_dir: "{tmp / "js"}" }}\n' + authority.server_config()
+        )
+        creds = tmp / "manager.creds"
+        creds.write_text(manager_credentials(authority))
+        async with EmbeddedServer(tmp / "nats", config_file=config) as server:
+            nc = await nats.connect(server.url, user_credentials=str(creds))
+            try:
+                await provision(nc.jetstream(), Topology(namespace=namespace or Namespace()))
+            finally:
+                await nc.close()
+            yield SecuredBus(server, authority, authority_file, creds, tmp)
 
 
 def fleet_events(
@@ -187,6 +234,37 @@ def cpu_seconds(pid: int | None = None) -> float:
         return usage.ru_utime + usage.ru_stime
     fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
     return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class CpuSampler:
+    """CPU seconds of this process and of another (the server), sampled every ``every_s``"""
+
+    def __init__(self, pid: int, every_s: float = 0.02) -> None:
+        self.pid = pid
+        self.every_s = every_s
+        #: (``time.monotonic()``, this process's CPU s, the other's CPU s)
+        self.samples: list[tuple[float, float, float]] = []
+
+    def _take(self) -> None:
+        self.samples.append((time.monotonic(), cpu_seconds(), cpu_seconds(self.pid)))
+
+    async def run(self, stop: asyncio.Event) -> None:
+        """Sample until ``stop`` is set, and once more then"""
+        while not stop.is_set():
+            self._take()
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(stop.wait(), self.every_s)
+        self._take()
+
+    def between(self, lo: float, hi: float) -> tuple[float, float]:
+        """CPU seconds of this process and of the other from ``lo`` to ``hi`` (monotonic)"""
+
+        def at(t: float) -> tuple[float, float]:
+            before = [s for s in self.samples if s[0] <= t] or self.samples[:1]
+            return before[-1][1], before[-1][2]
+
+        (mine0, other0), (mine1, other1) = at(lo), at(hi)
+        return mine1 - mine0, other1 - other0
 
 
 def percentiles(samples_s: Sequence[float]) -> dict[str, float]:

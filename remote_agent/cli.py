@@ -17,7 +17,8 @@ from remote_agent.errors import AgentError, SettingsError
 from remote_agent.hooks import add_hook_commands
 from remote_agent.interfaces import Startd
 from remote_agent.logs import JsonLines
-from remote_agent.settings import Settings, add_options, from_args
+from remote_agent.options import add_options, from_args
+from remote_agent.settings import Settings
 
 log = logging.getLogger(__name__)
 

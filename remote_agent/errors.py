@@ -6,6 +6,7 @@ Errors that the drone side raises on purpose
     AgentError
     ├── SettingsError      the agent's configuration is missing or invalid
     ├── SpoolError         the event spool cannot be used
+    ├── IdentityError      the drone's own key cannot be made or read
     ├── IllegalTransition  a lifecycle transition the state table forbids
     ├── GateError          the gate socket cannot be served
     ├── GateUnavailable    a hook got no answer from the agent
@@ -28,6 +29,10 @@ class SettingsError(AgentError):
 
 class SpoolError(AgentError):
     """The event spool cannot be used (locked by another agent, unwritable directory)"""
+
+
+class IdentityError(AgentError):
+    """The drone's own key cannot be made or read (its file in the spool directory)"""
 
 
 class IllegalTransition(AgentError):

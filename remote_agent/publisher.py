@@ -1,9 +1,9 @@
 """
-The agent's connection to NATS and its single, ordered event publisher (``docs/agent.md``)
+The agent's single, ordered event publisher (``docs/agent.md``)
 
 One task publishes the spool's events oldest first, each with ``Nats-Msg-Id`` set to its id,
-and removes an event only after JetStream acknowledged it; the connection retries forever.
-While the agent cannot get through it says so, and why, at most once a minute.
+and removes an event only after JetStream acknowledged it, over the agent's
+:class:`~remote_agent.connection.Connection`, which retries forever.
 """
 
 from __future__ import annotations
@@ -12,25 +12,19 @@ import asyncio
 import contextlib
 import logging
 import time
-from collections.abc import Callable, Sequence
-from pathlib import Path
+from collections.abc import Sequence
+from typing import Any
 
 import nats
 import nats.errors
 import nats.js.errors
-from nats.aio.client import Client
-from nats.js import JetStreamContext
 
+from remote_agent.connection import Connection
 from remote_agent.protocol.backoff import Backoff
-from remote_agent.protocol.connect import close, connect, credentials_refused
 from remote_agent.protocol.names import MSG_ID
-from remote_agent.protocol.ratelog import RateLimitedLog
 from remote_agent.spool import Spool, SpooledEvent
 
 log = logging.getLogger(__name__)
-
-#: seconds between two lines saying that the agent still cannot get through
-SAY_EVERY_S = 60.0
 
 #: errors after which the same event is tried again (the broker is away or busy)
 _TRANSIENT = (
@@ -48,224 +42,40 @@ _TRANSIENT = (
 )
 
 
-class Publisher:
+class Publisher(Connection):
     """
     The connection and the publishing task; run :meth:`run` as a task
 
     :param spool: the events to publish, oldest first
     :param servers: NATS URLs
-    :param name: client name shown by the server (``connz``)
-    :param creds: NATS credentials file
-    :param inbox_prefix: prefix of reply subjects, so per-drone permissions can
-        allow exactly this drone's inboxes
-    :param publish_timeout_s: seconds to wait for one PubAck
-    :param reconnect_wait_s: seconds between connection attempts
-    :param domain: JetStream domain of the event stream and the handshake bucket (leaf nodes)
+    :param options: those of :class:`~remote_agent.connection.Connection`
     """
 
-    def __init__(
-        self,
-        spool: Spool,
-        servers: Sequence[str],
-        *,
-        name: str = "cobald-remote-agent",
-        creds: Path | None = None,
-        inbox_prefix: str = "_INBOX",
-        publish_timeout_s: float = 5.0,
-        reconnect_wait_s: float = 2.0,
-        domain: str | None = None,
-    ) -> None:
+    def __init__(self, spool: Spool, servers: Sequence[str], **options: Any) -> None:
+        super().__init__(servers, **options)
         self.spool = spool
-        self.domain = domain
-        self.servers = list(servers)
-        self.name = name
-        self.creds = creds
-        self.inbox_prefix = inbox_prefix
-        self.publish_timeout_s = publish_timeout_s
-        self.reconnect_wait_s = reconnect_wait_s
-        #: set while the client is connected
-        self.connected = asyncio.Event()
-        self._nc: Client | None = None
-        self._js: JetStreamContext | None = None
         self._wake = asyncio.Event()
         self._empty = asyncio.Event()
-        self._listeners: list[Callable[[], None]] = []
-        self._refused: list[Callable[[str], None]] = []
-        self._connect_errors = 0
-        #: when the current run of failed attempts began
-        self._failing_since = time.monotonic()
-        self._say = RateLimitedLog(log, SAY_EVERY_S)
-        self._closing = False
-        #: why the broker refused the credentials and closed the connection, for good
-        self.refused: str | None = None
         #: events acknowledged (including duplicates), duplicates, events rejected for good
         self.published = 0
         self.duplicates = 0
         self.rejected = 0
         self.retries = 0
 
-    @property
-    def nc(self) -> Client | None:
-        """The client, once the first connect succeeded"""
-        return self._nc
-
-    @property
-    def failed_attempts(self) -> int:
-        """Connection attempts failed since the client was last connected"""
-        return self._connect_errors
-
-    @property
-    def js(self) -> JetStreamContext | None:
-        return self._js
-
-    def on_connect(self, listener: Callable[[], None]) -> None:
-        """Call ``listener`` (synchronously) after the first connect and every reconnect"""
-        self._listeners.append(listener)
-
-    def on_refused(self, listener: Callable[[str], None]) -> None:
-        """
-        Call ``listener(reason)`` when the broker refused the credentials and closed for good
-
-        nats-py does not reconnect a client that the server closed with an error
-        (nats/aio/client.py, ``_process_err``): the agent is off the bus from then on.
-        """
-        self._refused.append(listener)
-
     def wake(self) -> None:
         """Tell the publishing task that the spool has a new event"""
         self._empty.clear()
         self._wake.set()
 
-    # ------------------------------------------------------------------ connection
-
-    async def _error(self, err: Exception) -> None:
-        if self._closing:
-            log.debug("nats, while closing: %r", err)
-            return
-        if not self._connect_errors:
-            self._failing_since = time.monotonic()
-        self._connect_errors += 1
-        reason = credentials_refused(err)
-        if reason is not None:
-            self._say.log(
-                logging.ERROR,
-                "refused",
-                "the broker refused this drone's credentials (%s): they were revoked or are"
-                " invalid; %s (trying for %.0fs)",
-                reason,
-                "events wait in the spool" if self._nc else "the gate stays shut",
-                self._failing_for(),
-            )
-        elif self._nc is None:  # the first connect: the record is not claimed yet
-            self._say.log(
-                logging.WARNING,
-                "unreachable",
-                "cannot reach the broker at %s (%s); the gate stays shut until the agent gets"
-                " through and claims its record (trying for %.0fs)",
-                ", ".join(self.servers),
-                err,
-                self._failing_for(),
-            )
-        # one line per outage at warning level, the rest at debug: a drone can wait for hours
-        elif self._connect_errors == 1 or not (
-            self.connected.is_set() or self._connect_errors % 100
-        ):
-            log.warning("nats: %s (%d errors so far)", err, self._connect_errors)
-        else:
-            log.debug("nats: %s", err)
-
-    def _failing_for(self) -> float:
-        return time.monotonic() - self._failing_since
-
-    async def _disconnected(self) -> None:
-        nc = self._nc
-        # a refusal closes the client for good: _closed says so
-        if self.connected.is_set() and not credentials_refused(nc.last_error if nc else None):
-            log.warning("disconnected from the broker; events wait in the spool")
-        self.connected.clear()
-
-    async def _reconnected(self) -> None:
-        url = self._nc.connected_url.netloc if self._nc and self._nc.connected_url else "?"
-        log.info("reconnected to %s; %d events to catch up", url, len(self.spool))
-        self._connected()
-
-    async def _closed(self) -> None:
-        self.connected.clear()
-        nc = self._nc
-        if self._closing or nc is None:
-            return
-        err = nc.last_error
-        reason = credentials_refused(err)
-        if reason is None:
-            log.error(
-                "the broker closed the connection for good (%s); events wait in the spool", err
-            )
-            return
-        self.refused = reason
-        log.error(
-            "the broker refused this drone's credentials (%s) and closed the connection: they"
-            " were revoked or expired; the gate is shut and the drone drains (the next drone"
-            " job needs new credentials: cobald-remote auth drone)",
-            reason,
-        )
-        for listener in self._refused:
-            listener(reason)
-
-    def _connected(self) -> None:
-        self._connect_errors = 0
-        self._say = RateLimitedLog(log, SAY_EVERY_S)
-        self.connected.set()
+    def _on_connected(self) -> None:
         self._wake.set()
-        for listener in self._listeners:
-            listener()
 
-    async def connect(self) -> Client:
-        """Connect, retrying for as long as it takes"""
-        nc = await connect(
-            self.servers,
-            name=self.name,
-            user_credentials=str(self.creds) if self.creds else None,
-            inbox_prefix=self.inbox_prefix,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=self.reconnect_wait_s,
-            connect_timeout=2,
-            error_cb=self._error,
-            disconnected_cb=self._disconnected,
-            reconnected_cb=self._reconnected,
-            closed_cb=self._closed,
-        )
-        self._nc = nc
-        self._js = nc.jetstream(timeout=self.publish_timeout_s, domain=self.domain)
-        url = nc.connected_url.netloc if nc.connected_url else "?"
-        if self._connect_errors:
-            log.info(
-                "connected to %s after %d failed attempts in %.0fs",
-                url,
-                self._connect_errors,
-                self._failing_for(),
-            )
-        else:
-            log.info("connected to %s", url)
-        self._connected()
-        return nc
-
-    # ------------------------------------------------------------------ publishing
+    def _backlog(self) -> int:
+        return len(self.spool)
 
     async def run(self) -> None:
         """Connect, then publish the spool's events in order, forever"""
-        while True:
-            try:
-                await self.connect()
-                break
-            except Exception as err:  # nats-py retries refusals and I/O itself (-1 attempts)
-                self._say.log(
-                    logging.ERROR,
-                    "connect",
-                    "cannot connect to %s: %r; the gate stays shut",
-                    ", ".join(self.servers),
-                    err,
-                )
-                await asyncio.sleep(max(self.reconnect_wait_s, 1.0))
+        await self._connect_retrying()
         backoff = Backoff(first=0.05, most=2.0)
         while True:
             entry = self.spool.peek()
@@ -336,11 +146,3 @@ class Publisher:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._empty.wait(), min(remaining, 0.1))
         return not len(self.spool)
-
-    async def close(self) -> None:
-        """Close the connection; events still spooled stay on disk"""
-        self._closing = True
-        nc, self._nc = self._nc, None
-        self.connected.clear()
-        if nc is not None:
-            await close(nc)

@@ -8,12 +8,11 @@ comes from the environment TARDIS gives each drone job (``TardisDroneUuid``).
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final, Literal
 
@@ -68,6 +67,10 @@ class Settings:
     :param exit_flush_s: at exit, seconds to spend publishing the last events
     :param publish_timeout_s: seconds to wait for one PubAck before retrying
     :param reconnect_wait_s: seconds between reconnect attempts
+    :param bootstrap_token: the drone's one-time bootstrap token (from the job's
+        environment only, never the command line): the agent makes its own key and
+        gets its identity from the manager's issuer (``docs/deployment.md#bootstrap``)
+    :param bootstrap_creds: the site's bootstrap credentials, which only reach the issuer
     """
 
     site: str
@@ -91,6 +94,8 @@ class Settings:
     exit_flush_s: float = 10.0
     publish_timeout_s: float = 5.0
     reconnect_wait_s: float = 2.0
+    bootstrap_token: str | None = field(default=None, repr=False)
+    bootstrap_creds: Path | None = None
 
     @classmethod
     def from_env(
@@ -116,44 +121,51 @@ class Settings:
         def pick(name: str, parse: Callable[[str], Any], default: Any = None) -> Any:
             if name in given:
                 return given[name]
-            raw = env.get(_ENV[name], "").strip()
+            raw = env.get(SETTINGS_ENV[name], "").strip()
             if not raw:
                 return default
             try:
                 return parse(raw)
             except ValueError as err:
-                raise SettingsError(f"invalid {_ENV[name]}={raw!r}: {err}") from None
+                raise SettingsError(f"invalid {SETTINGS_ENV[name]}={raw!r}: {err}") from None
 
-        drone = given.get("drone") or env.get(_ENV["drone"]) or env.get(TARDIS_UUID_ENV)
+        drone = given.get("drone") or env.get(SETTINGS_ENV["drone"]) or env.get(TARDIS_UUID_ENV)
         if not drone:
             raise SettingsError(
                 f"no drone identity: set {TARDIS_UUID_ENV} (TARDIS does) or "
-                f"{_ENV['drone']}, or pass --drone"
+                f"{SETTINGS_ENV['drone']}, or pass --drone"
             )
         site = (
             given.get("site")
-            or env.get(_ENV["site"])
+            or env.get(SETTINGS_ENV["site"])
             or env.get(TARDIS_SETTINGS_ENV["site"])
             or site_of(drone)
         )
         if not site:
             raise SettingsError(
                 f"no site for drone {drone!r} (not a TARDIS uuid <site>-<10 hex>): "
-                f"set {_ENV['site']} or pass --site"
+                f"set {SETTINGS_ENV['site']} or pass --site"
             )
         servers = (
             given.get("servers")
-            or split_urls(env.get(_ENV["servers"], ""))
+            or split_urls(env.get(SETTINGS_ENV["servers"], ""))
             or split_urls(env.get(TARDIS_SETTINGS_ENV["servers"], ""))
         )
         if not servers:
-            raise SettingsError(f"no broker URL: set {_ENV['servers']} or pass --url")
+            raise SettingsError(f"no broker URL: set {SETTINGS_ENV['servers']} or pass --url")
         if not worker_command:
             raise SettingsError("no worker command: give it after '--'")
         spool_dir = pick("spool_dir", Path) or default_spool_dir(drone, env)
         creds = pick("creds", Path)
         if creds is not None and not Path(creds).is_file():
             raise SettingsError(f"credentials file {str(creds)!r} does not exist")
+        token = env.get(SETTINGS_ENV["bootstrap_token"], "").strip() or (
+            env.get(TARDIS_SETTINGS_ENV["token"], "").strip()
+        )
+        bootstrap_creds = pick(
+            "bootstrap_creds", Path, env.get(TARDIS_SETTINGS_ENV["bootstrap_creds"], "").strip()
+        )
+        _check_bootstrap(token, bootstrap_creds, creds)
         settings = cls(
             site=site,
             drone=drone,
@@ -180,6 +192,8 @@ class Settings:
             exit_flush_s=pick("exit_flush_s", float, 10.0),
             publish_timeout_s=pick("publish_timeout_s", float, 5.0),
             reconnect_wait_s=pick("reconnect_wait_s", float, 2.0),
+            bootstrap_token=token or None,
+            bootstrap_creds=Path(bootstrap_creds) if token else None,
         )
         settings.validate()
         return settings
@@ -228,7 +242,7 @@ class Settings:
 
 
 #: the environment variable of each setting
-_ENV: Final = {
+SETTINGS_ENV: Final = {
     "drone": "COBALD_REMOTE_DRONE",
     "site": "COBALD_REMOTE_SITE",
     **BUS_SETTINGS_ENV,
@@ -246,7 +260,32 @@ _ENV: Final = {
     "exit_flush_s": "COBALD_REMOTE_EXIT_FLUSH_S",
     "publish_timeout_s": "COBALD_REMOTE_PUBLISH_TIMEOUT_S",
     "reconnect_wait_s": "COBALD_REMOTE_RECONNECT_WAIT_S",
+    "bootstrap_token": "COBALD_REMOTE_TOKEN",
+    "bootstrap_creds": "COBALD_REMOTE_BOOTSTRAP_CREDS",
 }
+
+
+#: variables whose values only the agent may read: the worker's environment leaves them out
+SECRET_ENV: Final = frozenset({SETTINGS_ENV["bootstrap_token"], TARDIS_SETTINGS_ENV["token"]})
+
+
+def _check_bootstrap(token: str, bootstrap_creds: object, creds: object) -> None:
+    """:raises SettingsError: if a bootstrap token comes without its credentials, or with others"""
+    if not token:
+        return
+    if creds is not None:
+        raise SettingsError(
+            f"both a bootstrap token (${SETTINGS_ENV['bootstrap_token']} or "
+            f"${TARDIS_SETTINGS_ENV['token']}) and --creds: give one"
+        )
+    if not bootstrap_creds:
+        raise SettingsError(
+            "a bootstrap token but no bootstrap credentials: set "
+            f"${SETTINGS_ENV['bootstrap_creds']} or pass --bootstrap-creds (the site's file"
+            " from `cobald-remote auth bootstrap`)"
+        )
+    if not Path(str(bootstrap_creds)).is_file():
+        raise SettingsError(f"bootstrap credentials file {str(bootstrap_creds)!r} does not exist")
 
 
 def _cores(env: Mapping[str, str]) -> int:
@@ -293,96 +332,3 @@ def default_gate_socket(spool_dir: Path, env: Mapping[str, str] = os.environ) ->
 
 
 # --------------------------------------------------------------------------- command line
-
-
-def add_options(parser: argparse.ArgumentParser) -> None:
-    """The options of ``agent run``; each defaults to its environment variable"""
-
-    def add(flag: str, setting: str, help: str, **kwargs: Any) -> None:
-        parser.add_argument(flag, dest=setting, help=f"{help} [${_ENV[setting]}]", **kwargs)
-
-    add("--drone", "drone", f"drone uuid (default ${TARDIS_UUID_ENV})")
-    add("--site", "site", "site name (default: the TARDIS uuid without its last '-' part)")
-    parser.add_argument(
-        "--url",
-        dest="servers",
-        action="append",
-        help=f"NATS URL; repeat for a cluster [${_ENV['servers']}, comma-separated]",
-    )
-    add("--creds", "creds", "NATS credentials file", type=Path)
-    add("--prefix", "prefix", f"first subject token (default {DEFAULT_PREFIX})")
-    add("--domain", "domain", "JetStream domain of the central stream and bucket (leaf nodes)")
-    add("--heartbeat", "heartbeat_s", "seconds between heartbeats (default 30)", type=float)
-    add("--poll", "poll_s", "seconds between condor_who polls (default 5)", type=float)
-    add("--slots", "slots", f"slots (cores) of the drone (default ${TARDIS_CORES_ENV})", type=int)
-    add(
-        "--spool-dir",
-        "spool_dir",
-        "event spool (default $_CONDOR_SCRATCH_DIR/cobald-remote-DRONE)",
-        type=Path,
-    )
-    add(
-        "--spool-max-events",
-        "spool_max_events",
-        "spool capacity in events (default 10000)",
-        type=int,
-    )
-    add(
-        "--deadline-policy",
-        "deadline_policy",
-        "when a drain deadline passes with payloads: wait, or kill them (default wait)",
-        choices=["wait", "kill"],
-    )
-    add(
-        "--gate-socket",
-        "gate_socket",
-        "Unix socket for the job hooks (default SPOOL_DIR/gate.sock)",
-        type=Path,
-    )
-    add(
-        "--end-grace",
-        "end_grace_s",
-        "seconds the worker gets to end after drained (default 60)",
-        type=float,
-    )
-    add(
-        "--kill-after",
-        "kill_after_s",
-        "seconds from SIGTERM to SIGKILL of the worker (default 30)",
-        type=float,
-    )
-    add(
-        "--self-drain-deadline",
-        "self_drain_deadline_s",
-        "seconds a self-started drain (record lost while up) lets payloads run (default 86400)",
-        type=float,
-    )
-    add(
-        "--exit-flush",
-        "exit_flush_s",
-        "seconds to publish the last events at exit (default 10)",
-        type=float,
-    )
-    parser.add_argument(
-        "--no-startd",
-        dest="startd",
-        action="store_const",
-        const=False,
-        help="the worker is not an HTCondor startd: poll nothing, open the gate after the claim "
-        f"[${_ENV['startd']}=false]",
-    )
-
-
-def from_args(args: argparse.Namespace, env: Mapping[str, str] | None = None) -> Settings:
-    """
-    The settings of ``agent run`` from parsed options and the environment
-
-    :raises SettingsError: if a value is missing or invalid
-    """
-    command = list(args.worker or [])
-    if command[:1] == ["--"]:
-        command = command[1:]
-    options = {name: getattr(args, name, None) for name in _ENV}
-    if options["servers"]:
-        options["servers"] = [u for arg in options["servers"] for u in split_urls(arg)]
-    return Settings.from_env(env, worker_command=command, **options)

@@ -9,7 +9,7 @@ import sys
 from pathlib import Path
 from typing import TYPE_CHECKING, Final
 
-from broker.commands.options import add_json, add_prefix, add_seconds
+from broker.commands.options import add_connection, add_json, add_prefix, add_seconds
 from remote_agent.protocol.environment import site_of
 from remote_agent.protocol.names import Namespace
 
@@ -163,6 +163,65 @@ def _auth_leaf(args: argparse.Namespace) -> int:
     )
 
 
+def _auth_bootstrap(args: argparse.Namespace) -> int:
+    from broker.server.auth.authority import load_authority
+    from broker.server.auth.credentials import bootstrap_credentials
+
+    authority = load_authority(Path(args.authority))
+    valid_for_s = args.valid_for if args.valid_for > 0 else None
+    _issue(args, bootstrap_credentials(authority, Namespace(args.prefix), args.site, valid_for_s))
+    return _advise(
+        args,
+        f"install it where the drones of site {args.site} find it (bus.bootstrap_creds, or "
+        "$COBALD_REMOTE_BOOTSTRAP_CREDS); it lets them ask the issuer, nothing else "
+        "(docs/deployment.md#bootstrap)",
+    )
+
+
+def _auth_issuer_key(args: argparse.Namespace) -> int:
+    from broker.server.auth.authority import issuer_key_of, load_authority, save_issuer_key
+
+    save_issuer_key(issuer_key_of(load_authority(Path(args.authority))), Path(args.out))
+    return _advise(
+        args,
+        f"issuer key written to {args.out}: give the manager that file (bus.bootstrap_key), "
+        "not the authority; it lets its reader make users of the account, so keep it secret",
+    )
+
+
+async def _revoke_grants(args: argparse.Namespace) -> int:
+    from broker.commands.options import connected
+    from broker.errors import AuthError
+    from broker.manager.grants import GrantStore
+
+    revoked = []
+    async with connected(args, "cobald-remote-auth") as nc:
+        grants = await GrantStore.open(nc.jetstream(domain=args.domain), Namespace(args.prefix))
+        for drone in args.drones:
+            site = args.site or site_of(drone)
+            if not site:
+                raise AuthError(f"cannot tell the site of drone {drone!r}: give --site")
+            if await grants.revoke(site, drone, args.reason) is None:
+                raise AuthError(f"drone {site}/{drone} has no bootstrap grant")
+            revoked.append(f"{site}/{drone}")
+    if args.json:
+        from broker.commands.table import write_json
+
+        write_json({"revoked": revoked})
+    return _advise(
+        args,
+        f"revoked {', '.join(revoked)}: the issuer renews no JWT for them; they are cut off "
+        "on every server and leaf node when their current JWT expires "
+        "(bus.bootstrap_jwt_valid_s)",
+    )
+
+
+def _auth_revoke_grants(args: argparse.Namespace) -> int:
+    import asyncio
+
+    return asyncio.run(_revoke_grants(args))
+
+
 def _auth_revoke(args: argparse.Namespace) -> int:
     from broker.errors import AuthError
     from broker.server.auth.authority import load_authority, update_authority
@@ -264,6 +323,35 @@ def add_commands(auth: argparse.ArgumentParser) -> None:
     leaf.add_argument("--out", help="write here (0600) instead of stdout")
     add_json(leaf)
     leaf.set_defaults(run=_auth_leaf)
+    bootstrap = commands.add_parser(
+        "bootstrap", help="a .creds file of a site's bootstrap identity (drones ask the issuer)"
+    )
+    bootstrap.add_argument("site", help="the site's name (as in drone uuids)")
+    bootstrap.add_argument("--authority", required=True, help="the file auth init wrote")
+    add_prefix(bootstrap)
+    add_seconds(
+        bootstrap, "--valid-for", 0, "seconds until it expires (default 0: never)", metavar="S"
+    )
+    bootstrap.add_argument("--out", help="write here (0600) instead of stdout")
+    add_json(bootstrap)
+    bootstrap.set_defaults(run=_auth_bootstrap)
+    issuer_key = commands.add_parser(
+        "issuer-key", help="the account signing key alone, for the manager's issuer (0600)"
+    )
+    issuer_key.add_argument("--authority", required=True, help="the file auth init wrote")
+    issuer_key.add_argument("--out", required=True, help="write it here (made 0600)")
+    add_json(issuer_key)
+    issuer_key.set_defaults(run=_auth_issuer_key)
+    grants = commands.add_parser(
+        "revoke-bootstrapped",
+        help="renew no identity of bootstrapped drones: cut off once their JWT expires",
+    )
+    grants.add_argument("drones", nargs="+", metavar="DRONE", help="drone uuid")
+    grants.add_argument("--site", help="default: each uuid before its last '-'")
+    grants.add_argument("--reason", default="revoked by an operator", help="noted in the grant")
+    add_connection(grants)
+    add_json(grants)
+    grants.set_defaults(run=_auth_revoke_grants)
     revoke_ = commands.add_parser(
         "revoke", help="refuse credentials before they expire; prints the new server configuration"
     )

@@ -58,4 +58,11 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
         help="TARDIS's site and batch-system adapters: the demo's polled ones (default), or "
         "TARDIS's own HTCondor adapters against fake condor_* tools (docs/tardis.md)",
     )
+    demo.add_argument(
+        "--bootstrap",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="the broker in operator mode, each drone on an identity of its own that it "
+        "bootstraps from a one-time token (docs/deployment.md#bootstrap); default: on",
+    )
     demo.set_defaults(run=_demo)

@@ -2,7 +2,7 @@
 The manager's Prometheus collector, read from the live counters of its parts
 
 Its rule: it keeps no counts of its own; every scrape reads the registry, the
-consumer and the TARDIS integration anew, so nothing is counted twice.
+consumer, the TARDIS integration and the bootstrap issuer anew, so nothing is counted twice.
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 from broker.jetstream.messages import ConsumerStats
 from broker.manager.registry import Registry
 from remote_agent import __version__
+from remote_agent.protocol.bootstrap import Refusal
 from remote_agent.protocol.events import DroneState, RecordPhase
 
 PREFIX: Final = "cobald_remote_"
@@ -55,6 +56,9 @@ class Sources:
     :param tardis_calls: what the TARDIS integration did: by part (``bus``,
         ``site:<name>``, ``batch_system``), counts by name (``<call>_failed``: failures)
     :param notes_buffered: TARDIS state notes waiting for the bus
+    :param issuer_counts: what the bootstrap issuer did (``issued_enroll``,
+        ``issued_renew``, ``refused_<reason>``, ``dropped_reply_subject``, ``alarms``,
+        ``minted``; kept across reconnects)
     """
 
     registry: Registry
@@ -64,6 +68,7 @@ class Sources:
     rebuild_seconds: Callable[[], float | None] | None = None
     tardis_calls: Callable[[], Mapping[str, Mapping[str, int]]] | None = None
     notes_buffered: Callable[[], int] | None = None
+    issuer_counts: Callable[[], Mapping[str, int]] | None = None
 
 
 def tardis_labels(part: str, name: str) -> tuple[str, str, str, str]:
@@ -122,6 +127,7 @@ class ManagerCollector(Collector):
             yield from self._consumer(self.sources.consumer)
         yield from self._manager()
         yield from self._tardis()
+        yield from self._issuer()
         build = InfoMetricFamily(
             PREFIX + "build", "The version of cobald-remote and of Python the manager runs"
         )
@@ -265,6 +271,41 @@ class ManagerCollector(Collector):
             for name, count in sorted(dict(counts).items()):
                 calls.add_metric(list(tardis_labels(part, name)), count)
         yield calls
+
+    def _issuer(self) -> Iterator[Metric]:
+        if self.sources.issuer_counts is None:
+            return
+        counts = dict(self.sources.issuer_counts())  # a copy: the issuer counts meanwhile
+        yield _counter(
+            "bootstrap_issued",
+            "Drone identities (user JWTs) the issuer signed, by kind of request",
+            "kind",
+            [(kind, counts.get(f"issued_{kind}", 0)) for kind in ("enroll", "renew")],
+        )
+        yield _counter(
+            "bootstrap_refused",
+            "Bootstrap requests the issuer refused, by reason; they changed nothing "
+            "(the manager log names the drone and the site)",
+            "reason",
+            [(str(reason), counts.get(f"refused_{reason}", 0)) for reason in Refusal],
+        )
+        yield CounterMetricFamily(
+            PREFIX + "bootstrap_dropped",
+            "Bootstrap requests answered nowhere: their reply subject was not their site's "
+            "bootstrap inbox",
+            value=counts.get("dropped_reply_subject", 0),
+        )
+        yield CounterMetricFamily(
+            PREFIX + "bootstrap_alarms",
+            "Bootstrap tokens used again by another key: stolen, or a second job with the "
+            "drone's uuid",
+            value=counts.get("alarms", 0),
+        )
+        yield CounterMetricFamily(
+            PREFIX + "bootstrap_tokens_minted",
+            "One-time bootstrap tokens minted for deployed drones",
+            value=counts.get("minted", 0),
+        )
 
 
 def collector_registry(

@@ -16,7 +16,9 @@ import nats.errors
 import nats.js.errors
 from nats.js import JetStreamContext
 
+from broker.manager.grants import GrantStore
 from broker.manager.registry import Registry
+from broker.manager.views import DroneView
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("cobald.runtime.cobald_remote.registry")
@@ -39,7 +41,12 @@ class Retired:
 
 
 async def retire_ended(
-    js: JetStreamContext, registry: Registry, now: float, *, limit: int = RETIRE_BATCH
+    js: JetStreamContext,
+    registry: Registry,
+    now: float,
+    *,
+    limit: int = RETIRE_BATCH,
+    grants: GrantStore | None = None,
 ) -> Retired:
     """
     Retire up to ``limit`` drones that ended ``retain_ended_s`` before ``now``
@@ -48,10 +55,22 @@ async def retire_ended(
     which the server never lifts) stays, and the drone is dropped from memory all the
     same: a rebuild finds it ended again and retires it again. A purge that fails for
     a passing reason (a timeout, no connection) keeps the drone for a later call.
+
+    :param grants: the issuer's grants: a retired drone's grant goes first, so that
+        no drone the registry forgot can renew its identity
     """
     ns = registry.namespace
     retired = purged = kept = retried = 0
     for view in registry.due_retirements(now, limit):
+        if grants is not None:
+            if not registry.retirable(view):
+                continue
+            try:
+                await grants.purge(view.site, view.drone)
+            except (nats.errors.Error, TimeoutError) as err:  # APIError included
+                retried += 1
+                _retry_later(registry, view, now, "bootstrap grant", err)
+                continue
         if view.record is not None:
             if not registry.retirable(view):
                 continue  # it changed while an earlier purge was awaited
@@ -73,15 +92,23 @@ async def retire_ended(
                 )
             except (nats.errors.Error, TimeoutError) as err:
                 retried += 1
-                registry.retry_retirement(view, now + RETRY_PURGE_S)
-                _failures.warning(
-                    "purge failed",
-                    "cannot purge the record of ended drone %s/%s yet: %r",
-                    view.site,
-                    view.drone,
-                    err,
-                    extra={"site": view.site, "drone": view.drone},
-                )
+                _retry_later(registry, view, now, "record", err)
                 continue
         retired += registry.retire(view)
     return Retired(retired, purged, kept, retried)
+
+
+def _retry_later(
+    registry: Registry, view: DroneView, now: float, what: str, err: BaseException
+) -> None:
+    """A purge failed for a passing reason: the drone stays for a later call"""
+    registry.retry_retirement(view, now + RETRY_PURGE_S)
+    _failures.warning(
+        f"{what} purge failed",
+        "cannot purge the %s of ended drone %s/%s yet: %r",
+        what,
+        view.site,
+        view.drone,
+        err,
+        extra={"site": view.site, "drone": view.drone},
+    )

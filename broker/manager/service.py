@@ -11,6 +11,7 @@ logged and retried.
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 import time
@@ -25,7 +26,9 @@ from broker.errors import BrokerError
 from broker.jetstream.messages import ConsumerStats, PullSettings
 from broker.jetstream.pull import PullConsumer
 from broker.manager.control import DEFAULT_REQUEST_TIMEOUT_S, Control
+from broker.manager.grants import GrantStore
 from broker.manager.handler import event_handler, note_handler
+from broker.manager.issuer import Issuer, IssuerSettings
 from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S
 from broker.manager.rebuild import RebuildReport, rebuild
 from broker.manager.records import watch_records
@@ -53,6 +56,7 @@ class ManagerSettings:
     :param retain_ended_s: seconds an ended drone is kept before it is retired
     :param retry_s: wait before reconnecting after the connection or the consumer failed
     :param request_timeout_s: how long commands wait for an agent's answer
+    :param issuer: issue bootstrapped drones their identities (``None``: no issuer)
     """
 
     servers: Sequence[str] = ("nats://127.0.0.1:4222",)
@@ -67,6 +71,7 @@ class ManagerSettings:
     retry_s: float = 5.0
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     pull: PullSettings = field(default_factory=PullSettings)
+    issuer: IssuerSettings | None = None
 
 
 class ManagerService:
@@ -95,6 +100,10 @@ class ManagerService:
         self.consumer_stats = ConsumerStats()
         #: ended drones retired since the service started, and their records purged
         self.retired = Retired()
+        #: the issuer while connected (with :attr:`ManagerSettings.issuer` set), else ``None``
+        self.issuer: Issuer | None = None
+        #: what the issuer did, across reconnects (:attr:`Issuer.counts`)
+        self.issuer_counts: collections.Counter[str] = collections.Counter()
         self._stop = asyncio.Event()
         self._pulls: list[PullConsumer] = []
         self._api = api_prefix(settings.domain)
@@ -164,6 +173,15 @@ class ManagerService:
                 domain=settings.domain,
                 request_timeout_s=settings.request_timeout_s,
             )
+            issuer = None
+            if settings.issuer is not None:
+                issuer = Issuer.load(
+                    settings.issuer,
+                    await GrantStore.open(js, ns),
+                    self.registry,
+                    domain=settings.domain,
+                    counts=self.issuer_counts,
+                )
             report, feed = await rebuild(nc, js, self.registry, api=self._api)
             self.last_rebuild = report
             self.control = control
@@ -188,6 +206,7 @@ class ManagerService:
                 stats=self.consumer_stats,
             )
             self._pulls.extend((consumer, notes))
+            self.issuer = issuer
             self.ready.set()
             try:
                 async with asyncio.TaskGroup() as tg:
@@ -201,11 +220,14 @@ class ManagerService:
                         ),
                         tg.create_task(self._liveness(js)),
                     ]
+                    if issuer is not None:
+                        tasks.append(tg.create_task(issuer.serve(nc, self._stop)))
                     await self._stop.wait()
                     for task in tasks:
                         task.cancel()
             finally:
                 self._pulls.clear()
+                self.issuer = None
         finally:
             self._closing = True
             await close(nc)
@@ -216,7 +238,8 @@ class ManagerService:
             now = time.time()
             self.registry.mark_ended(now)
             self.registry.mark_lost(now)
-            done = await retire_ended(js, self.registry, now)
+            grants = self.issuer.grants if self.issuer is not None else None
+            done = await retire_ended(js, self.registry, now, grants=grants)
             if done.retired or done.purged or done.kept or done.retried:
                 self.retired = _added(self.retired, done)
             with contextlib.suppress(TimeoutError):

@@ -123,6 +123,20 @@ class Topology:
             discard_new_per_subject=True,
         )
 
+    def grant_bucket(self) -> StreamConfig:
+        """
+        The issuer's bootstrap grants (:mod:`broker.manager.grants`), one per drone
+
+        Compare-and-set writes by the manager only; neither drones nor bootstrap
+        identities may read it. Purges allowed: a retired drone's grant goes.
+        """
+        return self._bucket(
+            self.namespace.grant_bucket,
+            "cobald-remote bootstrap grants",
+            max_msg_size=4096,
+            deny_purge=False,
+        )
+
     def _bucket(
         self,
         bucket: str,
@@ -152,7 +166,12 @@ class Topology:
         )
 
     def streams(self) -> list[StreamConfig]:
-        return [self.event_stream(), self.record_bucket(), self.manager_bucket()]
+        return [
+            self.event_stream(),
+            self.record_bucket(),
+            self.manager_bucket(),
+            self.grant_bucket(),
+        ]
 
 
 #: the fields we set and therefore compare; everything else is the operator's

@@ -34,6 +34,10 @@ from remote_agent.protocol.names import MSG_ID, Namespace
 log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
 
 
+class BootstrapUnavailable(Exception):
+    """A drone cannot get its token now: the issuer is not connected"""
+
+
 class RemoteBus:
     """
     The manager service inside COBalD: registry, control and TARDIS's notes
@@ -88,6 +92,11 @@ class RemoteBus:
                     ),
                     tardis_calls=lambda: self.count_sources,
                     notes_buffered=lambda: len(self._notes),
+                    issuer_counts=(
+                        (lambda: self.manager.issuer_counts)
+                        if self.manager.settings.issuer is not None
+                        else None
+                    ),
                 ),
                 *address,
             )
@@ -187,10 +196,28 @@ class RemoteBus:
         }
         if self.config.domain:  # the drones reach the central stream through a leaf node
             values["domain"] = self.config.domain
+        if self.config.bootstrap_creds:
+            values["bootstrap_creds"] = self.config.bootstrap_creds.replace("{site}", site)
         return {
             TARDIS_SETTINGS_ENV[name].removeprefix(TARDIS_ENV_PREFIX): value
             for name, value in values.items()
         }
+
+    async def mint(self, site: str, drone: str) -> dict[str, str]:
+        """
+        The environment a drone job needs to bootstrap: its new one-time token
+
+        Nothing without an issuer (``bus.bootstrap_key`` not set).
+
+        :raises BootstrapUnavailable: if the issuer is configured but not connected
+        """
+        if self.config.bootstrap_key is None:
+            return {}
+        issuer = self.manager.issuer
+        if issuer is None:
+            raise BootstrapUnavailable("the bus is not connected: no token for the drone")
+        token = await issuer.mint(site, drone)
+        return {TARDIS_SETTINGS_ENV["token"].removeprefix(TARDIS_ENV_PREFIX): token}
 
     def drain_deadline(self) -> dt.datetime:
         return utcnow() + dt.timedelta(seconds=self.config.drain_deadline_s)

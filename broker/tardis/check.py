@@ -216,9 +216,35 @@ def _factory(where: str, form: str, kwargs: dict[str, Any], data: Any, report: R
             found.creds = creds_problem(found.bus.creds)
             if found.creds is not None:
                 report.warnings.append(found.creds)
+        if found.bus is not None:
+            report.warnings += bootstrap_warnings(found.bus)
     else:
         report.warnings.append(f"{where}: no bus section: stock TARDIS, nothing is wrapped")
     return found
+
+
+def bootstrap_warnings(bus: BusConfig) -> list[str]:
+    """What keeps the issuer from working here: its key file, the drones' credentials"""
+    from broker.errors import AuthError
+    from broker.server.auth.authority import load_issuer_key
+
+    if bus.bootstrap_key is None:
+        return []
+    warnings = []
+    try:
+        load_issuer_key(Path(bus.bootstrap_key))
+    except AuthError as err:
+        warnings.append(
+            f"bus.bootstrap_key: {err}; the manager cannot issue drone identities "
+            "(the file `cobald-remote auth issuer-key` wrote, readable by the user that runs "
+            "COBalD)"
+        )
+    if bus.bootstrap_creds is None:
+        warnings.append(
+            "bus.bootstrap_creds: not set; each drone must find its site's bootstrap "
+            "credentials in $COBALD_REMOTE_BOOTSTRAP_CREDS (docs/deployment.md#bootstrap)"
+        )
+    return warnings
 
 
 def check_file(path: Path) -> Report:

@@ -12,12 +12,14 @@ import os
 import re
 import reprlib
 from collections.abc import Mapping, Sequence
+from pathlib import Path
 from typing import Annotated, Any, Final
 
 import msgspec
 
 from broker.errors import ConfigError
 from broker.manager.control import DEFAULT_DRAIN_S, DEFAULT_REQUEST_TIMEOUT_S
+from broker.manager.issuer import DEFAULT_JWT_VALID_S, DEFAULT_TOKEN_VALID_S, IssuerSettings
 from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S
 from broker.manager.metrics import parse_address
 from broker.manager.registry import DEFAULT_LOST_AFTER_S
@@ -56,6 +58,10 @@ EXPECTED: Final[Mapping[str, str]] = {
     "drone_environment": "true or false",
     "note_buffer": "a whole number > 0",
     "metrics": "host:port (e.g. 127.0.0.1:9464), or a port on loopback",
+    "bootstrap_key": "the path of the issuer's key file (`cobald-remote auth issuer-key`)",
+    "bootstrap_creds": "the path of the site's bootstrap credentials on the drones",
+    "bootstrap_token_valid_s": _SECONDS,
+    "bootstrap_jwt_valid_s": _SECONDS,
 }
 
 
@@ -82,6 +88,13 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     :param note_buffer: TARDIS state notes kept while the bus is unreachable
     :param metrics: ``host:port`` to serve Prometheus metrics on (``/metrics``);
         ``None``: no metrics endpoint
+    :param bootstrap_key: the issuer's key file; set, the manager issues every
+        drone it submits its own identity (one-time token, then a JWT for the drone's
+        own key; ``docs/deployment.md#bootstrap``). ``None``: drones bring credentials
+    :param bootstrap_creds: where the site's bootstrap credentials are on the drones
+        (``{site}`` is replaced by the site), passed into each drone job
+    :param bootstrap_token_valid_s: how long a token waits for its drone to start
+    :param bootstrap_jwt_valid_s: how long an issued JWT is valid (the agent renews it)
     """
 
     servers: Urls
@@ -98,6 +111,10 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     drone_environment: bool = True
     note_buffer: Annotated[int, msgspec.Meta(gt=0)] = 10_000
     metrics: str | None = None
+    bootstrap_key: str | None = None
+    bootstrap_creds: str | None = None
+    bootstrap_token_valid_s: Seconds = DEFAULT_TOKEN_VALID_S
+    bootstrap_jwt_valid_s: Seconds = DEFAULT_JWT_VALID_S
 
     def __post_init__(self) -> None:
         if not self.drone_servers:
@@ -128,6 +145,17 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             lost_after_s=self.lost_after_s,
             request_timeout_s=self.request_timeout_s,
             retain_ended_s=self.retain_ended_s,
+            issuer=self.issuer_settings(),
+        )
+
+    def issuer_settings(self) -> IssuerSettings | None:
+        """The issuer's settings if ``bootstrap_key`` is set"""
+        if self.bootstrap_key is None:
+            return None
+        return IssuerSettings(
+            key=Path(self.bootstrap_key),
+            token_valid_s=self.bootstrap_token_valid_s,
+            jwt_valid_s=self.bootstrap_jwt_valid_s,
         )
 
 
@@ -203,6 +231,11 @@ def _meanings(config: BusConfig, raw: Mapping[str, Any]) -> list[str]:
         _ = config.metrics_address
     except ValueError as err:
         problems.append(f"{problem('metrics', raw.get('metrics'))} ({err})")
+    if config.bootstrap_creds is not None and config.bootstrap_key is None:
+        problems.append(
+            "bus.bootstrap_creds: set without bus.bootstrap_key, which turns the "
+            "issuer on: without it no drone gets a token to bootstrap with"
+        )
     return problems
 
 

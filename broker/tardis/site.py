@@ -126,10 +126,12 @@ class RemoteSiteAdapter(SiteAdapter):
         self._bus = bus
         self._site = site_token(inner.site_name)
         self._extra_env = bus.drone_environment(self._site)
+        #: the one-time token of each drone being deployed, until its job is submitted
+        self._tokens: dict[str, dict[str, str]] = {}
         self.counts: collections.Counter[str] = collections.Counter()
         bus.count_sources[SITE_PART + self._site] = self.counts  # the token, as drones name it
         self._removal = RemovalPolicy(inner, bus, self._site, self.counts)
-        if self._extra_env:
+        if self._extra_env or bus.config.bootstrap_key is not None:
             # the adapters call self.drone_environment(...) on *themselves*:
             # shadow it on the instance (docs/tardis.md, "Drone environment")
             inner.drone_environment = self.drone_environment
@@ -165,7 +167,7 @@ class RemoteSiteAdapter(SiteAdapter):
         environment: dict[str, Any] = type(self._inner).drone_environment(
             self._inner, drone_uuid, meta_data_translation_mapping
         )
-        return {**environment, **self._extra_env}
+        return {**environment, **self._extra_env, **self._tokens.get(drone_uuid, {})}
 
     def __getattr__(self, name: str) -> Any:
         # anything else an adapter offers (only reached for names not found here)
@@ -187,11 +189,18 @@ class RemoteSiteAdapter(SiteAdapter):
             raise TardisResourceStatusUpdateFailed(f"{call}: {type(err).__name__}: {err}") from err
 
     async def deploy_resource(self, resource_attributes: AttributeDict) -> Any:
+        """Deploy through the wrapped adapter, with the drone's one-time token if it gets one"""
         drone = resource_attributes.drone_uuid
         self._bus.sites[drone] = self._site
-        return await self._guarded(
-            "deploy_resource", drone, lambda: self._inner.deploy_resource(resource_attributes)
-        )
+
+        async def deploy() -> Any:
+            self._tokens[drone] = await self._bus.mint(self._site, drone)
+            try:
+                return await self._inner.deploy_resource(resource_attributes)
+            finally:
+                del self._tokens[drone]  # in the job now; kept nowhere else
+
+        return await self._guarded("deploy_resource", drone, deploy)
 
     async def resource_status(self, resource_attributes: AttributeDict) -> Any:
         """

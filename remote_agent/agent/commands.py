@@ -74,14 +74,17 @@ class CommandServer:
         publisher = parts.emitter.publisher
         assert publisher is not None
         await publisher.connected.wait()
-        nc = publisher.nc
-        assert nc is not None
-        await nc.subscribe(parts.namespace.command(parts.site, parts.drone), cb=self._on_command)
+        await publisher.subscribe(
+            parts.namespace.command(parts.site, parts.drone), self._on_command
+        )
         # A core subscription on the key's subject sees every write attempt, also ones the
         # stream refused, so it is only a hint to re-read the record; the client replays
-        # it after a reconnect. (A KV watch would need the consumer API.)
+        # it after a reconnect, the publisher on a new client. (A KV watch would need the
+        # consumer API.)
         subject = parts.namespace.record_subject(parts.site, parts.drone)
-        await nc.subscribe(subject, cb=self._on_hint)
+        await publisher.subscribe(subject, self._on_hint)
+        nc = publisher.nc
+        assert nc is not None
         while True:  # the server has the subscriptions once a flush returns
             try:
                 await nc.flush()

@@ -29,6 +29,7 @@ from remote_agent.agent.commands import CommandServer
 from remote_agent.agent.controls import Controls
 from remote_agent.agent.drain import Drain
 from remote_agent.agent.emission import Emitter
+from remote_agent.agent.identity import BootstrapIdentity, load_or_make_key
 from remote_agent.agent.parts import Parts
 from remote_agent.agent.payloads import PayloadLedger
 from remote_agent.agent.record import RecordClient
@@ -189,6 +190,7 @@ class Agent:
         :param handle_signals: forward SIGTERM and SIGINT to the worker (the
             command line does; tests call :meth:`request_stop` instead)
         :raises SpoolError: if the spool directory cannot be used
+        :raises IdentityError: if the drone's own key cannot be made or read
         """
         settings, drone = self.settings, self.settings.drone
         # reading and rewriting the spool is disk I/O: not on the loop the gate serves from
@@ -201,6 +203,7 @@ class Agent:
             last = spool.last_seq
             # docs/protocol.md: start above both the spooled seq and the clock in µs
             seq = max(-1 if last is None else last, time.time_ns() // 1000 - 1)
+            identity = self._identity()
             publisher = Publisher(
                 spool,
                 settings.servers,
@@ -210,6 +213,7 @@ class Agent:
                 publish_timeout_s=settings.publish_timeout_s,
                 reconnect_wait_s=settings.reconnect_wait_s,
                 domain=settings.domain,
+                identity=identity,
             )
             self.emitter.attach(spool, publisher, seq)
             publisher.on_connect(self._watch.recheck)
@@ -217,6 +221,8 @@ class Agent:
             async with asyncio.TaskGroup() as tg:
                 self._tasks.group = tg
                 bus = tg.create_task(publisher.run(), name="publisher")
+                if identity is not None:
+                    self._tasks.spawn(identity.run(publisher.rotate), "identity")
                 try:
                     try:
                         code = await self._lifecycle()
@@ -249,6 +255,26 @@ class Agent:
             for sig in signals:
                 loop.remove_signal_handler(sig)
             spool.close()
+
+    def _identity(self) -> BootstrapIdentity | None:
+        """
+        The drone's own identity if the job brought a bootstrap token
+
+        :raises IdentityError: if the drone's key cannot be made or read
+        """
+        settings = self.settings
+        if settings.bootstrap_token is None or settings.bootstrap_creds is None:
+            return None
+        return BootstrapIdentity(
+            load_or_make_key(settings.spool_dir),
+            site=settings.site,
+            drone=settings.drone,
+            token=settings.bootstrap_token,
+            bootstrap_creds=settings.bootstrap_creds,
+            servers=settings.servers,
+            namespace=self._parts.namespace,
+            on_refused=self._cut_off,
+        )
 
     def request_stop(self, signum: int = signal.SIGTERM) -> None:
         """

@@ -8,6 +8,7 @@ import time
 from collections.abc import Awaitable, Callable
 
 import nats.errors
+from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from remote_agent.agent.parts import Parts
@@ -32,6 +33,7 @@ class RecordClient:
     def __init__(self, parts: Parts) -> None:
         self._parts = parts
         self._store: RecordStore | None = None
+        self._bound: JetStreamContext | None = None
 
     @property
     def bucket(self) -> str:
@@ -44,9 +46,11 @@ class RecordClient:
         publisher = parts.emitter.publisher
         assert publisher is not None
         await publisher.connected.wait()
-        if self._store is None:
-            js = publisher.js
-            assert js is not None
+        js = publisher.js
+        assert js is not None
+        # bound to the client's JetStream: a new client (a renewed identity) binds anew
+        if self._store is None or self._bound is not js:
+            self._bound = js
             bucket = parts.namespace.record_bucket
             # bound without STREAM.INFO: a drone needs only a direct get and publishes
             # to its own key, no other JetStream API (docs/agent.md, permissions)

@@ -12,6 +12,7 @@ from collections.abc import Sequence
 from remote_agent.agent.parts import Parts
 from remote_agent.agent.status import DroneStatus
 from remote_agent.interfaces import SELF_EXIT_STATUSES
+from remote_agent.settings import SECRET_ENV
 
 log = logging.getLogger("remote_agent.agent")
 
@@ -40,9 +41,11 @@ class Worker:
 
         :raises OSError: if it cannot be started
         """
+        # the bootstrap token is the agent's alone: the startd and its payloads do not get it
+        inherited = {key: value for key, value in os.environ.items() if key not in SECRET_ENV}
         worker = await asyncio.create_subprocess_exec(
             *command,
-            env={**os.environ, **self.env},
+            env={**inherited, **self.env},
             stdin=asyncio.subprocess.DEVNULL,
             # its own process group: a Ctrl-C reaches it once, through the agent
             start_new_session=True,

@@ -35,6 +35,8 @@ TARDIS_SETTINGS_ENV: Final = {
     "site": "TardisDroneCobaldRemoteSite",
     "prefix": "TardisDroneCobaldRemotePrefix",
     "domain": "TardisDroneCobaldRemoteDomain",
+    "bootstrap_creds": "TardisDroneCobaldRemoteBootstrapCreds",
+    "token": "TardisDroneCobaldRemoteToken",
 }
 
 #: URL schemes nats-py connects with (``nats/aio/client.py:1488-1491``)

@@ -88,6 +88,11 @@ def inbox_prefix(drone: str) -> str:
     return f"_INBOX_{drone}"
 
 
+def bootstrap_inbox(site: str) -> str:
+    """The reply-subject prefix of a site's bootstrap identity (its subscribe permission)"""
+    return f"_BOOTSTRAP_{check_token(site, 'site')}"
+
+
 def dedupe_id(drone: str, incarnation: str, seq: int) -> str:
     """The :data:`MSG_ID` of a drone's event: stable across resends"""
     return f"{drone}:{incarnation}:{seq}"
@@ -147,6 +152,11 @@ class Namespace:
         return f"{self.prefix}-manager"
 
     @property
+    def grant_bucket(self) -> str:
+        """KV bucket of the bootstrap grants (token hashes, enrolled keys); drones cannot read it"""
+        return f"{self.prefix}-grants"
+
+    @property
     def record_stream(self) -> str:
         """The stream behind :attr:`record_bucket`"""
         return kv_stream(self.record_bucket)
@@ -169,6 +179,15 @@ class Namespace:
     def all_manager_notes(self) -> str:
         """Wildcard of every manager-side note (TARDIS's view of each drone)"""
         return f"{self.prefix}.*.*.mgr.>"
+
+    def bootstrap(self, site: str) -> str:
+        """Subject of the issuer's requests from one site's drones"""
+        return f"{self.prefix}.bootstrap.{check_token(site, 'site')}"
+
+    @property
+    def all_bootstrap(self) -> str:
+        """Wildcard of the issuer's requests from every site"""
+        return f"{self.prefix}.bootstrap.*"
 
     def drone_root(self, site: str, drone: str) -> str:
         """Prefix of everything about one drone, e.g. to read its timeline"""

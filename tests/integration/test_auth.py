@@ -17,8 +17,7 @@ import pytest
 from support.agent import SITE, drone_life
 from support.agent import settings as agent_settings
 from support.manager import running_manager
-from support.servers import drone_creds, hub_and_leaf
-from support.waiting import wait_until
+from support.servers import drone_creds, hub_and_leaf, refused_for_another, uncomment
 
 from broker.cli import main
 from broker.errors import AuthError
@@ -48,28 +47,6 @@ DRONE = "site1-00000000aa"
 OTHER = "site1-00000000bb"
 
 
-async def refused_for_another(url: str, creds: Path, domain: str | None = None) -> None:
-    """With ``DRONE``'s credentials: ``OTHER``'s event, record and commands are all refused"""
-    errors: list[str] = []
-
-    async def note(err: Exception) -> None:
-        errors.append(str(err))
-
-    spoof = await connect(
-        url, user_credentials=str(creds), inbox_prefix=f"_INBOX_{DRONE}", error_cb=note
-    )
-    api = f"$JS.{domain}.API.$KV" if domain else "$KV"
-    try:
-        await spoof.publish(NS.event(SITE, OTHER, "drained"), b"x")
-        await spoof.publish(f"{api}.{NS.record_bucket}.{SITE}.{OTHER}", b"x")
-        await spoof.subscribe(NS.command(SITE, OTHER))
-        await spoof.flush()
-        await wait_until(lambda: len(errors) >= 3, 10, "three permission violations")
-    finally:
-        await spoof.close()
-    assert all("permissions violation" in error for error in errors), errors
-
-
 async def test_a_drone_runs_on_its_own_credentials_and_cannot_speak_for_another(
     tmp_path: Path, secured: tuple[EmbeddedServer, Path]
 ) -> None:
@@ -91,7 +68,9 @@ async def test_a_drone_runs_on_its_own_credentials_and_cannot_speak_for_another(
         await drone_life(
             service,
             agent,
-            while_up=lambda: refused_for_another(server.url, tmp_path / f"{DRONE}.creds"),
+            while_up=lambda: refused_for_another(
+                server.url, tmp_path / f"{DRONE}.creds", DRONE, OTHER
+            ),
             reason="auth test",
         )
         assert service.registry.view(SITE, OTHER) is None
@@ -184,14 +163,6 @@ def test_drone_credentials_expire_after_a_week_unless_told_otherwise(
 DEPLOY_NATS = DEPLOY_DIR / "nats"
 
 
-def _uncomment(config: str, *keys: str) -> str:
-    """leaf.conf's commented lines for ``keys``, switched on as docs/deployment.md says"""
-    for key in keys:
-        config, found = re.subn(rf"^(\s*)# ({re.escape(key)})", r"\1\2", config, flags=re.M)
-        assert found == 1, f"leaf.conf has no commented {key!r} line"
-    return config
-
-
 @pytest.mark.timeout(180)
 async def test_a_leaf_node_checks_the_credentials_of_its_drones(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
@@ -223,7 +194,7 @@ async def test_a_leaf_node_checks_the_credentials_of_its_drones(
 
     shutil.copy(DEPLOY_NATS / "single.conf", hub_dir)
     (hub_dir / "hub.conf").write_text('include "single.conf"\ninclude "auth.conf"\n')
-    leaf_conf = _uncomment(
+    leaf_conf = uncomment(
         (DEPLOY_NATS / "leaf.conf").read_text(), "credentials:", "account:", 'include "auth.conf"'
     )
     leaf_conf = leaf_conf.replace("/etc/cobald-remote/nats/site1-leaf.creds", str(leaf_creds))
@@ -247,7 +218,9 @@ async def test_a_leaf_node_checks_the_credentials_of_its_drones(
             await drone_life(
                 service,
                 agent,
-                while_up=lambda: refused_for_another(leaf.url, drone_creds, domain="hub"),
+                while_up=lambda: refused_for_another(
+                    leaf.url, drone_creds, DRONE, OTHER, domain="hub"
+                ),
                 reason="leaf auth test",
             )
             assert service.registry.view(SITE, OTHER) is None

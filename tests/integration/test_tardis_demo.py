@@ -151,6 +151,10 @@ async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path, adapte
     assert document["runs"]["remote"]["kill_reasons"] == {}
     assert not [pid for pid in _pids(tmp_path / "work" / "remote") if _running(pid)]
     assert document["scenario"]["tardis_adapters"] == adapters
+    # by default every drone runs on an identity it bootstrapped from its one-time token
+    logs = [path.read_text() for path in (tmp_path / "work" / "remote" / "jobs").glob("*/job.log")]
+    started = [log for log in logs if "agent_started" in log or "gate_opened" in log]
+    assert started and all("got this drone's identity" in log for log in started)
     submitted = [
         entry
         for entry in read_ground_truth(tmp_path / "work" / "remote" / "lbs.jsonl")

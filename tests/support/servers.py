@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import re
 from collections.abc import AsyncIterator
 from pathlib import Path
 
@@ -13,8 +14,10 @@ from broker.server.auth.authority import create_authority, load_authority, save_
 from broker.server.auth.credentials import drone_credentials, manager_credentials
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
-from remote_agent.protocol.names import Namespace
+from remote_agent.protocol.connect import close, connect
+from remote_agent.protocol.names import Namespace, inbox_prefix
 from support.processes import free_ports
+from support.waiting import wait_until
 
 
 def hub_and_leaf(
@@ -38,6 +41,14 @@ def hub_and_leaf(
         env={"NATS_NODE": "site1-leaf", "NATS_HUB": f"nats-leaf://127.0.0.1:{leaf_port}"},
     )
     return hub, leaf
+
+
+def uncomment(config: str, *keys: str) -> str:
+    """leaf.conf's commented lines for ``keys``, switched on as docs/deployment.md says"""
+    for key in keys:
+        config, found = re.subn(rf"^(\s*)# ({re.escape(key)})", r"\1\2", config, flags=re.M)
+        assert found == 1, f"leaf.conf has no commented {key!r} line"
+    return config
 
 
 @contextlib.asynccontextmanager
@@ -65,6 +76,31 @@ async def secured_server(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedServer, 
         finally:
             await nc.close()
         yield server, authority_file
+
+
+async def refused_for_another(
+    url: str, creds: Path, drone: str, other: str, domain: str | None = None, site: str = "site1"
+) -> None:
+    """With ``drone``'s credentials: ``other``'s event, record and commands are all refused"""
+    errors: list[str] = []
+    ns = Namespace()
+
+    async def note(err: Exception) -> None:
+        errors.append(str(err))
+
+    spoof = await connect(
+        url, user_credentials=str(creds), inbox_prefix=inbox_prefix(drone), error_cb=note
+    )
+    api = f"$JS.{domain}.API.$KV" if domain else "$KV"
+    try:
+        await spoof.publish(ns.event(site, other, "drained"), b"x")
+        await spoof.publish(f"{api}.{ns.record_bucket}.{site}.{other}", b"x")
+        await spoof.subscribe(ns.command(site, other))
+        await spoof.flush()
+        await wait_until(lambda: len(errors) >= 3, 10, "three permission violations")
+    finally:
+        await close(spoof)
+    assert all("permissions violation" in error for error in errors), errors
 
 
 def drone_creds(tmp_path: Path, authority_file: Path, site: str, drone: str) -> Path:

@@ -11,7 +11,8 @@ import pytest
 from broker.cli import build_parser
 from remote_agent.errors import SettingsError
 from remote_agent.logs import JsonLines
-from remote_agent.settings import Settings, default_gate_socket, from_args
+from remote_agent.options import from_args
+from remote_agent.settings import Settings, default_gate_socket
 
 UUID = "site1-0123456789"
 BASE = {"TardisDroneUuid": UUID, "COBALD_REMOTE_URL": "nats://127.0.0.1:4222"}

@@ -100,6 +100,7 @@ def _exported() -> dict[str, set[str]]:
             rebuild_seconds=lambda: 1.0,
             tardis_calls=lambda: {"bus": collections.Counter(notes_published=1)},
             notes_buffered=lambda: 0,
+            issuer_counts=collections.Counter,
         )
     )
     labels: dict[str, set[str]] = collections.defaultdict(set)

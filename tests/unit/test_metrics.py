@@ -13,6 +13,7 @@ from types import MappingProxyType
 
 import msgspec
 import pytest
+from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.drones import FakeDrone
 
@@ -22,9 +23,10 @@ from broker.manager.collector import tardis_labels
 from broker.manager.metrics import MetricsServer, Sources, parse_address, render
 from broker.manager.registry import Registry
 from broker.manager.views import DroneView
-from broker.tardis_adapter import BusConfig
+from broker.tardis_adapter import BusConfig, RemoteBus
 from remote_agent import __version__
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.bootstrap import Refusal
 from remote_agent.protocol.names import Namespace
 
 NS = Namespace()
@@ -294,6 +296,9 @@ def _full_sources(registry: Registry) -> Sources:
         rebuild_seconds=lambda: 1.5,
         tardis_calls=lambda: counts,
         notes_buffered=lambda: 0,
+        issuer_counts=lambda: collections.Counter(
+            issued_enroll=2, refused_reused=1, alarms=1, minted=3
+        ),
     )
 
 
@@ -335,6 +340,53 @@ def test_promtool_finds_nothing_to_complain_about() -> None:
         check=False,
     )
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
+
+
+def test_issuer_families_list_every_refusal_zeros_included() -> None:
+    counts = collections.Counter(
+        issued_enroll=5,
+        issued_renew=7,
+        refused_forged=2,
+        refused_throttled=3,
+        dropped_reply_subject=4,
+        alarms=1,
+        minted=9,
+    )
+    samples = _samples(render(Sources(registry=Registry(NS), issuer_counts=lambda: counts)))
+    issued = "cobald_remote_bootstrap_issued_total"
+    assert samples[(issued, (("kind", "enroll"),))] == 5
+    assert samples[(issued, (("kind", "renew"),))] == 7
+    refused = {
+        labels[0][1]: value
+        for (name, labels), value in samples.items()
+        if name == "cobald_remote_bootstrap_refused_total"
+    }
+    assert refused == {str(reason): 0 for reason in Refusal} | {"forged": 2, "throttled": 3}
+    assert samples[("cobald_remote_bootstrap_dropped_total", ())] == 4
+    assert samples[("cobald_remote_bootstrap_alarms_total", ())] == 1
+    assert samples[("cobald_remote_bootstrap_tokens_minted_total", ())] == 9
+
+
+def test_an_issuer_that_did_nothing_yet_shows_zeros() -> None:
+    samples = _samples(render(Sources(registry=Registry(NS), issuer_counts=collections.Counter)))
+    assert samples[("cobald_remote_bootstrap_issued_total", (("kind", "renew"),))] == 0
+    assert samples[("cobald_remote_bootstrap_refused_total", (("reason", "reused"),))] == 0
+    assert samples[("cobald_remote_bootstrap_dropped_total", ())] == 0
+    assert samples[("cobald_remote_bootstrap_alarms_total", ())] == 0
+    assert samples[("cobald_remote_bootstrap_tokens_minted_total", ())] == 0
+
+
+@pytest.mark.parametrize("issuing", [True, False])
+def test_the_bus_exports_the_issuer_counts_when_it_issues(issuing: bool) -> None:
+    settings = {"servers": "nats://127.0.0.1:4222", "metrics": "127.0.0.1:0"}
+    if issuing:
+        settings["bootstrap_key"] = "issuer.key"  # read when the issuer starts
+    bus = RemoteBus(BusConfig.from_mapping(settings), register=False)
+    assert bus.metrics is not None
+    bus.manager.issuer_counts["issued_enroll"] += 2
+    samples = _samples(generate_latest(bus.metrics.registry).decode())
+    enrolled = samples.get(("cobald_remote_bootstrap_issued_total", (("kind", "enroll"),)))
+    assert enrolled == (2 if issuing else None)
 
 
 class _EndingRegistry(Registry):

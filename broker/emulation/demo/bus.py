@@ -17,10 +17,12 @@ from remote_agent.protocol.events import decode_record
 from remote_agent.protocol.names import Namespace
 
 
-async def record_outcomes(url: str, namespace: Namespace) -> dict[str, int]:
+async def record_outcomes(
+    url: str, namespace: Namespace, creds: str | None = None
+) -> dict[str, int]:
     """How each drone's handshake record ended: ``phase (writer)`` -> drones"""
     counts: dict[str, int] = {}
-    nc = await connect(url, connect_timeout=2, allow_reconnect=False)
+    nc = await connect(url, connect_timeout=2, allow_reconnect=False, user_credentials=creds)
     try:
         kv = await nc.jetstream().key_value(namespace.record_bucket)
         try:
@@ -58,8 +60,10 @@ def interesting_drone(root: Path) -> str | None:
     return next(iter(started), None)
 
 
-async def sample_timeline(url: str, namespace: Namespace, drone: str) -> str:
-    nc = await connect(url, connect_timeout=2, allow_reconnect=False)
+async def sample_timeline(
+    url: str, namespace: Namespace, drone: str, creds: str | None = None
+) -> str:
+    nc = await connect(url, connect_timeout=2, allow_reconnect=False, user_credentials=creds)
     try:
         rows = await read_timeline(nc, namespace, drone)
     finally:

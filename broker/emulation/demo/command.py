@@ -15,6 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from broker.emulation.demo.auth import secure
 from broker.emulation.demo.bus import interesting_drone, record_outcomes, sample_timeline
 from broker.emulation.demo.report import table
 from broker.emulation.demo.run import MODES, Progress, run_mode, to_stderr
@@ -24,6 +25,9 @@ from broker.server.provision import Topology, provision
 from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.names import Namespace
 
+#: the demonstration's one site, as the shipped ``cobald/demo.yaml`` names it (in lower case)
+DEMO_SITE = "demo"
+
 
 async def demo(
     scenario: Scenario,
@@ -31,14 +35,21 @@ async def demo(
     root: Path,
     *,
     progress: Progress = to_stderr,
+    bootstrap: bool = False,
 ) -> dict[str, Any]:
-    """Run ``modes`` in turn on one embedded broker; the results by mode"""
+    """
+    Run ``modes`` in turn on one embedded broker; the results by mode
+
+    :param bootstrap: the broker in operator mode, each drone on an identity of its own
+    """
     results: dict[str, Any] = {}
-    server = EmbeddedServer(root / "nats")
     namespace = Namespace()
+    auth = secure(root / "auth", namespace, DEMO_SITE) if bootstrap else None
+    server = EmbeddedServer(root / "nats", config_file=auth.server_config if auth else None)
+    creds = str(auth.manager_creds) if auth else None
     await server.start()
     try:
-        nc = await connect(server.url, connect_timeout=2)
+        nc = await connect(server.url, connect_timeout=2, user_credentials=creds)
         try:
             await provision(nc.jetstream(), Topology(namespace=namespace))
         finally:
@@ -46,13 +57,21 @@ async def demo(
         progress(f"embedded broker {server.url} (pid {server.pid})")
         for mode in modes:
             progress(f"--- {MODES[mode]}: seed {scenario.seed}, {scenario.total_s:.0f}s")
-            result = await run_mode(scenario, mode, root / mode, nats_url=server.url)
+            result = await run_mode(
+                scenario,
+                mode,
+                root / mode,
+                nats_url=server.url,
+                bus_keys=auth.bus_keys if auth else None,
+            )
             if mode == "remote":
-                result["handshake_records"] = await record_outcomes(server.url, namespace)
+                result["handshake_records"] = await record_outcomes(server.url, namespace, creds)
                 drone = interesting_drone(root / mode)
                 if drone is not None:
                     result["sample_drone"] = drone
-                    result["sample_timeline"] = await sample_timeline(server.url, namespace, drone)
+                    result["sample_timeline"] = await sample_timeline(
+                        server.url, namespace, drone, creds
+                    )
             results[mode] = result
     finally:
         await server.stop()
@@ -77,7 +96,7 @@ def main(args: argparse.Namespace) -> int:
         f"then {scenario.cooldown_s:.0f}s at zero; schedule {scenario.schedule()}"
     )
     try:
-        results = asyncio.run(demo(scenario, modes, root))
+        results = asyncio.run(demo(scenario, modes, root, bootstrap=args.bootstrap))
     finally:
         if not keep:
             shutil.rmtree(root, ignore_errors=True)

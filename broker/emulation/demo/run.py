@@ -167,12 +167,15 @@ async def run_mode(
     root: Path,
     *,
     nats_url: str | None = None,
+    bus_keys: Mapping[str, Any] | None = None,
     progress: Progress = to_stderr,
     progress_every_s: float = 10.0,
 ) -> dict[str, Any]:
     """
     One run of ``scenario`` with stock TARDIS (``mode`` ``stock``) or with
     cobald-remote (``remote``, needs ``nats_url``); its numbers (``analysis.py``)
+
+    :param bus_keys: more keys of the ``bus:`` section (credentials, the issuer)
 
     :raises RuntimeError: if the COBalD daemon dies during the run
     """
@@ -196,6 +199,8 @@ async def run_mode(
     await lbs.start()
     start = time.time() + 2.0  # room for the daemon to import before the schedule begins
     bus = bus_section(scenario, nats_url) if mode == "remote" and nats_url else None
+    if bus is not None and bus_keys:
+        bus.update(bus_keys)
     config = root / "cobald.yaml"
     config.write_text(render_config(scenario, root, start=start, bus=bus))
     env = None

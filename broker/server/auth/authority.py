@@ -226,3 +226,53 @@ def load_authority(path: Path) -> Authority:
     except (ValueError, TypeError, nkeys.NkeysError) as err:
         raise AuthError(f"{path} is not a cobald-remote authority file: {err}") from err
     return authority
+
+
+@dataclass(frozen=True, slots=True)
+class IssuerKey:
+    """
+    What the issuer signs drone JWTs with: the account's signing seed and public key
+
+    Its file (``auth issuer-key``) lets whoever reads it make users of the account, but
+    holds neither the operator's nor the account's own seed: the authority file stays
+    off the manager's host.
+    """
+
+    account_public: str
+    account_signing: str
+
+
+def issuer_key_of(authority: Authority) -> IssuerKey:
+    return IssuerKey(authority.account_public, authority.account_signing)
+
+
+def save_issuer_key(key: IssuerKey, path: Path) -> None:
+    """Write the issuer's key to ``path`` (mode 0600) in one step"""
+    temporary = path.with_name(f".{path.name}.{os.getpid()}")
+    text = json.dumps({"account": key.account_public, "account_signing": key.account_signing})
+    try:
+        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+        with os.fdopen(fd, "w") as out:
+            out.write(text + "\n")
+        os.replace(temporary, path)
+    except OSError as err:
+        raise AuthError(f"cannot write {path}: {err.strerror}") from err
+
+
+def load_issuer_key(path: Path) -> IssuerKey:
+    """
+    The issuer's key from its file (``auth issuer-key``)
+
+    :raises AuthError: if ``path`` is missing or holds no issuer key
+    """
+    try:
+        values = json.loads(path.read_text())
+        key = IssuerKey(str(values["account"]), str(values["account_signing"]))
+        signing = key_of(key.account_signing)
+        if not key.account_public.startswith("A") or not public_of(signing).startswith("A"):
+            raise ValueError("not account keys")
+    except OSError as err:
+        raise AuthError(f"cannot read {path}: {err.strerror}") from err
+    except (ValueError, TypeError, KeyError, nkeys.NkeysError) as err:
+        raise AuthError(f"{path} is not a cobald-remote issuer key file: {err!r}") from err
+    return key

@@ -14,12 +14,13 @@ from typing import Any, Final
 
 import nkeys
 
-from broker.server.auth.authority import Authority
+from broker.server.auth.authority import Authority, IssuerKey
 from broker.server.auth.jwt import creds_file, encode_jwt, key_of, new_key, public_of, seed_of
 from remote_agent.protocol.events import EVENT_TYPES, kind_of
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import (
     Namespace,
+    bootstrap_inbox,
     check_token,
     direct_get,
     inbox_prefix,
@@ -56,19 +57,19 @@ class DroneLimits:
         }
 
 
-def _user(
-    authority: Authority,
+def user_jwt(
+    authority: Authority | IssuerKey,
+    public_key: str,
     name: str,
     permissions: Mapping[str, Any],
     valid_for_s: float | None,
     limits: Mapping[str, Any] | None = None,
 ) -> str:
-    """A ``.creds`` file (text) of a new user of the account, signed by its signing key"""
-    user = new_key(nkeys.PREFIX_BYTE_USER)
+    """A user JWT of the account for ``public_key``, signed by the account's signing key"""
     now = int(time.time())
     claims: dict[str, Any] = {
         "iat": now,
-        "sub": public_of(user),
+        "sub": public_key,
         "name": name,
         "nats": {
             "type": "user",
@@ -83,7 +84,19 @@ def _user(
     }
     if valid_for_s is not None:
         claims["exp"] = now + int(valid_for_s)
-    jwt = encode_jwt(claims, key_of(authority.account_signing))
+    return encode_jwt(claims, key_of(authority.account_signing))
+
+
+def _user(
+    authority: Authority,
+    name: str,
+    permissions: Mapping[str, Any],
+    valid_for_s: float | None,
+    limits: Mapping[str, Any] | None = None,
+) -> str:
+    """A ``.creds`` file (text) of a new user of the account, signed by its signing key"""
+    user = new_key(nkeys.PREFIX_BYTE_USER)
+    jwt = user_jwt(authority, public_of(user), name, permissions, valid_for_s, limits)
     return creds_file(jwt, seed_of(user))
 
 
@@ -122,6 +135,50 @@ def drone_permissions(
         },
         "resp": {"max": 1, "ttl": 0},
     }
+
+
+def drone_jwt(
+    authority: Authority | IssuerKey,
+    namespace: Namespace,
+    site: str,
+    drone: str,
+    public_key: str,
+    *,
+    valid_for_s: float,
+    domain: str | None = None,
+    limits: DroneLimits | None = None,
+) -> str:
+    """
+    A user JWT for one drone's own key (``public_key``), with exactly the permissions of
+    :func:`drone_credentials`: what the issuer signs for a bootstrapped drone
+    """
+    permissions = drone_permissions(namespace, site, drone, domain)
+    limits = limits or DroneLimits()
+    return user_jwt(
+        authority, public_key, f"drone-{drone}", permissions, valid_for_s, limits.claims()
+    )
+
+
+def bootstrap_permissions(namespace: Namespace, site: str) -> dict[str, Any]:
+    """
+    What a site's bootstrap identity may do: send requests to the issuer, read the replies
+
+    Nothing else: no event, record, bucket or JetStream API subject.
+    """
+    return {
+        "pub": {"allow": [namespace.bootstrap(site)]},
+        "sub": {"allow": [f"{bootstrap_inbox(site)}.>"]},
+    }
+
+
+def bootstrap_credentials(
+    authority: Authority, namespace: Namespace, site: str, valid_for_s: float | None = None
+) -> str:
+    """A ``.creds`` file (text) of a site's bootstrap identity, shared by its drones"""
+    limits = DroneLimits(subscriptions=4, payload_bytes=16 * 1024).claims()
+    return _user(
+        authority, f"bootstrap-{site}", bootstrap_permissions(namespace, site), valid_for_s, limits
+    )
 
 
 def drone_credentials(

@@ -1,0 +1,317 @@
+"""
+The issuer: signs each bootstrapped drone a short-lived user JWT for its own key
+
+It answers :mod:`remote_agent.protocol.bootstrap` requests on ``<prefix>.bootstrap.*``.
+Its rule: a JWT is signed only for a request signed by the key it names, on its own
+site's subject, for a drone with a grant that is not revoked and a drone that has not
+ended; an enrollment needs the drone's unused, unexpired token and wins the grant by
+compare-and-set, a renewal needs the key the grant holds. Every refusal is counted by
+reason and logged (rate-limited) with the drone and the site it came from.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import datetime as dt
+import logging
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Final
+
+import nats.errors
+from nats.aio.client import Client
+from nats.aio.msg import Msg
+from nats.aio.subscription import Subscription
+
+from broker.manager.grants import Grant, GrantStore
+from broker.manager.registry import Registry
+from broker.server.auth.authority import IssuerKey, load_issuer_key
+from broker.server.auth.credentials import drone_jwt
+from remote_agent.protocol.bootstrap import (
+    MAX_CLOCK_SKEW_S,
+    AnyBootstrapRequest,
+    EnrollRequest,
+    Issued,
+    IssueRefused,
+    Refusal,
+    decode_bootstrap_request,
+    request_signing_input,
+    signature_valid,
+    tokens_match,
+)
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.events import encode
+from remote_agent.protocol.names import Namespace, bootstrap_inbox, is_token
+from remote_agent.protocol.ratelog import RateLimitedLog
+
+log = logging.getLogger("cobald.runtime.cobald_remote.issuer")
+
+#: the queue group of the issuer's subscription: several managers share the requests
+QUEUE: Final = "cobald-remote-issuer"
+#: how long a bootstrap token is valid by default: a little over a long queue time
+DEFAULT_TOKEN_VALID_S: Final = 3 * 24 * 3600.0
+#: how long an issued JWT is valid by default; revocation takes effect within it
+DEFAULT_JWT_VALID_S: Final = 900.0
+
+
+@dataclass(frozen=True, slots=True)
+class IssuerSettings:
+    """
+    The issuer's configuration (the ``bootstrap:`` section of the bus configuration)
+
+    :param key: the issuer's key file (``auth issuer-key``): the account signing key
+    :param token_valid_s: how long a minted token may wait for its drone to start
+    :param jwt_valid_s: how long an issued JWT is valid; the agent renews it at half
+    :param rate_per_s: requests per second each site may send on average
+    :param burst: requests a site may send at once
+    :param in_flight: requests handled at once; more wait in the subscription
+    """
+
+    key: Path
+    token_valid_s: float = DEFAULT_TOKEN_VALID_S
+    jwt_valid_s: float = DEFAULT_JWT_VALID_S
+    rate_per_s: float = 500.0
+    burst: float = 1000.0
+    in_flight: int = 64
+
+
+#: sites whose request rate is tracked at most; the longest quiet is forgotten first
+_MAX_SITES: Final = 4096
+
+
+class _SiteRate:
+    """A token bucket per site: ``burst`` requests at once, ``rate_per_s`` on average"""
+
+    def __init__(self, rate_per_s: float, burst: float) -> None:
+        self._rate = rate_per_s
+        self._burst = burst
+        self._sites: dict[str, tuple[float, float]] = {}
+
+    def allow(self, site: str, now: float) -> bool:
+        level, last = self._sites.pop(site, (self._burst, now))  # re-inserted: newest last
+        if len(self._sites) >= _MAX_SITES:
+            del self._sites[next(iter(self._sites))]
+        level = min(self._burst, level + (now - last) * self._rate)
+        if level < 1.0:
+            self._sites[site] = (level, now)
+            return False
+        self._sites[site] = (level - 1.0, now)
+        return True
+
+
+class Issuer:
+    """
+    Serves the bootstrap requests of every site, signing with the authority's account key
+
+    :attr:`counts` holds ``minted``, ``issued_enroll``, ``issued_renew``,
+    ``refused_<reason>``, ``dropped_reply_subject`` (a request whose reply subject is not
+    its site's bootstrap inbox: answered nowhere) and ``alarms`` (a token used again by
+    another key: stolen, or a second job per drone).
+    """
+
+    def __init__(
+        self,
+        settings: IssuerSettings,
+        key: IssuerKey,
+        grants: GrantStore,
+        registry: Registry,
+        *,
+        domain: str | None = None,
+        counts: collections.Counter[str] | None = None,
+    ) -> None:
+        self.settings = settings
+        self.grants = grants
+        self.counts: collections.Counter[str] = collections.Counter() if counts is None else counts
+        self._key = key
+        self._registry = registry
+        self._namespace: Namespace = registry.namespace
+        self._domain = domain
+        self._rate = _SiteRate(settings.rate_per_s, settings.burst)
+        self._say = RateLimitedLog(log)
+        self._slots = asyncio.Semaphore(settings.in_flight)
+        self._tasks: set[asyncio.Task[None]] = set()
+
+    @classmethod
+    def load(
+        cls,
+        settings: IssuerSettings,
+        grants: GrantStore,
+        registry: Registry,
+        *,
+        domain: str | None = None,
+        counts: collections.Counter[str] | None = None,
+    ) -> Issuer:
+        """:raises AuthError: if the issuer's key file cannot be read"""
+        key = load_issuer_key(settings.key)
+        return cls(settings, key, grants, registry, domain=domain, counts=counts)
+
+    async def mint(self, site: str, drone: str) -> str:
+        """A new one-time token for ``drone`` (:meth:`GrantStore.mint`)"""
+        now = dt.datetime.now(dt.UTC)
+        token = await self.grants.mint(site, drone, self.settings.token_valid_s, now)
+        self.counts["minted"] += 1
+        return token
+
+    async def serve(self, nc: Client, stop: asyncio.Event) -> None:
+        """Answer requests until ``stop`` is set"""
+
+        async def arrived(msg: Msg) -> None:
+            # one subscription delivers in order: a request that waits for the bucket
+            # must not hold up the others, so each runs in a task, a bounded number
+            await self._slots.acquire()
+            task = asyncio.create_task(self._answer(nc, msg))
+            self._tasks.add(task)
+            task.add_done_callback(self._done)
+
+        subscription: Subscription = await nc.subscribe(
+            self._namespace.all_bootstrap, queue=QUEUE, cb=arrived
+        )
+        log.info("issuing drone identities on %s", self._namespace.all_bootstrap)
+        try:
+            await stop.wait()
+        finally:
+            for task in list(self._tasks):
+                task.cancel()
+            await asyncio.gather(*self._tasks, return_exceptions=True)
+            try:
+                await subscription.unsubscribe()
+            except nats.errors.Error as err:
+                log.debug("cannot unsubscribe the issuer: %r", err)
+
+    def _done(self, task: asyncio.Task[None]) -> None:
+        self._tasks.discard(task)
+        self._slots.release()
+
+    async def _answer(self, nc: Client, msg: Msg) -> None:
+        site = msg.subject.rsplit(".", 1)[-1]
+        if not (is_token(site) and msg.reply.startswith(bootstrap_inbox(site) + ".")):
+            # the issuer may publish anywhere: a reply to a subject the requester chose
+            # (another drone's event, a record's key) would write where the site may not
+            self.counts["dropped_reply_subject"] += 1
+            self._say.warning(
+                f"reply {site}",
+                "dropped a bootstrap request on %s: its reply subject %r is not the site's"
+                " bootstrap inbox",
+                msg.subject,
+                msg.reply[:200],
+            )
+            return
+        try:
+            reply = await self._decide(site, msg.data)
+        except Exception as err:  # the bucket or a bug: the drone asks again later
+            log.warning("cannot answer a bootstrap request from site %s: %r", site, err)
+            reply = self._refuse(site, "?", Refusal.UNAVAILABLE, "the issuer failed; ask again")
+        try:
+            # not msg.respond(): that would echo the request's headers
+            await nc.publish(msg.reply, encode(reply))
+        except (nats.errors.Error, OSError) as err:
+            log.debug("cannot send a bootstrap reply: %r", err)
+
+    async def _decide(self, site: str, data: bytes) -> Issued | IssueRefused:
+        if not is_token(site):
+            return self._refuse(site, "?", Refusal.MALFORMED, "not a site subject")
+        if not self._rate.allow(site, time.monotonic()):
+            return self._refuse(site, "?", Refusal.THROTTLED, "too many requests; ask again")
+        try:
+            request = decode_bootstrap_request(data)
+        except SchemaError as err:
+            return self._refuse(site, "?", Refusal.MALFORMED, str(err))
+        drone = request.drone
+        if request.site != site:
+            return self._refuse(site, drone, Refusal.FORGED, "a request for another site")
+        if not signature_valid(
+            request.public_key, request_signing_input(request), request.signature
+        ):
+            return self._refuse(site, drone, Refusal.FORGED, "the signature does not match")
+        skew = abs(request.at.timestamp() - time.time())
+        if skew > MAX_CLOCK_SKEW_S:
+            return self._refuse(site, drone, Refusal.STALE, f"signed {skew:.0f}s off the clock")
+        view = self._registry.view(site, drone)
+        if view is not None and view.ended:
+            return self._refuse(site, drone, Refusal.ENDED, f"the drone ended ({view.ended})")
+        found = await self.grants.get(site, drone)
+        if found is None:
+            return self._refuse(site, drone, Refusal.UNKNOWN, "no token was minted for it")
+        grant, revision = found
+        if grant.revoked:
+            return self._refuse(site, drone, Refusal.REVOKED, f"revoked: {grant.revoked}")
+        if isinstance(request, EnrollRequest):
+            return await self._enroll(request, grant, revision)
+        if grant.public_key != request.public_key:
+            return self._refuse(site, drone, Refusal.FORGED, "not the key it enrolled with")
+        issued = self._sign(request)
+        await self.grants.renewed(grant, revision, issued.expires)  # a lost race: no matter
+        self.counts["issued_renew"] += 1
+        log.debug("renewed the identity of %s/%s", site, drone)
+        return issued
+
+    async def _enroll(
+        self, request: EnrollRequest, grant: Grant, revision: int
+    ) -> Issued | IssueRefused:
+        site, drone = request.site, request.drone
+        if not tokens_match(request.token, grant.token_hash):
+            return self._refuse(site, drone, Refusal.FORGED, "not the token minted for it")
+        if grant.public_key is None:
+            if dt.datetime.now(dt.UTC) > grant.token_expires:
+                return self._refuse(site, drone, Refusal.EXPIRED, "the token expired unused")
+            issued = self._sign(request)
+            if not await self.grants.enroll(grant, revision, request.public_key, issued.expires):
+                # another use of the token wrote first: decide again on what it wrote
+                found = await self.grants.get(site, drone)
+                if found is None or found[0].public_key != request.public_key:
+                    return self._reused(request)
+            self.counts["issued_enroll"] += 1
+            log.info("drone %s/%s enrolled its key %s", site, drone, request.public_key[:12])
+            return issued
+        if grant.public_key != request.public_key:
+            return self._reused(request)
+        # the same key again (an agent restarted with its kept key): the same answer
+        self.counts["issued_enroll"] += 1
+        return self._sign(request)
+
+    def _reused(self, request: EnrollRequest) -> IssueRefused:
+        """The token was used by another key: stolen, or a second job with the drone's uuid"""
+        self.counts["alarms"] += 1
+        self._say.log(
+            logging.ERROR,
+            f"reused {request.site}",
+            "ALARM: the bootstrap token of drone %s/%s was used already, by another key: it"
+            " may have been stolen (from the batch system's view of the job) or the drone's"
+            " uuid runs twice; if the drone asking now is the real one (its job runs), the"
+            " identity went to someone else: cut it off with"
+            " `cobald-remote auth revoke-bootstrapped %s` (docs/operations.md)",
+            request.site,
+            request.drone,
+            request.drone,
+            extra={"site": request.site, "drone": request.drone},
+        )
+        return self._refuse(request.site, request.drone, Refusal.REUSED, "the token was used")
+
+    def _sign(self, request: AnyBootstrapRequest) -> Issued:
+        valid_s = self.settings.jwt_valid_s
+        jwt = drone_jwt(
+            self._key,
+            self._namespace,
+            request.site,
+            request.drone,
+            request.public_key,
+            valid_for_s=valid_s,
+            domain=self._domain,
+        )
+        expires = dt.datetime.fromtimestamp(int(time.time()) + int(valid_s), dt.UTC)
+        return Issued(jwt=jwt, expires=expires)
+
+    def _refuse(self, site: str, drone: str, reason: Refusal, error: str) -> IssueRefused:
+        self.counts[f"refused_{reason}"] += 1
+        self._say.warning(
+            f"{reason} {site}",
+            "refused a bootstrap request for drone %s from site %s's identity: %s (%s)",
+            drone,
+            site,
+            reason,
+            error,
+            extra={"site": site, "drone": drone},
+        )
+        return IssueRefused(reason=reason, error=error)
