@@ -10,7 +10,7 @@ import contextlib
 import os
 import signal
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -22,7 +22,7 @@ from support.drones import FakeDrone, publish
 from support.htcondor import HTCondorDrone, SiteFactory, Transitions
 from support.htcondor import htcondor_site as support_htcondor_site
 from support.processes import CLI, pid_exists, start_process
-from support.tardis import SITE, BusFactory, FakeOverlay, FakeSite, Transitions, attributes
+from support.tardis import SITE, BusFactory, FakeOverlay, FakeSite, attributes
 from support.waiting import wait_until
 from tardis.agents.batchsystemagent import BatchSystemAgent
 from tardis.agents.siteagent import SiteAgent
@@ -37,7 +37,6 @@ from broker.manager.timeline import read_timeline
 from broker.server.embedded import EmbeddedServer
 from broker.tardis_adapter import (
     RemoteBatchSystemAdapter,
-    RemoteBus,
     RemoteSiteAdapter,
     TardisStateNotes,
 )

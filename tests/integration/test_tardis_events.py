@@ -15,7 +15,8 @@ from typing import Any
 import pytest
 from nats.js import JetStreamContext
 from support.drones import FakeDrone, publish
-from support.tardis import SITE, BusFactory, FakeOverlay, FakeSite, Transitions
+from support.htcondor import Transitions
+from support.tardis import SITE, BusFactory, FakeOverlay, FakeSite
 from support.waiting import wait_until
 from tardis.agents.batchsystemagent import BatchSystemAgent
 from tardis.agents.siteagent import SiteAgent

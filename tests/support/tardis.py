@@ -259,13 +259,3 @@ async def bus_services(url: str) -> AsyncIterator[BusFactory]:
         for bus, task in running:
             bus.stop()
             await asyncio.wait_for(task, 30)
-
-
-class Transitions:
-    """A TARDIS plugin recording state names"""
-
-    def __init__(self) -> None:
-        self.states: list[str] = []
-
-    async def notify(self, state: Any, resource_attributes: Any) -> None:
-        self.states.append(str(state))
