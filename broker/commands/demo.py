@@ -53,10 +53,11 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
     )
     demo.add_argument(
         "--tardis-adapters",
-        choices=("emulated", "htcondor"),
+        choices=("emulated", "htcondor", "slurm"),
         default="emulated",
-        help="TARDIS's site and batch-system adapters: the demo's polled ones (default), or "
-        "TARDIS's own HTCondor adapters against fake condor_* tools (docs/tardis.md)",
+        help="TARDIS's site and batch-system adapters: the demo's polled ones (default), "
+        "TARDIS's own HTCondor adapters against fake condor_* tools, or TARDIS's Slurm "
+        "adapter against a real single-node Slurm it starts (root, slurm-wlm; docs/tardis.md)",
     )
     demo.add_argument(
         "--bootstrap",

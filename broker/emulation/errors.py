@@ -5,6 +5,7 @@ The tree::
 
     EmulationError
     ├── EmulatorUnavailable     nobody answers on an emulator's socket
+    ├── SlurmUnavailable        the real Slurm cannot start (a program missing, a daemon failed)
     ├── ConfigError             an HTCondor configuration line it cannot read (a ValueError)
     └── ClassAdSyntaxError      a ClassAd expression it cannot parse (a ValueError)
 """
@@ -18,6 +19,10 @@ class EmulationError(Exception):
 
 class EmulatorUnavailable(EmulationError):
     """Nobody answers on the emulator's socket"""
+
+
+class SlurmUnavailable(EmulationError):
+    """The real Slurm cannot start: a program is missing or a daemon failed (with its logs)"""
 
 
 class ConfigError(EmulationError, ValueError):

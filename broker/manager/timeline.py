@@ -9,6 +9,7 @@ and kind of its subject), so the last agent row is the state the registry holds.
 
 from __future__ import annotations
 
+import datetime as dt
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -57,6 +58,14 @@ class Row:
     source: str  #: ``agent`` or ``tardis``
 
 
+def _deadline(deadline: dt.datetime, at: dt.datetime) -> str:
+    """A deadline as the timeline shows it: its time, with its date when not that of ``at``"""
+    deadline = deadline.astimezone(dt.UTC)
+    if deadline.date() == at.astimezone(dt.UTC).date():
+        return f"{deadline:%H:%M:%S}"
+    return f"{deadline:%Y-%m-%d %H:%M:%S}"
+
+
 def describe(event: Event) -> str:
     """A short text of one event: its kind and what matters about it"""
     kind = kind_of(type(event))
@@ -68,10 +77,12 @@ def describe(event: Event) -> str:
     if isinstance(event, GateOpened | GateClosed | Released | DrainRefused) and event.reason:
         return f"{kind}: {event.reason}"
     if isinstance(event, DrainRequested | DrainAccepted):
-        text = f"{kind}, deadline {event.intent.deadline:%H:%M:%S}"
+        text = f"{kind}, deadline {_deadline(event.intent.deadline, event.at)}"
         return f"{text}, {event.payloads} payload(s)" if isinstance(event, DrainAccepted) else text
     if isinstance(event, Draining):
-        return f"{kind}: {event.payloads} payload(s), deadline {event.deadline:%H:%M:%S}"
+        return (
+            f"{kind}: {event.payloads} payload(s), deadline {_deadline(event.deadline, event.at)}"
+        )
     if isinstance(event, DrainDeadlineExpired):
         return f"{kind}: {event.payloads} payload(s), {event.action}"
     if isinstance(event, StartdReady):

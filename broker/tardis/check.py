@@ -11,7 +11,7 @@ adapter, plugin or service is made. Its one rule: every problem is one line.
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -218,6 +218,7 @@ def _factory(where: str, form: str, kwargs: dict[str, Any], data: Any, report: R
                 report.warnings.append(found.creds)
         if found.bus is not None:
             report.warnings += bootstrap_warnings(found.bus)
+            report.warnings += slurm_warnings(found.bus, found.sites)
     else:
         report.warnings.append(f"{where}: no bus section: stock TARDIS, nothing is wrapped")
     return found
@@ -245,6 +246,23 @@ def bootstrap_warnings(bus: BusConfig) -> list[str]:
             "credentials in $COBALD_REMOTE_BOOTSTRAP_CREDS (docs/deployment.md#bootstrap)"
         )
     return warnings
+
+
+def slurm_warnings(bus: BusConfig, sites: Sequence[Site]) -> list[str]:
+    """
+    Slurm splits ``sbatch --export`` at every comma (docs/deployment.md#a-slurm-site):
+    a drone of a Slurm site would get only the first of several ``drone_servers``
+    """
+    if len(bus.drone_servers) < 2:
+        return []
+    return [
+        f"tardis.Sites: {site.name} is a Slurm site: its drones get only the first of "
+        f"bus.drone_servers ({bus.drone_servers[0]}), as Slurm splits sbatch --export at "
+        "commas; give the drones one URL (a leaf node at the site), or all of them in the "
+        "nodes' /etc/cobald-remote/drone.env as COBALD_REMOTE_URL"
+        for site in sites
+        if "slurm" in site.adapter.lower()
+    ]
 
 
 def check_file(path: Path) -> Report:

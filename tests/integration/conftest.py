@@ -12,7 +12,6 @@ import pytest
 from nats.js import JetStreamContext
 from support.gate import FakeAgent, GateFactory
 from support.servers import secured_server
-from support.tardis import BusFactory, bus_services
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
@@ -68,11 +67,3 @@ async def start_gate(tmp_path: Path) -> AsyncIterator[GateFactory]:
             return server, agent
 
         yield start
-
-
-@pytest.fixture
-async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
-    """Start :class:`~broker.tardis.bus.RemoteBus` services as COBalD would run them"""
-    await provision(js)
-    async with bus_services(nats_server.url) as make:
-        yield make

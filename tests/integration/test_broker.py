@@ -77,6 +77,7 @@ async def test_stream_data_survives_stop_and_start(tmp_path: Path) -> None:
             NS.event_stream: "unchanged",
             f"KV_{NS.record_bucket}": "unchanged",
             f"KV_{NS.manager_bucket}": "unchanged",
+            f"KV_{NS.grant_bucket}": "unchanged",
         }
         await nc.close()
     finally:
@@ -140,6 +141,7 @@ async def test_provisioning_updates_what_changed(js: JetStreamContext) -> None:
         NS.event_stream: "updated",
         f"KV_{NS.record_bucket}": "unchanged",
         f"KV_{NS.manager_bucket}": "unchanged",
+        f"KV_{NS.grant_bucket}": "unchanged",
     }
     info = await js.stream_info(NS.event_stream)
     assert info.config.max_age == 3600

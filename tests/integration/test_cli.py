@@ -52,7 +52,12 @@ async def test_broker_serve_and_init(tmp_path: Path) -> None:
         nc = await nats.connect(url)
         names = {info.config.name for info in await nc.jetstream().streams_info()}
         await nc.close()
-        assert names == {"COBALD_EVENTS", "KV_cobald-drones", "KV_cobald-manager"}
+        assert names == {
+            "COBALD_EVENTS",
+            "KV_cobald-drones",
+            "KV_cobald-manager",
+            "KV_cobald-grants",
+        }
 
         code, out, err = await run_process(*CLI, "broker", "init", "--server", url)
         assert (code, err) == (0, "")
@@ -60,6 +65,7 @@ async def test_broker_serve_and_init(tmp_path: Path) -> None:
             "COBALD_EVENTS: unchanged",
             "KV_cobald-drones: unchanged",
             "KV_cobald-manager: unchanged",
+            "KV_cobald-grants: unchanged",
         ]
     finally:
         proc.send_signal(signal.SIGINT)

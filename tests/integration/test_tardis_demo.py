@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from nats.js import JetStreamContext
 from support.processes import CLI, run_process
+from support.slurm import requires_slurm
 from support.waiting import wait_until
 
 from broker.emulation.demo.run import run_mode
@@ -122,7 +123,9 @@ async def test_stock_tardis_kills_payloads_and_the_decorators_kill_none(
 
 
 @pytest.mark.timeout(300)
-@pytest.mark.parametrize("adapters", ["emulated", "htcondor"])
+@pytest.mark.parametrize(
+    "adapters", ["emulated", "htcondor", pytest.param("slurm", marks=requires_slurm)]
+)
 async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path, adapters: str) -> None:
     """``cobald-remote demo`` (README's main job) as a user runs it, kept short"""
     report = tmp_path / "demo.json"
@@ -168,3 +171,6 @@ async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path, adapte
         assert via_condor_submit == {"/usr/libexec/cobald-remote/drone-job"}
     else:
         assert via_condor_submit == {None}
+    if adapters == "slurm":  # TARDIS's Slurm adapter against a real Slurm: no running job cancelled
+        assert "Slurm: scancel of a running job" in out
+        assert document["runs"]["remote"]["slurm"]["scancel of a running job"] == 0

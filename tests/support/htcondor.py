@@ -15,7 +15,6 @@ import sys
 from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import pytest
 from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
@@ -34,18 +33,8 @@ from broker.emulation.site.overlay import OverlayPool
 from broker.emulation.site.schedd import install_fake_schedd
 from broker.tardis_adapter import RemoteBatchSystemAdapter, RemoteBus, RemoteSiteAdapter
 from remote_agent.deploy_files import DEPLOY_DIR
+from support.buses import Transitions
 from support.waiting import wait_until
-
-
-class Transitions:
-    """A TARDIS plugin recording state names"""
-
-    def __init__(self) -> None:
-        self.states: list[str] = []
-
-    async def notify(self, state: Any, resource_attributes: Any) -> None:
-        self.states.append(str(state))
-
 
 DEPLOY_COBALD = DEPLOY_DIR / "cobald"
 

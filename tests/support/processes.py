@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import os
-import socket
 import sys
 from pathlib import Path
 from typing import IO, Any
+
+from broker.emulation.ports import free_ports
+
+__all__ = ["CLI", "free_ports", "pid_exists", "run_process", "start_process"]
 
 
 def pid_exists(pid: int) -> bool:
@@ -18,15 +20,6 @@ def pid_exists(pid: int) -> bool:
     except ProcessLookupError:
         return False
     return True
-
-
-def free_ports(count: int) -> list[int]:
-    """Loopback ports for listeners whose port must be known before a server starts"""
-    with contextlib.ExitStack() as stack:
-        sockets = [stack.enter_context(socket.socket()) for _ in range(count)]
-        for sock in sockets:
-            sock.bind(("127.0.0.1", 0))
-        return [sock.getsockname()[1] for sock in sockets]
 
 
 #: ``cobald-remote`` as this interpreter runs it (no installed console script needed)

@@ -9,10 +9,9 @@ wrap TARDIS's own adapters. :class:`FakeControl` stands in for
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import time
-from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from collections.abc import Iterator
 from typing import Any
 
 from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStatus
@@ -25,9 +24,6 @@ from broker.manager.verdict import Removal, Verdict
 from broker.tardis_adapter import BusConfig, RemoteBus
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import dedupe_id
-
-#: starts a :class:`RemoteBus` with settings of a ``bus:`` section (the ``make_bus`` fixture)
-BusFactory = Callable[..., Awaitable[RemoteBus]]
 
 SITE_NAME = "Site1"
 SITE = "site1"
@@ -238,24 +234,3 @@ def announce(
     )
     subject = registry.namespace.event(site, drone, "heartbeat")
     registry.apply(event, subject, time.time() if received is None else received)
-
-
-@contextlib.asynccontextmanager
-async def bus_services(url: str) -> AsyncIterator[BusFactory]:
-    """Start :class:`RemoteBus` services on ``url`` as COBalD would run them; stopped after"""
-    running: list[tuple[RemoteBus, asyncio.Task[None]]] = []
-
-    async def make(**settings: Any) -> RemoteBus:
-        config = BusConfig.from_mapping({"servers": url, **settings})
-        bus = RemoteBus(config, register=False)
-        task = asyncio.create_task(bus.run())
-        running.append((bus, task))
-        assert await bus.wait_ready(30), "the bus did not connect"
-        return bus
-
-    try:
-        yield make
-    finally:
-        for bus, task in running:
-            bus.stop()
-            await asyncio.wait_for(task, 30)

@@ -212,3 +212,26 @@ def test_the_manager_gets_every_timing_of_the_section() -> None:
     )
     settings = config.manager_settings()
     assert (settings.lost_after_s, settings.retain_ended_s) == (60.0, 3600.0)
+
+
+def test_check_config_warns_of_a_slurm_site_with_several_drone_urls() -> None:
+    from broker.tardis.check import Site, slurm_warnings
+
+    slurm = Site("MySlurm", "Slurm", "-1", ("m",), "myslurm")
+    condor = Site("MyCondor", "HTCondor", "-1", ("m",), "mycondor")
+    two = BusConfig.from_mapping({"servers": URL, "drone_servers": f"{URL},nats://b:4222"})
+    [line] = slurm_warnings(two, [slurm, condor])
+    assert "MySlurm" in line and "only the first" in line and URL in line
+    assert slurm_warnings(BusConfig.from_mapping({"servers": URL}), [slurm]) == []
+
+
+def test_bootstrap_creds_without_the_issuer_key_is_a_problem(tmp_path: Path) -> None:
+    from broker.tardis.check import bootstrap_warnings
+
+    config, problems = decode_bus({"servers": URL, "bootstrap_creds": "/etc/x.creds"})
+    assert config is None
+    assert any("bus.bootstrap_creds: set without bus.bootstrap_key" in p for p in problems)
+    missing = BusConfig.from_mapping({"servers": URL, "bootstrap_key": str(tmp_path / "no")})
+    warnings = bootstrap_warnings(missing)
+    assert any("bus.bootstrap_key:" in w and "cannot issue" in w for w in warnings)
+    assert any("bus.bootstrap_creds: not set" in w for w in warnings)

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime as dt
 
+import msgspec
 from support.drones import FakeDrone
 
 from broker.commands.timeline import format_timeline
@@ -68,3 +69,13 @@ def test_descriptions_say_what_matters() -> None:
     finished = drone.payload_finished("7.0")
     assert describe(finished) == "payload_finished 7.0 (exit)"
     assert describe(drone.exiting()) == "agent_exiting: exit 0"
+
+
+def test_a_deadline_on_another_day_shows_its_date() -> None:
+    drone = FakeDrone("site1", "site1-0000000001")
+    at = dt.datetime(2026, 12, 1, 17, 57, 19, tzinfo=dt.UTC)
+    today = drone._event(ev.Draining, payloads=2, deadline=at + dt.timedelta(minutes=10))
+    tomorrow = drone._event(ev.Draining, payloads=2, deadline=at + dt.timedelta(days=1))
+    today, tomorrow = (msgspec.structs.replace(e, at=at) for e in (today, tomorrow))
+    assert describe(today) == "draining: 2 payload(s), deadline 18:07:19"
+    assert describe(tomorrow) == "draining: 2 payload(s), deadline 2026-12-02 17:57:19"

@@ -24,6 +24,8 @@ def _rows(result: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows.append(
         ("TARDIS Booting->Cleanup (demand fell while queued, as TARDIS saw it)", str(cleanup))
     )
+    for label, value in result.get("slurm", {}).items():
+        rows.append((f"Slurm: {label}", str(value)))
     for label, count in result.get("handshake_records", {}).items():
         rows.append((f"handshake record: {label}", str(count)))
     return rows

@@ -120,6 +120,36 @@ async def stop_daemon(proc: asyncio.subprocess.Process, timeout_s: float = 15.0)
         await proc.wait()
 
 
+async def supervise(
+    daemon: asyncio.subprocess.Process,
+    mode: str,
+    span: tuple[float, float],
+    line: Callable[[], str],
+    progress: Progress,
+    every_s: float,
+) -> bool:
+    """Report ``line()`` every ``every_s`` from ``span[0]`` to ``span[1]``; whether it died"""
+    start, end = span
+    next_report = start
+    while time.time() < end:
+        if daemon.returncode is not None:
+            return True
+        if time.time() >= next_report:
+            elapsed = max(0.0, time.time() - start)
+            progress(f"[{mode:6} {elapsed:4.0f}s] {line()}")
+            next_report += every_s
+        await asyncio.sleep(0.5)
+    return False
+
+
+def daemon_died(daemon: asyncio.subprocess.Process, root: Path) -> RuntimeError:
+    """The error of a run whose COBalD daemon exited early, with its log's end"""
+    tail = (root / "daemon.log").read_text(errors="replace").splitlines()[-15:]
+    return RuntimeError(
+        f"the COBalD daemon exited with {daemon.returncode}; its log ends:\n" + "\n".join(tail)
+    )
+
+
 # ---------------------------------------------------------------------- one run
 
 
@@ -183,6 +213,18 @@ async def run_mode(
         raise ValueError(f"mode must be one of {sorted(MODES)}")
     if mode == "remote" and not nats_url:
         raise ValueError("the run with cobald-remote needs a NATS URL")
+    if scenario.tardis_adapters == "slurm":
+        from broker.emulation.demo.slurm_run import run_slurm_mode
+
+        return await run_slurm_mode(
+            scenario,
+            mode,
+            root,
+            nats_url=nats_url,
+            bus_keys=bus_keys,
+            progress=progress,
+            every_s=progress_every_s,
+        )
     os.makedirs(root, exist_ok=True)
     lbs_truth, obs_truth = GroundTruth(root / "lbs.jsonl"), GroundTruth(root / "obs.jsonl")
     overlay = OverlayPool(root, scenario.payload_duration, obs_truth)
@@ -214,18 +256,8 @@ async def run_mode(
     progress(f"[{mode:6}] COBalD daemon pid {daemon.pid}, files in {root}")
     live = Live(root, lbs)
     end = start + scenario.total_s
-    died = False
     try:
-        next_report = start
-        while time.time() < end:
-            if daemon.returncode is not None:
-                died = True
-                break
-            if time.time() >= next_report:
-                elapsed = max(0.0, time.time() - start)
-                progress(f"[{mode:6} {elapsed:4.0f}s] {live.line()}")
-                next_report += progress_every_s
-            await asyncio.sleep(0.5)
+        died = await supervise(daemon, mode, (start, end), live.line, progress, progress_every_s)
     finally:
         await stop_daemon(daemon)
         finished = time.time()
@@ -234,10 +266,7 @@ async def run_mode(
         lbs_truth.close()
         obs_truth.close()
     if died:
-        tail = (root / "daemon.log").read_text(errors="replace").splitlines()[-15:]
-        raise RuntimeError(
-            f"the COBalD daemon exited with {daemon.returncode}; its log ends:\n" + "\n".join(tail)
-        )
+        raise daemon_died(daemon, root)
     result = analyze(root, min(finished, end), cores_per_drone=scenario.slots)
     progress(f"[{mode:6} done] {live.line()}")
     return result

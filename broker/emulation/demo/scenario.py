@@ -38,7 +38,9 @@ class Scenario:
         (``tardis_adapters.py``; the site view cached for ``site_max_age_s``);
         ``htcondor``: TARDIS's own HTCondor adapters against fake ``condor_*`` tools
         (``schedd.py``, ``collector.py``; ``condor_q`` fresh every heartbeat,
-        ``condor_status`` cached for ``batch_max_age_s``)
+        ``condor_status`` cached for ``batch_max_age_s``); ``slurm``: TARDIS's Slurm site
+        adapter against a real single-node Slurm (``squeue`` every heartbeat; no seeded
+        queue delay: Slurm schedules) and TARDIS's HTCondor batch-system adapter as above
     """
 
     seed: int = 1

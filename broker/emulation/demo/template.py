@@ -9,6 +9,7 @@ from pathlib import Path
 from typing import Any
 
 from broker.emulation.demo.scenario import Scenario
+from broker.emulation.site.slurm_site import startup_command, tardis_site
 from remote_agent.deploy_files import DEPLOY_DIR
 
 #: the COBalD/TARDIS configuration the demo fills in for each run
@@ -42,13 +43,15 @@ def render_config(
 def _adapters(scenario: Scenario, root: Path) -> dict[str, Any]:
     """The adapter parts of the ``tardis:`` section for ``scenario.tardis_adapters``"""
     meta = {"drone": {"Cores": scenario.slots, "Memory": 2, "Disk": 4}}
+    # TARDIS's own HTCondor batch-system adapter, against the fake collector tools
+    htcondor_batch_system = {
+        "adapter": "HTCondor",
+        "max_age": scenario.batch_max_age_s / 60,  # minutes
+        "ratios": {"cpu_ratio": "Real(TotalSlotCpus-Cpus)/TotalSlotCpus"},
+    }
     if scenario.tardis_adapters == "htcondor":
         return {
-            "batch_system": {
-                "adapter": "HTCondor",
-                "max_age": scenario.batch_max_age_s / 60,  # minutes
-                "ratios": {"cpu_ratio": "Real(TotalSlotCpus-Cpus)/TotalSlotCpus"},
-            },
+            "batch_system": htcondor_batch_system,
             "site_adapter": "HTCondor",
             "site_section": {
                 "MachineTypes": ["drone"],
@@ -57,9 +60,15 @@ def _adapters(scenario: Scenario, root: Path) -> dict[str, Any]:
                 "bulk_delay": 0.1,
             },
         }
+    if scenario.tardis_adapters == "slurm":  # the real Slurm of broker/emulation/site/slurm.py
+        return {
+            "batch_system": htcondor_batch_system,
+            "site_adapter": "Slurm",
+            "site_section": tardis_site(startup_command(root), "drone", scenario.slots),
+        }
     if scenario.tardis_adapters != "emulated":
         raise ValueError(
-            f"tardis_adapters must be emulated or htcondor, not {scenario.tardis_adapters!r}"
+            f"tardis_adapters must be emulated, htcondor or slurm, not {scenario.tardis_adapters!r}"
         )
     return {
         "batch_system": {

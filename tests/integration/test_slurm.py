@@ -1,0 +1,377 @@
+"""
+Drones as real Slurm jobs: TARDIS's own SlurmAdapter (sbatch, squeue, scancel through its
+ShellExecutor), wrapped by the decorators, against a real single-node Slurm
+(``broker/emulation/site/slurm.py``); each job runs the shipped ``deploy/slurm/drone-job``:
+the real agent around an emulated startd that joins the emulated overlay pool
+(``broker/emulation/site/slurm_site.py``)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import time
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+from nats.js import JetStreamContext
+from support.buses import BusFactory, Transitions, running_buses
+from support.slurm import requires_slurm
+from support.waiting import wait_until
+from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
+from tardis.adapters.sites.slurm import SlurmAdapter
+from tardis.agents.batchsystemagent import BatchSystemAgent
+from tardis.agents.siteagent import SiteAgent
+from tardis.configuration.configuration import Configuration
+from tardis.interfaces.siteadapter import SiteAdapter
+from tardis.plugins.sqliteregistry import SqliteRegistry
+from tardis.resources.drone import Drone
+
+from broker.emulation.groundtruth import GroundTruth, read_ground_truth
+from broker.emulation.site.collector import install_fake_collector
+from broker.emulation.site.overlay import OverlayPool
+from broker.emulation.site.slurm import PARTITION, SlurmCluster, slurm_cluster
+from broker.emulation.site.slurm_site import SlurmSite
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from broker.tardis_adapter import (
+    RemoteBatchSystemAdapter,
+    RemoteBus,
+    RemoteFactoryPool,
+    RemoteSiteAdapter,
+    TardisStateNotes,
+    create_composite_pool,
+)
+from remote_agent.protocol import events as ev
+
+pytestmark = [pytest.mark.timeout(240), requires_slurm]
+
+SITE = "site1"
+
+
+@pytest.fixture(scope="session")
+def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
+    """One real Slurm for every Slurm test; its daemons stopped by PID at the end"""
+    with slurm_cluster(tmp_path_factory.mktemp("slurm")) as cluster:
+        yield cluster
+
+
+@pytest.fixture
+async def site(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[SlurmSite]:
+    """
+    The Slurm site and the overlay pool as TARDIS's Slurm and HTCondor adapters see them:
+    the recorded Slurm clients and the fake collector tools on the ``PATH`` of TARDIS's
+    ``ShellExecutor``, ``SLURM_CONF`` naming the test cluster; the overlay offers 3-second
+    payloads to every startd
+    """
+    slurm_site = SlurmSite(slurm, tmp_path / "site")
+    slurm_site.write()
+    truth = GroundTruth(tmp_path / "obs.jsonl")
+    overlay = OverlayPool(tmp_path / "obs", lambda _: 3.0, truth)
+    await overlay.start()
+    Configuration._shared_state.clear()
+    SiteAdapter.site_configuration.fget.cache_clear()
+    try:
+        async with slurm_site.following(overlay):
+            collector = install_fake_collector(tmp_path / "collector-bin", overlay.socket)
+            tools = [slurm_site.tools_dir, collector]
+            monkeypatch.setenv("PATH", os.pathsep.join([*map(str, tools), os.environ["PATH"]]))
+            monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
+            Configuration().update_config(
+                {
+                    "BatchSystem": {
+                        "adapter": "HTCondor",
+                        "max_age": 0.05,  # minutes
+                        "ratios": {"cpu_ratio": "Real(TotalSlotCpus-Cpus)/TotalSlotCpus"},
+                    },
+                    "Sites": [
+                        {
+                            "name": "Site1",
+                            "adapter": "Slurm",
+                            "quota": 2,
+                            "drone_heartbeat_interval": 1,
+                        }
+                    ],
+                    "Site1": slurm_site.tardis_site("m1", 1),
+                }
+            )
+            try:
+                yield slurm_site
+            finally:
+                slurm.run("scontrol", "update", f"PartitionName={PARTITION}", "State=UP")
+                slurm.cancel_all()
+    finally:
+        await overlay.close()
+        truth.close()
+        Configuration._shared_state.clear()
+        SiteAdapter.site_configuration.fget.cache_clear()
+
+
+@pytest.fixture
+async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
+    """Start :class:`RemoteBus` services as COBalD would run them; stopped at the end"""
+    await provision(js)
+    async with running_buses(nats_server.url) as make:
+        yield make
+
+
+@dataclass
+class SlurmDrone:
+    """A real TARDIS drone on TARDIS's Slurm site adapter, wrapped by the decorators"""
+
+    drone: Drone
+    site: RemoteSiteAdapter
+    states: Transitions
+    bus: RemoteBus
+
+    @classmethod
+    def make(cls, bus: RemoteBus, *plugins: Any, **restored: Any) -> SlurmDrone:
+        site = RemoteSiteAdapter(SlurmAdapter("m1", "Site1"), bus)
+        batch = RemoteBatchSystemAdapter(HTCondorBatchAdapter(), bus)
+        states = Transitions()
+        drone = Drone(
+            site_agent=SiteAgent(site),
+            batch_system_agent=BatchSystemAgent(batch),
+            plugins=[TardisStateNotes(bus), states, *plugins],
+            **restored,
+        )
+        return cls(drone, site, states, bus)
+
+    @property
+    def uuid(self) -> str:
+        return str(self.drone.resource_attributes.drone_uuid)
+
+    @property
+    def job_id(self) -> int:
+        return int(self.drone.resource_attributes.remote_resource_uuid)
+
+    def view(self) -> Any:
+        return self.bus.registry.view(SITE, self.uuid)
+
+    @contextlib.asynccontextmanager
+    async def running(self) -> AsyncIterator[asyncio.Task[None]]:
+        task = asyncio.create_task(self.drone.run())
+        try:
+            yield task
+        finally:
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await task
+
+    async def let_go_in(
+        self, state: str, before: Callable[[], Awaitable[None]] | None = None
+    ) -> None:
+        """Run it; once it reaches ``state`` (and ``before`` is done) COBalD lets it go"""
+        async with self.running() as task:
+            await wait_until(lambda: state in self.states.states, 90, state)
+            if before is not None:
+                await before()
+            self.drone.demand = 0
+            await asyncio.wait_for(task, 120)
+        assert self.states.states[-1] == "DownState"
+
+
+def _busy(drone: SlurmDrone) -> Callable[[], bool]:
+    return lambda: (view := drone.view()) is not None and view.state is ev.DroneState.BUSY
+
+
+def _startd_events(site: SlurmSite, job_id: int) -> list[str]:
+    started = site.started(job_id)
+    assert started is not None, f"job {job_id} never ran"
+    truth = Path(started["sandbox"]) / "ep" / "ground_truth.jsonl"
+    return [e["event"] for e in read_ground_truth(truth)]
+
+
+async def test_a_drone_given_up_while_queued_is_released_and_cancelled_before_it_runs(
+    site: SlurmSite, make_bus: BusFactory
+) -> None:
+    bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0)
+    # nothing starts: the partition takes jobs but runs none
+    site.cluster.run("scontrol", "update", f"PartitionName={PARTITION}", "State=DOWN")
+    tardis = SlurmDrone.make(bus)
+
+    async def queued() -> None:
+        assert site.state(tardis.job_id) == "PENDING"
+
+    await tardis.let_go_in("BootingState", before=queued)  # demand drops while it waits
+    assert "CleanupState" in tardis.states.states
+    view = tardis.view()
+    assert view is not None and view.phase is ev.RecordPhase.RELEASED  # the manager won
+    assert tardis.site.counts["terminate_resource_allowed"] >= 1
+    assert [(c["args"], c["state"]) for c in site.calls("scancel")] == [
+        (str(tardis.job_id), "PENDING")
+    ]
+    assert site.state(tardis.job_id) == "CANCELLED"
+    site.cluster.run("scontrol", "update", f"PartitionName={PARTITION}", "State=UP")
+    assert site.started(tardis.job_id) is None  # it never ran
+    assert len(site.calls("sbatch")) == 1 and site.calls("squeue")  # TARDIS's own view
+
+
+async def test_a_drone_with_payloads_drains_and_ends_its_own_job(
+    site: SlurmSite, make_bus: BusFactory, nats_server: EmbeddedServer
+) -> None:
+    """TARDIS lets it go while a payload runs: the agent drains, the job exits 0, no scancel"""
+    # two broker addresses for the drones: Slurm's --export list is comma-separated
+    servers = f"{nats_server.url},nats://127.0.0.1:9"
+    bus = await make_bus(
+        lost_after_s=10.0, request_timeout_s=5.0, drain_deadline_s=60.0, drone_servers=servers
+    )
+    tardis = SlurmDrone.make(bus)
+
+    async def claimed_and_busy() -> None:
+        view = tardis.view()
+        assert view is not None and view.phase is ev.RecordPhase.UP  # the agent claimed it
+        await wait_until(_busy(tardis), 60, "a payload runs")
+
+    await tardis.let_go_in("AvailableState", before=claimed_and_busy)
+    assert tardis.site.counts["status_from_agent"] > 0
+    view = tardis.view()
+    assert view is not None and view.phase is ev.RecordPhase.DRAINED
+    job = tardis.job_id
+    assert await site.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 60) == "COMPLETED"
+    assert site.cluster.job(job)["ExitCode"] == "0:0"
+    ended = site.ended(job)
+    assert ended is not None and ended["returncode"] == 0
+    assert site.scancels_of("RUNNING") == []
+    startd = _startd_events(site, job)
+    assert startd.count("payload_started") >= 1
+    assert startd.count("payload_finished") == startd.count("payload_started")
+    assert "payload_killed" not in startd
+    # what Slurm passed to the job (sbatch --export=...): TARDIS's variables with the
+    # agent's settings, the job user's login environment, nothing else of the submit host
+    started = site.started(job)
+    assert started is not None
+    env = started["env"]
+    assert env["TardisDroneUuid"] == tardis.uuid
+    assert env["TardisDroneCobaldRemoteSite"] == SITE
+    # ... cut at the first comma: of several broker addresses the job gets the first alone
+    assert env["TardisDroneCobaldRemoteUrl"] == nats_server.url
+    assert env["SLURM_Walltime"] == "60"
+    assert "PYTEST_CURRENT_TEST" not in env and "SLURM_CONF" in os.environ
+
+
+async def test_a_drone_whose_agent_never_connects_runs_as_stock_tardis_would(
+    site: SlurmSite, make_bus: BusFactory
+) -> None:
+    """
+    TARDIS's Slurm adapter does all the work: squeue, then scancel of the running job
+    (ShutDown, Cleanup). The agent cannot reach the bus, so it never opens the gate and
+    no payload ever runs: the removal is safe.
+    """
+    bus = await make_bus(
+        lost_after_s=10.0, request_timeout_s=2.0, drone_servers="nats://127.0.0.1:9"
+    )
+    tardis = SlurmDrone.make(bus)
+    await tardis.let_go_in("AvailableState")
+    assert "DrainingState" in tardis.states.states
+    assert tardis.site.counts["status_from_agent"] == 0
+    view = tardis.view()
+    assert view is not None and view.phase is ev.RecordPhase.RELEASED  # released by the drain
+    job = tardis.job_id
+    assert site.scancels_of("RUNNING"), site.calls()  # stock TARDIS: scancel
+    assert await site.wait_state(job, {"CANCELLED", "COMPLETED", "FAILED"}, 60) == "CANCELLED"
+    startd = _startd_events(site, job)
+    assert "drain_requested" in startd  # TARDIS's condor_drain reached the startd
+    assert "payload_started" not in startd  # the gate never opened
+
+
+async def test_an_operators_scancel_is_seen_as_the_drones_end_within_a_heartbeat(
+    site: SlurmSite, make_bus: BusFactory
+) -> None:
+    bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0)
+    tardis = SlurmDrone.make(bus)
+    async with tardis.running():
+        await wait_until(lambda: "AvailableState" in tardis.states.states, 90, "Available")
+        await wait_until(_busy(tardis), 60, "a payload runs")
+        view = tardis.view()
+        assert view is not None
+        # the site's operator cancels the job, outside TARDIS
+        cancelled = time.monotonic()
+        site.cluster.run("scancel", str(tardis.job_id))
+        await wait_until(
+            lambda: (view := tardis.view()) is not None and view.state is ev.DroneState.EXITING,
+            site.agent_heartbeat_s * 10,
+            "the agent's last event",
+        )
+        seen_after_s = time.monotonic() - cancelled
+        assert seen_after_s < site.agent_heartbeat_s * 5, seen_after_s  # generous: a heartbeat
+        await wait_until(lambda: tardis.states.states[-1] == "DownState", 90, "TARDIS: Down")
+    view = tardis.view()
+    assert view is not None and view.state is ev.DroneState.EXITING
+    assert site.scancels_of("RUNNING") == []  # TARDIS itself cancelled nothing
+    assert await site.wait_state(tardis.job_id, {"CANCELLED"}, 60) == "CANCELLED"
+
+
+def _pools(composite: Any) -> list[RemoteFactoryPool]:
+    """The pools of a composite ``create_composite_pool`` built"""
+    found: list[RemoteFactoryPool] = []
+
+    def walk(node: Any) -> None:
+        if isinstance(node, RemoteFactoryPool):
+            found.append(node)
+            return
+        for child in getattr(node, "children", None) or []:
+            walk(child)
+        if hasattr(node, "target"):
+            walk(node.target)
+
+    walk(composite)
+    return found
+
+
+async def test_a_restarted_cobald_picks_its_drones_up_and_removes_none_with_payloads(
+    site: SlurmSite, make_bus: BusFactory, nats_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """TARDIS's SQLite registry restores the drone; the rebuilt registry knows its payloads"""
+    Configuration().update_config(
+        {"Plugins": {"SqliteRegistry": {"db_file": str(tmp_path / "drone_registry.db")}}}
+    )
+    settings = {"lost_after_s": 10.0, "request_timeout_s": 5.0, "drain_deadline_s": 60.0}
+    registry = SqliteRegistry()
+    first = SlurmDrone.make(await make_bus(**settings), registry)
+
+    def stored() -> list[str]:
+        return [str(row["state"]) for row in registry.get_resources("Site1", "m1")]
+
+    async with first.running():
+        await wait_until(lambda: "AvailableState" in first.states.states, 90, "Available")
+        await wait_until(_busy(first), 60, "a payload runs")
+        await wait_until(lambda: stored() == ["AvailableState"], 30, "stored as Available")
+    first.bus.stop()  # the daemon ends abruptly: no state change, no removal
+    job = first.job_id
+
+    # the daemon starts again: the same factory COBalD's configuration builds
+    composite = create_composite_pool(interval=1, bus={"servers": nats_server.url, **settings})
+    [pool] = _pools(composite)
+    [restored] = pool.children  # COBalD would run it
+    assert restored.resource_attributes.drone_uuid == first.uuid
+    assert str(restored.resource_attributes.remote_resource_uuid) == str(job)  # SQLite: a str
+    assert str(restored.state) == "AvailableState"
+    bus = pool.bus
+    assert bus is not None
+    bus_task = asyncio.create_task(bus.run())
+    try:
+        assert await bus.wait_ready(30), "the bus did not connect"
+        view = bus.registry.view(SITE, first.uuid)
+        assert view is not None and view.state is ev.DroneState.BUSY  # rebuilt from the stream
+        second = SlurmDrone(restored, restored.site_agent._site_adapter, Transitions(), bus)
+        restored.register_plugins(second.states)
+        async with second.running() as task:
+            restored.demand = 0  # COBalD lets it go at once
+            await asyncio.wait_for(task, 120)
+        assert second.states.states[-1] == "DownState"
+    finally:
+        bus.stop()
+        await asyncio.wait_for(bus_task, 30)
+    view = second.view()
+    assert view is not None and view.phase is ev.RecordPhase.DRAINED
+    assert await site.wait_state(job, {"COMPLETED", "FAILED", "CANCELLED"}, 60) == "COMPLETED"
+    assert site.scancels_of("RUNNING") == []
+    startd = _startd_events(site, job)
+    assert startd.count("payload_finished") == startd.count("payload_started") >= 1
