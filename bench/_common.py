@@ -191,6 +191,28 @@ def fleet_events(
     return out
 
 
+def agent_settings(bus: Bus, site: str, drone: str, heartbeat_s: float = 3600.0) -> Any:
+    """In-process agent settings: no startd, a sleeping worker, quick to end once drained"""
+    from remote_agent.settings import Settings
+
+    settings = Settings(
+        site=site,
+        drone=drone,
+        servers=(bus.url,),
+        worker_command=("sleep", "1000"),
+        spool_dir=bus.tmp / f"spool-{drone}",
+        gate_socket=bus.tmp / f"gate-{drone}.sock",
+        prefix=bus.namespace.prefix,
+        startd=False,
+        heartbeat_s=heartbeat_s,
+        end_grace_s=0.2,
+        kill_after_s=2.0,
+        exit_flush_s=5.0,
+    )
+    settings.validate()
+    return settings
+
+
 def drone_name(site: str, i: int) -> str:
     return f"{site}-{i:010x}"
 

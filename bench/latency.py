@@ -204,22 +204,9 @@ async def request_loop(bus: Bus, rtts: list[float], stop: asyncio.Event) -> None
 
 
 def agent_settings(bus: Bus, i: int) -> Settings:
-    drone = _common.drone_name(SITE, 0xA000000000 + i)
-    settings = Settings(
-        site=SITE,
-        drone=drone,
-        servers=(bus.url,),
-        worker_command=("sleep", "1000"),
-        spool_dir=bus.tmp / f"spool-{drone}",
-        gate_socket=bus.tmp / f"gate-{drone}.sock",
-        prefix=bus.namespace.prefix,
-        startd=False,
-        heartbeat_s=3600.0,
-        end_grace_s=0.2,
-        kill_after_s=2.0,
-        exit_flush_s=5.0,
+    settings: Settings = _common.agent_settings(
+        bus, SITE, _common.drone_name(SITE, 0xA000000000 + i)
     )
-    settings.validate()
     return settings
 
 

@@ -15,7 +15,7 @@ from __future__ import annotations
 import logging
 import math
 import sys
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from types import MappingProxyType
 from typing import Final
 
@@ -91,6 +91,9 @@ class Registry(RecordMerge):
         self.records_ignored = 0
         #: the manager's record proof key; records prove the manager's phases with it
         self.proof_key: bytes | None = None
+        #: called with every new view of a drone, in the thread that applies messages;
+        #: a watcher must be quick and must not raise
+        self.watchers: list[Callable[[DroneView], None]] = []
 
     # ------------------------------------------------------------------ readers
 
@@ -257,6 +260,11 @@ class Registry(RecordMerge):
         self._views[key] = new
         self._ends.changed(key)
         self._ends.noted(old, new)
+        self._tell(new)
+
+    def _tell(self, view: DroneView) -> None:
+        for watcher in self.watchers:
+            watcher(view)
 
     # ------------------------------------------------------------------ notes
 
@@ -299,7 +307,10 @@ class Registry(RecordMerge):
 
         :returns: the views of the drones that ended with this call
         """
-        return self._ends.mark_ended(now)
+        newly = self._ends.mark_ended(now)
+        for view in newly:
+            self._tell(view)
+        return newly
 
     @property
     def pending_ends(self) -> int:
@@ -343,4 +354,7 @@ class Registry(RecordMerge):
         :param now: the current time, epoch seconds
         :returns: the views of the drones that became lost with this call
         """
-        return self._ends.mark_lost(now)
+        newly = self._ends.mark_lost(now)
+        for view in newly:
+            self._tell(view)
+        return newly

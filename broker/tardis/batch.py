@@ -96,7 +96,7 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
         if control is None:
             return False
         site = self._bus.site_of(drone_uuid)
-        why = "TARDIS drain"
+        why = self._bus.release_reasons.pop(drone_uuid, "") or "TARDIS drain"
         deadline = self._bus.drain_deadline()
         if self._bus.announced(site, drone_uuid) is None:
             # never announced: release it (or learn that its agent won, and drain);

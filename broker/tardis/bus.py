@@ -25,6 +25,8 @@ from broker.manager.service import ManagerService
 from broker.manager.views import DroneView
 from broker.tardis.config import BusConfig
 from broker.tardis.failures import CallLog
+from broker.tardis.release import Durations
+from broker.tardis.wake import Waker
 from remote_agent.protocol.environment import TARDIS_ENV_PREFIX, TARDIS_SETTINGS_ENV, site_of
 from remote_agent.protocol.events import TardisState, encode, utcnow
 from remote_agent.protocol.names import MSG_ID, Namespace
@@ -65,6 +67,13 @@ class RemoteBus:
         self.call_log = CallLog(log)
         #: every counter of the integration, by part: the bus, each site, the batch system
         self.count_sources: dict[str, collections.Counter[str]] = {"bus": self.counts}
+        #: wakes the TARDIS drones whose agents' facts change (:mod:`broker.tardis.drone`)
+        self.waker = Waker(lambda drone: self.announced(self.site_of(drone), drone) is not None)
+        #: how long payloads ran, for the release order (:mod:`broker.tardis.release`)
+        self.durations = Durations()
+        self.registry.watchers.extend((self.waker.seen, self.durations.seen))
+        #: why the pool released each drone, by uuid: the reason its drain carries
+        self.release_reasons: dict[str, str] = {}
         self._notes: collections.deque[TardisState] = collections.deque()
         self._wake: asyncio.Event | None = None
         self._stopping = False
@@ -223,6 +232,8 @@ class RemoteBus:
     def note_state(self, site: str, drone: str, state: str, resource_status: str) -> None:
         """Queue a TARDIS state note for publishing; never blocks, never raises"""
         self.tardis_states[drone] = state
+        if state == "DownState":
+            self.release_reasons.pop(drone, None)
         try:
             note = TardisState(
                 site=site,

@@ -30,6 +30,7 @@ from broker.errors import ConfigError
 from broker.tardis.batch import RemoteBatchSystemAdapter
 from broker.tardis.bus import RemoteBus
 from broker.tardis.config import BusConfig, creds_problem, decode_bus, site_problems
+from broker.tardis.drone import EventDrone
 from broker.tardis.notes import TardisStateNotes
 from broker.tardis.pool import RemoteFactoryPool
 from broker.tardis.site import RemoteSiteAdapter
@@ -125,9 +126,10 @@ def create_composite_pool(
 
     * each site adapter and the batch-system adapter are wrapped in
       :class:`RemoteSiteAdapter` and :class:`RemoteBatchSystemAdapter`,
-      the :class:`TardisStateNotes` plugin is added, and each machine type
-      gets a :class:`RemoteFactoryPool`; without ``bus`` nothing is wrapped
-      (stock TARDIS behaviour, for comparisons);
+      the :class:`TardisStateNotes` plugin is added, each machine type
+      gets a :class:`RemoteFactoryPool`, and every drone is an :class:`EventDrone`
+      (its state machine runs when its agent's facts change); without
+      ``bus`` nothing is wrapped (stock TARDIS behaviour, for comparisons);
     * adapters may be given by dotted name (``pkg.mod:Class``) besides
       TARDIS's own names;
     * the pools adjust every ``interval`` seconds (TARDIS: COBalD's 30 s).
@@ -167,8 +169,11 @@ def create_composite_pool(
             if remote is not None:
                 site_adapter = RemoteSiteAdapter(site_adapter, remote)
             site_agent = SiteAgent(site_adapter)
+            make_drone: Any = (
+                create_drone if remote is None else partial(EventDrone, waker=remote.waker)
+            )
             restored = [
-                create_drone(
+                make_drone(
                     site_agent=site_agent,
                     batch_system_agent=batch_system_agent,
                     plugins=plugin_list,
@@ -177,7 +182,7 @@ def create_composite_pool(
                 for resource_attributes in get_drones_to_restore(plugins, site, machine_type)
             ]
             drone_factory = partial(
-                create_drone,
+                make_drone,
                 site_agent=site_agent,
                 batch_system_agent=batch_system_agent,
                 plugins=plugin_list,

@@ -216,11 +216,21 @@ class RemoteSiteAdapter(SiteAdapter):
         status = answer.get("resource_status") if isinstance(answer, Mapping) else None
         tardis_state = self._bus.tardis_states.get(drone, "")
         action = _REMOVAL_NEXT.get((tardis_state, status)) if status is not None else None
+        if action is not None and self._ends_itself(drone):
+            # its agent drained it and ends its batch job itself (then: Deleted, DownState);
+            # a stop now would suspend a job that is about to end
+            self.counts["stop_deferred_drained"] += 1
+            raise TardisResourceStatusUpdateFailed(f"{drone} is drained: its agent ends its job")
         if action is not None:
             await self._guarded(
                 "resource_status", drone, lambda: self._removal.check(resource_attributes, action)
             )
         return answer
+
+    def _ends_itself(self, drone: str) -> bool:
+        """Whether the drone's agent, heard from, reports it drained: it ends its own job"""
+        view = self._bus.fresh(self._site, drone)
+        return view is not None and view.state is DroneState.DRAINED
 
     async def _status(self, resource_attributes: AttributeDict) -> Any:
         drone = resource_attributes.drone_uuid

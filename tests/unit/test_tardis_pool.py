@@ -1,4 +1,7 @@
-"""RemoteFactoryPool: drones without payloads are released before drones with payloads"""
+"""RemoteFactoryPool: drones without payloads are released before drones with payloads
+
+The order among drones with payloads: ``tests/unit/test_release_choice.py``.
+"""
 
 from __future__ import annotations
 
@@ -60,13 +63,14 @@ def _fleet(bus: RemoteBus) -> dict[str, Child]:
     return children
 
 
-def test_release_order_never_announced_then_idle_then_fewest_payloads() -> None:
+def test_release_order_never_announced_then_idle_then_busy() -> None:
     bus = offline_bus()
     children = _fleet(bus)
     pool = _pool(bus, list(children.values()))
     order = sorted(children, key=lambda name: pool.release_key(children[name]))
     assert set(order[:2]) == {"booting", "released"}
-    assert order[2:] == ["idle", "busy1", "busy2"]
+    assert order[2] == "idle"
+    assert set(order[3:]) == {"busy1", "busy2"}
 
 
 def test_shrinking_releases_drones_without_payloads_first() -> None:
@@ -80,8 +84,7 @@ def test_shrinking_releases_drones_without_payloads_first() -> None:
         "site1-000000000a",
     }
     pool._shrink(target=2.0)
-    assert children["busy1"].demand == 0
-    assert children["busy2"].demand == 2.0
+    assert sorted(children[name].demand for name in ("busy1", "busy2")) == [0, 2.0]
 
 
 def test_release_key_runs_in_another_thread_while_the_registry_changes() -> None:

@@ -57,6 +57,11 @@ class _Tally:
     outcomes: Counter[str] = field(default_factory=Counter)
     gate_refusals: int = 0
     drone_started: dict[str, float] = field(default_factory=dict)
+    #: goodput: seconds each drone job was rented, payload seconds done and busy, drains done
+    rented_s: float = 0.0
+    done_s: float = 0.0
+    busy_s: float = 0.0
+    drained_at: dict[str, float] = field(default_factory=dict)
 
     def add_job(self, job: dict[str, Any]) -> None:
         started = job.get("started")
@@ -66,8 +71,12 @@ class _Tally:
             ] += 1
             return
         self.drone_started[job["drone"]] = started
-        running, killed_here = self._add_payloads(Path(job["sandbox"]) / "ep" / GROUND_TRUTH_FILE)
+        truth = Path(job["sandbox"]) / "ep" / GROUND_TRUTH_FILE
+        running, killed_here = self._add_payloads(truth, job["drone"])
         ended = job.get("ended")
+        gone = min(t for t in (ended, job.get("removed"), self.end) if t is not None)
+        self.rented_s += max(0.0, gone - started)
+        self.busy_s += sum(max(0.0, gone - t) for t in running.values())
         if ended is not None and running:
             self.payloads["killed"] += len(running)
             self.kill_reasons["drone removed by the site (condor_rm)"] += len(running)
@@ -76,9 +85,12 @@ class _Tally:
             self.payloads["running at the end"] += len(running)
         self.outcomes[_outcome_of(job, killed_here)] += 1
 
-    def _add_payloads(self, truth: Path) -> tuple[set[str], int]:
-        """The payloads still running at the end of one startd's record, and how many it killed"""
-        running: set[str] = set()
+    def _add_payloads(self, truth: Path, drone: str) -> tuple[dict[str, float], int]:
+        """
+        The payloads still running at the end of one startd's record (when each started),
+        and how many it killed
+        """
+        running: dict[str, float] = {}
         killed = 0
         for entry in read_ground_truth(truth):
             if entry["t"] > self.end:
@@ -86,17 +98,22 @@ class _Tally:
             event = entry["event"]
             if event == "payload_started":
                 self.payloads["started"] += 1
-                running.add(entry["job_id"])
+                running[entry["job_id"]] = entry["t"]
             elif event == "payload_finished":
                 self.payloads["finished"] += 1
-                running.discard(entry["job_id"])
+                self.done_s += entry.get("runtime_s", 0.0)
+                self.busy_s += entry.get("runtime_s", 0.0)
+                running.pop(entry["job_id"], None)
             elif event == "payload_killed":
                 self.payloads["killed"] += 1
                 killed += 1
                 self.kill_reasons[str(entry.get("reason"))] += 1
-                running.discard(entry["job_id"])
+                self.busy_s += entry.get("runtime_s", 0.0)
+                running.pop(entry["job_id"], None)
             elif event == "payload_refused":
                 self.gate_refusals += 1
+            elif event == "drain_completed":
+                self.drained_at.setdefault(drone, entry["t"])
         return running, killed
 
 
@@ -147,7 +164,43 @@ def _latency(drone_started: dict[str, float], seen: dict[str, float]) -> dict[st
     return latency
 
 
-def analyze(root: Path, end: float) -> dict[str, Any]:
+def _tardis_down(root: Path, end: float) -> dict[str, float]:
+    """When TARDIS let each drone go (its ``DownState``)"""
+    return {
+        entry["drone"]: entry["t"]
+        for entry in read_ground_truth(root / "tardis.jsonl")
+        if entry["t"] <= end and entry["state"] == "DownState"
+    }
+
+
+def _goodput(tally: _Tally, down: dict[str, float], cores: float) -> dict[str, Any]:
+    """
+    Core-seconds of payloads completed, rented while idle (booting, idle, draining, drained
+    but not yet ended), payloads completed per drone-hour, and drained drones' wait for TARDIS
+    """
+    waits = [
+        down.get(drone, tally.end) - drained
+        for drone, drained in tally.drained_at.items()
+        if down.get(drone, tally.end) >= drained
+    ]
+    hours = tally.rented_s / 3600
+    goodput: dict[str, Any] = {
+        "core-s rented": round(tally.rented_s * cores, 1),
+        "payload core-s completed": round(tally.done_s, 1),
+        "core-s rented while idle": round(tally.rented_s * cores - tally.busy_s, 1),
+        "payloads completed per drone-hour": (
+            round(tally.payloads["finished"] / hours, 1) if hours else 0.0
+        ),
+        "drained drones": len(waits),
+    }
+    if waits:
+        goodput["drained -> TARDIS Down (s, median/max)"] = (
+            f"{statistics.median(waits):.1f} / {max(waits):.1f}"
+        )
+    return goodput
+
+
+def analyze(root: Path, end: float, cores_per_drone: float = 1.0) -> dict[str, Any]:
     """
     The numbers of one run whose files are under ``root``
 
@@ -159,6 +212,7 @@ def analyze(root: Path, end: float) -> dict[str, Any]:
     killed with the drone (the site's ``condor_rm`` leaves the startd no time to write anything).
 
     :param end: epoch seconds when the run ended (later records are teardown)
+    :param cores_per_drone: cores each drone job rents (one slot per core)
     """
     jobs = _site_jobs(root, end)
     tally = _Tally(end)
@@ -180,6 +234,7 @@ def analyze(root: Path, end: float) -> dict[str, Any]:
             "running at the end": payloads["running at the end"],
             "refused at the gate": tally.gate_refusals,
         },
+        "goodput": _goodput(tally, _tardis_down(root, end), cores_per_drone),
         "kill_reasons": dict(tally.kill_reasons),
         "tardis_latency": _latency(tally.drone_started, seen),
         "tardis_transitions": dict(sorted(transitions.items())),

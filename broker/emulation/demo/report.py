@@ -10,8 +10,8 @@ from broker.emulation.demo.run import MODES
 
 def _rows(result: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows: list[tuple[str, str]] = []
-    for section in ("drones", "payloads"):
-        for key, value in result[section].items():
+    for section in ("drones", "payloads", "goodput"):
+        for key, value in result.get(section, {}).items():
             rows.append((f"{section}: {key}", str(value)))
     latency = result["tardis_latency"]
     if "median_s" in latency:

@@ -267,6 +267,6 @@ async def run_mode(
         obs_truth.close()
     if died:
         raise daemon_died(daemon, root)
-    result = analyze(root, min(finished, end))
+    result = analyze(root, min(finished, end), cores_per_drone=scenario.slots)
     progress(f"[{mode:6} done] {live.line()}")
     return result

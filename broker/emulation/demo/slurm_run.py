@@ -117,7 +117,7 @@ async def run_slurm_mode(
         await asyncio.to_thread(cluster.stop)
     if died:
         raise daemon_died(daemon, root)
-    result = analyze(root, min(finished, end))
+    result = analyze(root, min(finished, end), cores_per_drone=scenario.slots)
     result["slurm"] = slurm_counts(site, min(finished, end))
     progress(f"[{mode:6} done] {_line(site)}")
     return result

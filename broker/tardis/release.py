@@ -1,0 +1,127 @@
+"""
+Whom to release when COBalD shrinks a pool: the drone whose draining leaves the fewest cores idle
+
+Its rule (:func:`release_choice`): drones whose agent never announced itself first (their
+release is a handshake, nothing runs on them), then idle drones, then drones with payloads
+by the core-seconds that would sit idle while they drain (each free slot waits for the
+payload that ends last), then by the work left on them. A payload's work left is its
+requested runtime minus its runtime so far where known, else the mean remaining runtime
+of the payloads seen to end (:class:`Durations`) that ran at least as long, else as long
+again as it has run so far.
+"""
+
+from __future__ import annotations
+
+import bisect
+import collections
+import itertools
+import time
+from typing import NamedTuple
+
+from broker.manager.views import DroneView
+from remote_agent.protocol.events import PayloadFinished, Snapshot
+
+#: the registry's event kind of a payload's end
+_FINISHED = "payload_finished"
+
+#: payload ends kept for the estimate (the newest)
+DURATIONS_KEPT = 500
+#: fewer ends than this: the estimate is the runtime so far
+DURATIONS_NEEDED = 5
+
+
+class Durations:
+    """
+    How long payloads ran, from their agents' ``payload_finished`` events; a registry watcher
+
+    Written in the thread that applies the registry's messages; read from any
+    thread (the sorted table is replaced whole).
+    """
+
+    def __init__(self, kept: int = DURATIONS_KEPT) -> None:
+        self._seen: collections.deque[float] = collections.deque(maxlen=kept)
+        #: the durations sorted, and the sums of each tail (``tails[i] = sum(sorted[i:])``)
+        self._table: tuple[tuple[float, ...], tuple[float, ...]] = ((), (0.0,))
+
+    def __len__(self) -> int:
+        return len(self._table[0])
+
+    def seen(self, view: DroneView) -> None:
+        if view.kind != _FINISHED:
+            return
+        event = view.event
+        if not isinstance(event, PayloadFinished) or event.duration_s is None:
+            return
+        self.add(float(event.duration_s))
+
+    def add(self, duration_s: float) -> None:
+        self._seen.append(max(0.0, duration_s))
+        ordered = tuple(sorted(self._seen))
+        tails = tuple(itertools.accumulate(reversed(ordered), initial=0.0))[::-1]
+        self._table = (ordered, tails)
+
+    def left(self, runtime_s: float) -> float | None:
+        """Mean remaining seconds of a payload that ran ``runtime_s``; ``None``: too few seen"""
+        ordered, tails = self._table
+        if len(ordered) < DURATIONS_NEEDED:
+            return None
+        i = bisect.bisect_right(ordered, runtime_s)
+        longer = len(ordered) - i
+        if not longer:
+            return 0.0  # it outlived every payload seen: expect its end any moment
+        return tails[i] / longer - runtime_s
+
+
+def work_left(
+    runtime_s: float, durations: Durations | None, requested_s: float | None = None
+) -> float:
+    """The best estimate of a payload's remaining seconds (see the module's rule)"""
+    if requested_s is not None:
+        return max(0.0, requested_s - runtime_s)
+    estimate = durations.left(runtime_s) if durations is not None else None
+    return runtime_s if estimate is None else estimate
+
+
+class Choice(NamedTuple):
+    """A drone's place in the release order (ascending) and why"""
+
+    rank: int  #: 0 never announced, 1 idle, 2 running payloads
+    idle_core_s: float  #: core-seconds idle while it drains
+    left_s: float  #: seconds until its last payload ends
+    payloads: int
+    base: float  #: COBalD's own order: supply x utilisation
+
+    @property
+    def reason(self) -> str:
+        if self.rank == 0:
+            return "its agent never announced itself"
+        if self.rank == 1:
+            return "no payload runs"
+        return (
+            f"{self.payloads} payload(s), about {self.left_s:.0f}s left, "
+            f"{self.idle_core_s:.0f} core-s idle while draining"
+        )
+
+
+def release_choice(
+    view: DroneView | None,
+    cores: float,
+    base: float,
+    durations: Durations | None = None,
+    now: float | None = None,
+) -> Choice:
+    """The release order of one drone by its agent's newest snapshot (``view``)"""
+    snapshot: Snapshot | None = view.snapshot if view is not None else None
+    if snapshot is None:
+        return Choice(0, 0.0, 0.0, 0, base)
+    payloads = snapshot.payloads
+    if not payloads:
+        return Choice(1, 0.0, 0.0, 0, base)
+    at = time.time() if now is None else now
+    lefts = [
+        work_left(max(0.0, at - payload.started_at.timestamp()), durations) for payload in payloads
+    ]
+    last = max(lefts)
+    slots = max(snapshot.slots, len(payloads))
+    idle = (slots * last - sum(lefts)) * (cores / slots)
+    return Choice(2, idle, last, len(payloads), base)

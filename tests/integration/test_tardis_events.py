@@ -1,0 +1,208 @@
+"""
+Event-driven TARDIS drones with a real nats-server and TARDIS's own state machine: a drone
+follows its agent's events without a heartbeat, bursts coalesce, and a drone without an
+agent runs as TARDIS's stock drone does
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
+
+import pytest
+from nats.js import JetStreamContext
+from support.buses import BusFactory, Transitions, running_buses
+from support.drones import FakeDrone, publish
+from support.tardis import SITE, FakeOverlay, FakeSite
+from support.waiting import wait_until
+from tardis.agents.batchsystemagent import BatchSystemAgent
+from tardis.agents.siteagent import SiteAgent
+from tardis.interfaces.batchsystemadapter import MachineStatus
+from tardis.interfaces.siteadapter import ResourceStatus
+from tardis.resources.drone import Drone
+
+from broker.server.embedded import EmbeddedServer
+from broker.server.provision import provision
+from broker.tardis.drone import EventDrone
+from broker.tardis_adapter import (
+    RemoteBatchSystemAdapter,
+    RemoteBus,
+    RemoteSiteAdapter,
+    TardisStateNotes,
+)
+
+pytestmark = pytest.mark.timeout(120)
+
+#: far longer than any test here: a state run that happens was woken
+LONG_HEARTBEAT_S = 3600
+
+
+@pytest.fixture
+async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
+    """Start :class:`RemoteBus` services as COBalD would run them; stopped at the end"""
+    await provision(js)
+    async with running_buses(nats_server.url) as make:
+        yield make
+
+
+class HeldDrone(EventDrone):
+    """An event drone whose state runs can be held at their end (before ``set_state``)"""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.hold: asyncio.Event | None = None
+        self.held = asyncio.Event()
+
+    async def set_state(self, state: Any) -> None:
+        if self.hold is not None and self.state is not None:
+            self.held.set()
+            await self.hold.wait()
+        await super().set_state(state)
+
+
+@dataclass
+class Rig:
+    """A TARDIS drone on the decorated fake adapters, its recorder, and its fake agent"""
+
+    drone: Any
+    site: FakeSite
+    overlay: FakeOverlay
+    recorder: Transitions
+    agent: FakeDrone
+
+
+def rig(
+    bus: RemoteBus,
+    drone_uuid: str | None = None,
+    *,
+    cls: type[Drone] = EventDrone,
+    heartbeat_s: int = LONG_HEARTBEAT_S,
+    overlay: MachineStatus = MachineStatus.NotAvailable,
+) -> Rig:
+    site, batch, recorder = FakeSite(heartbeat_s=heartbeat_s), FakeOverlay(overlay), Transitions()
+    drone = cls(
+        site_agent=SiteAgent(RemoteSiteAdapter(site, bus)),
+        batch_system_agent=BatchSystemAgent(RemoteBatchSystemAdapter(batch, bus)),
+        plugins=[TardisStateNotes(bus), recorder],
+        drone_uuid=drone_uuid,
+        **({"waker": bus.waker} if issubclass(cls, EventDrone) else {}),
+    )
+    return Rig(drone, site, batch, recorder, FakeDrone(SITE, drone.resource_attributes.drone_uuid))
+
+
+@contextlib.asynccontextmanager
+async def running(drone: Drone) -> AsyncIterator[asyncio.Task[None]]:
+    task = asyncio.create_task(drone.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+async def test_a_drone_follows_its_agents_events_without_waiting_for_its_heartbeat(
+    make_bus: BusFactory, js: JetStreamContext
+) -> None:
+    bus = await make_bus()
+    one = rig(bus)
+    drone, site, overlay, recorder, agent = (
+        one.drone,
+        one.site,
+        one.overlay,
+        one.recorder,
+        one.agent,
+    )
+    async with running(drone):
+        await wait_until(lambda: recorder.states == ["RequestState", "BootingState"], 30, "Booting")
+        assert drone.state_runs == 1  # the request; the heartbeat wait has begun
+        await publish(js, bus.namespace, agent.started())
+        await publish(js, bus.namespace, agent.ready())
+        await wait_until(lambda: "AvailableState" in recorder.states, 30, "Available")
+        assert recorder.states[2:] == ["IntegrateState", "IntegratingState", "AvailableState"]
+        await wait_until(lambda: drone.supply == drone.maximum_demand, 30, "supply")
+        # every answer since the request came from the agent's facts
+        assert site.called("resource_status") == 0
+        await publish(js, bus.namespace, agent.drained())
+        await wait_until(lambda: "ShutDownState" in recorder.states, 30, "ShutDown")
+    assert recorder.states[5:] == ["DisintegrateState", "ShutDownState"]
+    # a drained agent ends its own job: TARDIS waits for that instead of suspending it
+    assert site.called("stop_resource") == 0
+    assert overlay.called("get_machine_status") == 0
+    assert drone.woken >= 1
+
+
+async def test_a_burst_of_events_during_a_state_run_leads_to_one_more_run(
+    make_bus: BusFactory, js: JetStreamContext
+) -> None:
+    bus = await make_bus()
+    one = rig(bus, cls=HeldDrone)
+    drone, recorder, agent = one.drone, one.recorder, one.agent
+    assert isinstance(drone, HeldDrone)
+    uuid = drone.resource_attributes.drone_uuid
+    async with running(drone):
+        await publish(js, bus.namespace, agent.started())
+        await publish(js, bus.namespace, agent.ready())
+        await wait_until(lambda: recorder.states[-1:] == ["AvailableState"], 30, "Available")
+        await wait_until(lambda: drone.supply > 0, 30, "Available's own run")
+        runs = drone.state_runs
+        drone.hold = asyncio.Event()
+        drone.held.clear()
+        drone.wake()
+        await asyncio.wait_for(drone.held.wait(), 30)  # a state run is under way
+        burst = 20
+        seq = 0
+        for i in range(burst):  # each payload step changes the facts TARDIS reads
+            event = (
+                agent.payload_started(f"{i}.0")
+                if i % 2 == 0
+                else agent.payload_finished(f"{i - 1}.0")
+            )
+            seq = await publish(js, bus.namespace, event)
+        await wait_until(
+            lambda: (view := bus.registry.view(SITE, uuid)) is not None and view.stream_seq == seq,
+            30,
+            "the burst applied",
+        )
+        assert bus.waker.counts["wake_event"] >= burst
+        drone.hold.set()
+        drone.hold = None
+        await wait_until(lambda: drone.state_runs >= runs + 2, 30, "the run after the burst")
+        # no further run follows: nothing changed since (no busy loop)
+        await asyncio.sleep(0.5)
+        assert drone.state_runs == runs + 2
+        assert recorder.states[-1] == "AvailableState"
+
+
+async def test_a_drone_without_an_agent_runs_as_tardis_stock_drone(make_bus: BusFactory) -> None:
+    """Same script, a stock Drone and an EventDrone side by side: same states, same calls"""
+    bus = await make_bus()
+    rigs = [
+        rig(bus, cls=cls, heartbeat_s=1, overlay=MachineStatus.Available)
+        for cls in (Drone, EventDrone)
+    ]
+    stock, evented = drones = [r.drone for r in rigs]
+    sites = [r.site for r in rigs]
+    overlays = [r.overlay for r in rigs]
+    recorders = [r.recorder for r in rigs]
+    async with running(stock) as stock_task, running(evented) as event_task:
+        await wait_until(
+            lambda: all("BootingState" in r.states for r in recorders), 30, "both Booting"
+        )
+        for site in sites:  # the site starts both jobs; no agent ever speaks
+            site.status = ResourceStatus.Running
+        await wait_until(
+            lambda: all("AvailableState" in r.states for r in recorders), 30, "both Available"
+        )
+        for drone in drones:
+            drone.demand = 0  # COBalD releases both
+        await asyncio.wait_for(asyncio.gather(stock_task, event_task), 60)
+    assert recorders[0].states == recorders[1].states
+    assert recorders[1].states[-1] == "DownState"
+    assert [c for c, _ in sites[0].calls] == [c for c, _ in sites[1].calls]
+    assert [c for c, _ in overlays[0].calls] == [c for c, _ in overlays[1].calls]
+    assert evented.woken == 0  # the release wrote its record; nobody announced: no wake
+    assert bus.waker.counts["wake_event"] == 0

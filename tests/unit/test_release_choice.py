@@ -1,0 +1,158 @@
+"""The release choice: never announced, idle, then fewest idle core-seconds while draining"""
+
+from __future__ import annotations
+
+import datetime as dt
+import logging
+from typing import Any
+
+import pytest
+from support.tardis import (
+    SITE,
+    FakeControl,
+    FakeOverlay,
+    announce,
+    no,
+    offline_bus,
+    with_control,
+)
+from tardis.agents.batchsystemagent import BatchSystemAgent
+
+from broker.manager.registry import Registry
+from broker.manager.verdict import Removal
+from broker.manager.views import DroneView
+from broker.tardis.release import Durations, release_choice, work_left
+from broker.tardis_adapter import RemoteBatchSystemAdapter, RemoteFactoryPool
+from remote_agent.protocol import events as ev
+from remote_agent.protocol.names import dedupe_id
+
+NOW = 1_800_000_000.0
+
+
+def busy_view(registry: Registry, drone: str, ages_s: list[float], slots: int = 4) -> DroneView:
+    """``drone`` with payloads that started ``ages_s`` seconds before :data:`NOW`"""
+    started = [dt.datetime.fromtimestamp(NOW - age, dt.UTC) for age in ages_s]
+    at = dt.datetime.fromtimestamp(NOW, dt.UTC)
+    snapshot = ev.Snapshot(
+        state=ev.DroneState.BUSY if ages_s else ev.DroneState.IDLE,
+        since=at,
+        gate_open=True,
+        slots=slots,
+        payloads=[ev.Payload(job_id=f"{i}.0", started_at=s) for i, s in enumerate(started)],
+        started_at=at,
+    )
+    event = ev.Heartbeat(
+        site=SITE,
+        drone=drone,
+        incarnation="inc1",
+        seq=1,
+        at=at,
+        id=dedupe_id(drone, "inc1", 1),
+        snapshot=snapshot,
+        interval_s=30.0,
+    )
+    registry.apply(event, registry.namespace.event(SITE, drone, "heartbeat"), NOW)
+    view = registry.view(SITE, drone)
+    assert view is not None
+    return view
+
+
+def test_the_estimate_is_the_mean_remaining_runtime_of_the_payloads_that_ran_as_long() -> None:
+    durations = Durations()
+    for d in (100.0, 200.0, 300.0, 400.0):
+        durations.add(d)
+    assert durations.left(50.0) is None  # too few ends seen: no estimate
+    assert work_left(50.0, durations) == 50.0  # as long again as so far
+    durations.add(1000.0)
+    assert durations.left(0.0) == pytest.approx(400.0)
+    assert durations.left(250.0) == pytest.approx((300 + 400 + 1000) / 3 - 250)
+    assert durations.left(5000.0) == 0.0  # outlived every one seen
+    assert work_left(250.0, durations, requested_s=300.0) == 50.0
+    assert work_left(400.0, durations, requested_s=300.0) == 0.0
+
+
+def test_the_order_is_never_announced_idle_then_fewest_idle_core_seconds() -> None:
+    registry = Registry()
+    durations = Durations()
+    for _ in range(10):
+        durations.add(1000.0)  # every payload runs 1000 s
+    full = busy_view(registry, "site1-0000000001", [900, 900, 900, 900])  # 100 s left each
+    half = busy_view(registry, "site1-0000000002", [900, 900])  # 2 slots idle for 100 s
+    young = busy_view(registry, "site1-0000000003", [10, 10, 10, 10])  # 990 s left, none idle
+    idle = busy_view(registry, "site1-0000000004", [])
+    choices = {
+        name: release_choice(view, 4.0, 0.0, durations, NOW)
+        for name, view in {
+            "full": full,
+            "half": half,
+            "young": young,
+            "idle": idle,
+            "never": None,
+        }.items()
+    }
+    order = sorted(choices, key=choices.__getitem__)
+    assert order == ["never", "idle", "full", "young", "half"]
+    assert choices["half"].idle_core_s == pytest.approx(200.0)
+    assert choices["young"].left_s == pytest.approx(990.0)
+    assert choices["full"].reason == ("4 payload(s), about 100s left, 0 core-s idle while draining")
+
+
+def test_payload_ends_feed_the_estimate_as_the_registry_applies_them() -> None:
+    registry = Registry()
+    durations = Durations()
+    registry.watchers.append(durations.seen)
+    at = ev.utcnow()
+    for seq in range(1, 4):
+        event = ev.PayloadFinished(
+            site=SITE,
+            drone="site1-0000000001",
+            incarnation="inc1",
+            seq=seq,
+            at=at,
+            id=dedupe_id("site1-0000000001", "inc1", seq),
+            snapshot=ev.Snapshot(state=ev.DroneState.IDLE, since=at, gate_open=True, started_at=at),
+            job_id=f"{seq}.0",
+            how=ev.PayloadEnd.EXIT,
+            duration_s=60.0 * seq,
+        )
+        registry.apply(event, registry.namespace.event(SITE, event.drone, "payload_finished"), 1)
+    announce(registry, "site1-0000000001", ev.DroneState.IDLE, seq=10)  # not an end
+    assert len(durations) == 3
+
+
+class Child:
+    def __init__(self, drone: str) -> None:
+        self.resource_attributes = {"drone_uuid": drone}
+        self.demand = self.maximum_demand = 4.0
+        self.supply = 4.0
+        self.utilisation = 0.0
+
+
+async def test_a_release_is_logged_with_its_reason_which_the_drain_carries(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    bus = offline_bus()
+    announce(bus.registry, "site1-0000000001", ev.DroneState.BUSY, payloads=1)
+    announce(bus.registry, "site1-0000000002", ev.DroneState.IDLE)
+    children = [Child("site1-0000000001"), Child("site1-0000000002")]
+    pool = RemoteFactoryPool(
+        *children, factory=lambda: Child("site1-ffffffffff"), interval=1, bus=bus, site=SITE
+    )
+    with caplog.at_level(logging.INFO, "cobald.runtime.cobald_remote.tardis"):
+        pool._shrink(target=4.0)
+    assert [c.demand for c in children] == [4.0, 0]
+    assert caplog.messages == ["site1/site1-0000000002 chosen for release: no payload runs"]
+
+    reasons: list[Any] = []
+
+    class Control(FakeControl):
+        async def drain(self, site: str, drone: str, *args: Any, **kwargs: Any) -> Any:
+            reasons.append(args[1] if len(args) > 1 else kwargs.get("reason"))
+            return await super().drain(site, drone, *args, **kwargs)
+
+    control = Control(no(Removal.AGENT_UP))
+    agent = BatchSystemAgent(RemoteBatchSystemAdapter(FakeOverlay(), with_control(bus, control)))
+    await agent.drain_machine(drone_uuid="site1-0000000002")
+    await agent.drain_machine(drone_uuid="site1-0000000001")  # not chosen by the pool
+    assert reasons == ["chosen for release: no payload runs", "TARDIS drain"]
+    assert bus.release_reasons == {}
