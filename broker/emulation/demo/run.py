@@ -240,9 +240,7 @@ async def run_mode(
     await overlay.start()
     await lbs.start()
     start = time.time() + 2.0  # room for the daemon to import before the schedule begins
-    bus = bus_section(scenario, nats_url) if mode == "remote" and nats_url else None
-    if bus is not None and bus_keys:
-        bus.update(bus_keys)
+    bus = bus_section(scenario, nats_url, bus_keys) if mode == "remote" and nats_url else None
     config = root / "cobald.yaml"
     config.write_text(render_config(scenario, root, start=start, bus=bus))
     env = None

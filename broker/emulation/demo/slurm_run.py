@@ -91,9 +91,7 @@ async def run_slurm_mode(
         site.write()
         await overlay.start()
         start = time.time() + 2.0  # room for the daemon to import before the schedule begins
-        bus = bus_section(scenario, nats_url) if mode == "remote" and nats_url else None
-        if bus is not None and bus_keys:
-            bus.update(bus_keys)
+        bus = bus_section(scenario, nats_url, bus_keys) if mode == "remote" and nats_url else None
         config = root / "cobald.yaml"
         config.write_text(render_config(scenario, root, start=start, bus=bus))
         env = slurm_environment(

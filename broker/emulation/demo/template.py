@@ -87,11 +87,15 @@ def _adapters(scenario: Scenario, root: Path) -> dict[str, Any]:
     }
 
 
-def bus_section(scenario: Scenario, url: str) -> dict[str, Any]:
+def bus_section(
+    scenario: Scenario, url: str, extra: Mapping[str, Any] | None = None
+) -> dict[str, Any]:
+    """The ``bus:`` section of a run with cobald-remote; ``extra``: credentials, the issuer"""
     return {
         "servers": url,
         "lost_after_s": scenario.lost_after_s,
         "drain_deadline_s": 600.0,
         "lost_removal_after_s": 600.0,
         "request_timeout_s": 2.0,
+        **(extra or {}),
     }
