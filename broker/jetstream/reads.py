@@ -2,7 +2,9 @@
 One-shot reads: every message an ephemeral ``AckPolicy.NONE`` consumer has at its creation
 
 Its rule: a read ends when as many messages as the consumer reported pending were
-read, and the consumer is deleted however it ends.
+read, or, once no message came for a while, when the server has none left to deliver and
+every one it delivered was read (messages purged after the consumer counted them never
+come); the consumer is deleted however it ends.
 """
 
 from __future__ import annotations
@@ -25,6 +27,8 @@ from remote_agent.protocol.names import DEFAULT_API_PREFIX
 
 #: pull batch of :func:`read_all`
 READ_ALL_BATCH: Final = 2000
+#: seconds without a message after which :func:`read_all` asks whether any is left
+QUIET_CHECK_S: Final = 2.0
 
 
 async def read_all(
@@ -95,7 +99,7 @@ async def read_all(
     )
     runner = asyncio.create_task(pull.run(done))
     try:
-        await asyncio.wait_for(_first_done(done, runner), timeout_s)
+        await _until_read(js, stream, info.name, done, runner, lambda: count, timeout_s)
         if runner.done() and not done.is_set():
             runner.result()  # raises what ended it
     except TimeoutError:
@@ -109,6 +113,41 @@ async def read_all(
             await runner
         await _delete_quietly(js, stream, info.name)
     return count
+
+
+async def _until_read(
+    js: JetStreamContext,
+    stream: str,
+    name: str,
+    done: asyncio.Event,
+    runner: asyncio.Task[None],
+    read: Callable[[], int],
+    timeout_s: float,
+) -> None:
+    """
+    Wait until ``done``, the runner's end, or a quiet consumer with nothing left for us
+
+    :raises TimeoutError: after ``timeout_s``
+    """
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + timeout_s
+    before = -1
+    while not (done.is_set() or runner.done()):
+        left = deadline - loop.time()
+        if left <= 0:
+            raise TimeoutError
+        try:
+            await asyncio.wait_for(_first_done(done, runner), min(left, QUIET_CHECK_S))
+            continue
+        except TimeoutError:
+            pass
+        count = read()
+        if count == before:  # quiet: were the rest purged after the consumer counted them?
+            with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+                state = await js.consumer_info(stream, name)
+                if not state.num_pending and state.delivered.consumer_seq <= count:
+                    return
+        before = count
 
 
 async def _first_done(done: asyncio.Event, task: asyncio.Task[None]) -> None:

@@ -375,3 +375,42 @@ async def test_ephemeral_reader_reads_what_was_there(nc: Client, stream: JetStre
     assert count == len(seen) == (await stream.stream_info(NS.event_stream)).state.messages
     # the ephemeral consumer is gone afterwards
     assert await stream.consumers_info(NS.event_stream) == []
+
+
+async def test_ephemeral_reader_ends_when_what_it_counted_was_purged_meanwhile(
+    nc: Client, stream: JetStreamContext
+) -> None:
+    """
+    A retirement purges records while a rebuild reads them: the purged ones never come,
+    and the read ends once the server has nothing left, not at its timeout
+    """
+    from broker.jetstream.reads import read_all
+
+    drones = _fleet(3)
+    for drone in drones:
+        await _publish_story(stream, drone, 2)
+    last = NS.drone_events(drones[-1].site, drones[-1].drone)
+    purged: list[str] = []
+    seen: list[str] = []
+    tasks: set[asyncio.Task[object]] = set()
+
+    def handle(subject: str, reply: str, data: bytes, headers: object) -> None:
+        seen.append(subject)
+        if not purged:  # the first message: the last drone's events go before they are read
+            purged.append(subject)
+            task = asyncio.ensure_future(stream.purge_stream(NS.event_stream, subject=last))
+            tasks.add(task)
+
+    count = await read_all(
+        nc,
+        stream,
+        NS.event_stream,
+        ConsumerConfig(filter_subject=NS.all_events),
+        handle,
+        settings=PullSettings(batch=1, expires_s=1.0, idle_heartbeat_s=0.5),
+        timeout_s=60,
+    )
+    await asyncio.gather(*tasks)
+    assert count == len(seen) < 3 * 2 * 2  # fewer than counted at the start: some were purged
+    assert not [subject for subject in seen[1:] if subject.startswith(last.rstrip(">"))]
+    assert await stream.consumers_info(NS.event_stream) == []
