@@ -2,8 +2,8 @@
 One-shot reads: every message an ephemeral ``AckPolicy.NONE`` consumer has at its creation
 
 Its rule: a read ends when as many messages as the consumer reported pending were
-read, or, once no message came for a while, when the server has none left to deliver and
-every one it delivered was read (messages purged after the consumer counted them never
+read, or, asked every half second until then, when the server has none left to deliver
+and every one it delivered was read (messages purged after the consumer counted them never
 come); the consumer is deleted however it ends.
 """
 
@@ -27,8 +27,8 @@ from remote_agent.protocol.names import DEFAULT_API_PREFIX
 
 #: pull batch of :func:`read_all`
 READ_ALL_BATCH: Final = 2000
-#: seconds without a message after which :func:`read_all` asks whether any is left
-QUIET_CHECK_S: Final = 2.0
+#: seconds without the end after which :func:`read_all` asks whether any message is left
+QUIET_CHECK_S: Final = 0.5
 
 
 async def read_all(
@@ -125,13 +125,12 @@ async def _until_read(
     timeout_s: float,
 ) -> None:
     """
-    Wait until ``done``, the runner's end, or a quiet consumer with nothing left for us
+    Wait until ``done``, the runner's end, or a consumer with nothing left for us
 
     :raises TimeoutError: after ``timeout_s``
     """
     loop = asyncio.get_running_loop()
     deadline = loop.time() + timeout_s
-    before = -1
     while not (done.is_set() or runner.done()):
         left = deadline - loop.time()
         if left <= 0:
@@ -141,13 +140,11 @@ async def _until_read(
             continue
         except TimeoutError:
             pass
-        count = read()
-        if count == before:  # quiet: were the rest purged after the consumer counted them?
-            with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
-                state = await js.consumer_info(stream, name)
-                if not state.num_pending and state.delivered.consumer_seq <= count:
-                    return
-        before = count
+        # were the rest purged after the consumer counted them?
+        with contextlib.suppress(nats.errors.Error, asyncio.TimeoutError):
+            state = await js.consumer_info(stream, name)
+            if not state.num_pending and state.delivered.consumer_seq <= read():
+                return
 
 
 async def _first_done(done: asyncio.Event, task: asyncio.Task[None]) -> None:

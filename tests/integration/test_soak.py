@@ -176,6 +176,7 @@ async def _soak(
         await store.claim(SITE, drone.drone, drone.incarnation)
     registry = service.registry
     stop = asyncio.Event()
+    lives_over = asyncio.Event()  #: no new lives; the live fleet heartbeats on until ``stop``
     lives: set[asyncio.Task[None]] = set()
     counter = itertools.count()
     never_lost: list[str] = []
@@ -183,6 +184,8 @@ async def _soak(
     async def cycle() -> None:
         for drone in live:
             await publish(js, NS, drone.heartbeat(interval_s=CYCLE_S))
+        if lives_over.is_set():
+            return
         for _ in range(PER_CYCLE):
             task = asyncio.create_task(fleet.life(next(counter)))
             lives.add(task)
@@ -211,18 +214,21 @@ async def _soak(
             )
         )
 
+    sampling = asyncio.create_task(_every(SOAK_S / 8, lives_over, sample))
     tasks = [
         asyncio.create_task(_every(CYCLE_S, stop, cycle)),
         asyncio.create_task(_every(0.25, stop, watch)),
-        asyncio.create_task(_every(SOAK_S / 8, stop, sample)),
     ]
     try:
         await asyncio.sleep(SOAK_S)
-    finally:
-        stop.set()
-        await asyncio.gather(*tasks)
+        lives_over.set()
+        await sampling
         await asyncio.gather(*lives)
-    await sample()
+        await sample()  # with the live fleet still heartbeating: none of it is lost
+    finally:
+        lives_over.set()
+        stop.set()
+        await asyncio.gather(sampling, *tasks, *lives)
     assert not fleet.failures, fleet.failures[:3]
     assert not never_lost, f"counted lost: {sorted(set(never_lost))[:5]}"
     assert service.retired.retired >= len(fleet.ended) // 2
