@@ -210,8 +210,6 @@ class Issuer:
             log.debug("cannot send a bootstrap reply: %r", err)
 
     async def _decide(self, site: str, data: bytes) -> Issued | IssueRefused:
-        if not is_token(site):
-            return self._refuse(site, "?", Refusal.MALFORMED, "not a site subject")
         if not self._rate.allow(site, time.monotonic()):
             return self._refuse(site, "?", Refusal.THROTTLED, "too many requests; ask again")
         try:

@@ -202,11 +202,16 @@ def save_authority(authority: Authority, path: Path) -> None:
 
 def update_authority(authority: Authority, path: Path) -> None:
     """Replace the authority file at ``path`` (mode 0600) in one step"""
+    _replace_secret(path, _authority_json(authority))
+
+
+def _replace_secret(path: Path, text: str) -> None:
+    """Replace ``path`` with ``text`` in one step, readable by its owner only"""
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     try:
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
-            out.write(_authority_json(authority) + "\n")
+            out.write(text + "\n")
         os.replace(temporary, path)
     except OSError as err:
         raise AuthError(f"cannot write {path}: {err.strerror}") from err
@@ -248,15 +253,8 @@ def issuer_key_of(authority: Authority) -> IssuerKey:
 
 def save_issuer_key(key: IssuerKey, path: Path) -> None:
     """Write the issuer's key to ``path`` (mode 0600) in one step"""
-    temporary = path.with_name(f".{path.name}.{os.getpid()}")
     text = json.dumps({"account": key.account_public, "account_signing": key.account_signing})
-    try:
-        fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "w") as out:
-            out.write(text + "\n")
-        os.replace(temporary, path)
-    except OSError as err:
-        raise AuthError(f"cannot write {path}: {err.strerror}") from err
+    _replace_secret(path, text)
 
 
 def load_issuer_key(path: Path) -> IssuerKey:
