@@ -22,7 +22,12 @@ from support.servers import drone_creds, hub_and_leaf, refused_for_another, unco
 from broker.cli import main
 from broker.errors import AuthError
 from broker.manager.service import ManagerSettings
-from broker.server.auth.authority import create_authority, load_authority, save_authority
+from broker.server.auth.authority import (
+    create_authority,
+    load_authority,
+    load_issuer_key,
+    save_authority,
+)
 from broker.server.auth.credentials import drone_credentials, leaf_credentials
 from broker.server.auth.jwt import creds_claims, decode_jwt
 from broker.server.auth.revocation import (
@@ -37,7 +42,7 @@ from broker.server.provision import provision
 from remote_agent.agent import Agent
 from remote_agent.deploy_files import DEPLOY_DIR
 from remote_agent.protocol import events as ev
-from remote_agent.protocol.connect import connect
+from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.names import Namespace
 
@@ -357,3 +362,62 @@ async def test_a_revoked_drone_is_cut_off_and_refused_after_a_reload(
         finally:
             for client in (revoked, other, manager):
                 await client.close()
+
+
+@pytest.mark.timeout(120)
+async def test_a_sites_bootstrap_identity_is_revoked_by_name_and_refused_after_a_reload(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """
+    What operations.md promises: ``auth bootstrap SITE`` makes the site's identity, named
+    ``bootstrap-SITE``; ``auth revoke bootstrap-SITE`` and a reload refuse it. The issuer's
+    key file (``auth issuer-key``) holds the account's signing key, none of the authority's
+    other seeds, readable by its owner only.
+    """
+    authority, server_config = tmp_path / "authority.json", tmp_path / "auth.conf"
+    given = ["--authority", str(authority)]
+    assert main(["auth", "init", *given, "--server-config", str(server_config)]) == 0
+    issuer_file, creds = tmp_path / "issuer-key.json", tmp_path / "bootstrap-site1.creds"
+    assert main(["auth", "issuer-key", *given, "--out", str(issuer_file)]) == 0
+    assert main(["auth", "bootstrap", SITE, *given, "--out", str(creds)]) == 0
+    made = load_authority(authority)
+    key = load_issuer_key(issuer_file)
+    assert (key.account_public, key.account_signing) == (made.account_public, made.account_signing)
+    assert made.operator not in issuer_file.read_text()
+    assert made.account not in issuer_file.read_text()
+    assert issuer_file.stat().st_mode & 0o777 == creds.stat().st_mode & 0o777 == 0o600
+    assert creds_claims(creds.read_text())["name"] == f"bootstrap-{SITE}"
+
+    config = tmp_path / "server.conf"
+    config.write_text(f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\ninclude "auth.conf"\n')
+    async with EmbeddedServer(tmp_path / "nats", config_file=config) as server:
+
+        async def quiet(err: Exception) -> None:
+            pass
+
+        def site() -> Any:
+            return connect(
+                server.url,
+                user_credentials=str(creds),
+                inbox_prefix=f"_BOOTSTRAP_{SITE}",
+                error_cb=quiet,
+                allow_reconnect=False,
+                connect_timeout=2,
+            )
+
+        await close(await site())  # accepted before the revocation
+        capsys.readouterr()
+        revoking = ["auth", "revoke", f"bootstrap-{SITE}", *given]
+        assert main([*revoking, "--server-config", str(server_config)]) == 0
+        assert "revoked 1 credentials" in capsys.readouterr().err
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGHUP)  # systemctl reload does this
+        deadline = time.monotonic() + 30
+        while True:  # the reload is asynchronous: refused once it took effect
+            try:
+                await close(await site())
+            except nats.errors.Error as err:
+                assert re.search(r"(?i)authorization violation", str(err)), err
+                break
+            assert time.monotonic() < deadline, "still accepted after the reload"
+            await asyncio.sleep(0.2)
