@@ -6,6 +6,9 @@ Run from the repository root::
     .venv/bin/python bench/history.py           # 100,000 live + 1,000,000 ended drones
     .venv/bin/python bench/history.py --quick   # 10,000 live + 100,000 ended drones
 
+(``bench/scale.py`` measures the live fleet alone, by size; this script what history and
+retention add to it.)
+
 Two servers (the embedded one, each in a temporary directory) hold the same live fleet:
 one handshake record (``up``) and one heartbeat per live drone, plus ``--retained`` drones
 that ended within ``retain_ended_s`` (a ``drained`` record, their lives in the stream).
@@ -18,8 +21,14 @@ Measured on each, in the same run: :func:`broker.manager.rebuild.rebuild` into a
 registry (seconds, messages read) and the memory it holds (``tracemalloc``); printed as
 ratios history / baseline. For reference, on the history server: what reading the last
 message of every event subject would read (a no-op :func:`broker.jetstream.reads.read_all`
-with ``LAST_PER_SUBJECT``), the cost that grows with the site's history. Writes JSON to
-``bench/results/history-<time>.json``. Nothing is asserted.
+with ``LAST_PER_SUBJECT``), the cost that grows with the site's history.
+
+Then the retention's own cost: two more servers, one with the live fleet alone (the
+baseline), one with ``--outside`` drones beside it that ended within ``retain_ended_s``
+(a ``drained`` record and their lives) but longer than the rebuild window ago, as a day of
+ends at a busy site under the default retention is: the rebuild reads each of them one by
+one (``drones_read``). Writes JSON to ``bench/results/history-<time>.json``. Nothing is
+asserted.
 """
 
 from __future__ import annotations
@@ -108,14 +117,19 @@ async def put_records(bus: Bus, drones: list[str], phase: ev.RecordPhase) -> Non
     await asyncio.gather(*(put(d) for d in drones))
 
 
+async def retain(bus: Bus, drones: list[str]) -> None:
+    """Drones that ended and are kept: a ``drained`` record each and their whole lives"""
+    await put_records(bus, drones, ev.RecordPhase.DRAINED)
+    await publish(bus, (e for d in drones for e in life(d)))
+
+
 async def fleet(bus: Bus, live: int, retained: int) -> None:
     """The live fleet and the drones that ended within the retention, as both servers hold them"""
     live_drones = [_common.drone_name(SITE, i) for i in range(live)]
     kept = [_common.drone_name(SITE, live + i) for i in range(retained)]
     started = time.perf_counter()
     await put_records(bus, live_drones, ev.RecordPhase.UP)
-    await put_records(bus, kept, ev.RecordPhase.DRAINED)
-    await publish(bus, (e for d in kept for e in life(d)))
+    await retain(bus, kept)
     await publish(bus, (heartbeat(d) for d in live_drones))
     print(f"  live fleet written in {time.perf_counter() - started:.0f}s", flush=True)
 
@@ -184,6 +198,19 @@ async def server(live: int, retained: int, ended: int) -> dict[str, object]:
         return result
 
 
+async def outside(live: int, kept: int) -> dict[str, object]:
+    """The live fleet with ``kept`` retained drones that ended before the rebuild window"""
+    label = f"outside ({kept:,} retained)" if kept else "live fleet alone"
+    async with _common.bus(Namespace("bench")) as bus:
+        if kept:
+            await retain(bus, [_common.drone_name(SITE, 1 << 37 | i) for i in range(kept)])
+            await asyncio.sleep(WINDOW_LOST_AFTER * LOST_AFTER_S + 1)
+        await fleet(bus, live, 0)
+        result = await measure(bus, live + kept)
+        print(f"  {label}: rebuild {result}", flush=True)
+        return result
+
+
 async def run(args: argparse.Namespace) -> dict[str, object]:
     baseline = await server(args.live, args.retained, 0)
     history = await server(args.live, args.retained, args.ended)
@@ -193,6 +220,9 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         "ended": args.ended,
         "baseline": baseline,
         "history": history,
+        "outside": args.outside,
+        "live_alone": await outside(args.live, 0),
+        "retained_outside": await outside(args.live, args.outside),
     }
 
 
@@ -212,8 +242,30 @@ def render(report: Mapping[str, object]) -> str:
         f"reading the last message of every event subject instead: {every['messages']:,} "
         f"messages in {every['seconds']:.2f}s "
         f"({every['seconds'] / hist['seconds']:.1f}x the rebuild's time)",
+        "",
+        render_outside(report),
     ]
     return "\n".join(lines)
+
+
+def render_outside(report: Mapping[str, object]) -> str:
+    """The retention's row: retained drones outside the window against the live fleet alone"""
+    base: Mapping[str, float] = report["live_alone"]  # type: ignore[assignment]
+    kept: Mapping[str, float] = report["retained_outside"]  # type: ignore[assignment]
+    n = int(report["outside"])  # type: ignore[call-overload]
+    rows = [
+        (key, kept[key], base[key], kept[key] / base[key] if base[key] else "-")
+        for key in ("seconds", "read", "drones_read", "bytes_per_drone")
+    ]
+    extra_us = (kept["seconds"] - base["seconds"]) / n * 1e6 if n else 0.0
+    return "\n".join(
+        [
+            f"{report['live']:,} live drones and {n:,} retained ended drones outside the "
+            "rebuild window (read one by one)",
+            _common.table(("rebuild", "retained outside", "live fleet alone", "ratio"), rows),
+            f"each retained drone outside the window adds {extra_us:.0f} us to the rebuild",
+        ]
+    )
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -221,10 +273,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--live", type=int, default=100_000)
     parser.add_argument("--ended", type=int, default=1_000_000)
     parser.add_argument("--retained", type=int, default=1_000)
-    parser.add_argument("--quick", action="store_true", help="10,000 live, 100,000 ended")
+    parser.add_argument(
+        "--outside", type=int, default=25_000, help="retained ended drones outside the window"
+    )
+    parser.add_argument(
+        "--quick", action="store_true", help="10,000 live, 100,000 ended, 2,500 outside"
+    )
     args = parser.parse_args(argv)
     if args.quick:
-        args.live, args.ended, args.retained = 10_000, 100_000, 100
+        args.live, args.ended, args.retained, args.outside = 10_000, 100_000, 100, 2_500
     report = _common.run_bounded(run(args), 3600)
     print(render(report))
     print(f"written to {_common.write_result('history', report)}")

@@ -29,8 +29,9 @@ from nats.aio.client import Client
 from nats.js import JetStreamContext
 from support.drones import FakeDrone, publish
 from support.manager import running_manager
+from support.waiting import wait_until
 
-from broker.manager.rebuild import rebuild
+from broker.manager.rebuild import WINDOW_LOST_AFTER, RebuildReport, rebuild
 from broker.manager.registry import Registry
 from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.embedded import EmbeddedServer
@@ -233,3 +234,74 @@ async def _soak(
     assert not never_lost, f"counted lost: {sorted(set(never_lost))[:5]}"
     assert service.retired.retired >= len(fleet.ended) // 2
     return samples
+
+
+async def _rebuild_like(
+    service: ManagerService, nc: Client, js: JetStreamContext
+) -> tuple[RebuildReport, Registry]:
+    live = service.registry
+    registry = Registry(NS, lost_after_s=live.lost_after_s, retain_ended_s=RETAIN_OUTSIDE_S)
+    registry.proof_key = live.proof_key
+    report, _ = await rebuild(nc, js, registry)
+    return report, registry
+
+
+LOST_OUTSIDE_S = 2.0
+#: longer than the rebuild window, as the default retention is
+RETAIN_OUTSIDE_S = 12.0
+OUTSIDE_LIVES = 16
+
+
+@pytest.mark.timeout(120)
+async def test_retained_drones_outside_the_window_are_read_one_by_one(
+    nats_server: EmbeddedServer, nc: Client, stream: JetStreamContext, store: RecordStore
+) -> None:
+    """
+    Ended drones kept longer than the rebuild window: each is read one by one, ends the same
+    in the rebuilt registry, and costs the rebuild nothing once retired
+    """
+    settings = ManagerSettings(
+        servers=(nats_server.url,),
+        lost_after_s=LOST_OUTSIDE_S,
+        lost_check_s=0.2,
+        retain_ended_s=RETAIN_OUTSIDE_S,
+    )
+    window_s = WINDOW_LOST_AFTER * LOST_OUTSIDE_S
+    assert window_s + 5 < RETAIN_OUTSIDE_S
+    stop = asyncio.Event()
+    async with running_manager(settings) as service:
+        assert service.control is not None
+        fleet = Fleet(stream, store, service.control.store)
+        live = [fleet.new() for _ in range(5)]
+        for drone in live:
+            await publish(stream, NS, drone.started())
+            await store.claim(SITE, drone.drone, drone.incarnation)
+
+        async def heartbeats() -> None:
+            for drone in live:
+                await publish(stream, NS, drone.heartbeat(interval_s=0.25))
+
+        beating = asyncio.create_task(_every(0.25, stop, heartbeats))
+        try:
+            await asyncio.gather(*(fleet.life(n) for n in range(OUTSIDE_LIVES)))
+            assert not fleet.failures, fleet.failures[:3]
+            # every message of the ended drones is older than the window, their retention
+            # is not over
+            await asyncio.sleep(window_s + 1)
+            assert service.registry.metrics().ended == OUTSIDE_LIVES
+            report, rebuilt = await _rebuild_like(service, nc, stream)
+            assert report.drones_read == OUTSIDE_LIVES
+            kept = {key: v for key, v in service.registry.views().items() if v.ended}
+            # what status --ended, timeline and the retirement time derive from
+            assert {key: rebuilt.views()[key] for key in kept} == kept
+            assert not rebuilt.mark_lost(time.time()), "an ended drone is never lost"
+            await wait_until(
+                lambda: service.retired.retired >= OUTSIDE_LIVES,
+                RETAIN_OUTSIDE_S + 30,
+                "the retained drones retired",
+            )
+            report, rebuilt = await _rebuild_like(service, nc, stream)
+            assert (report.drones_read, len(rebuilt)) == (0, len(live))
+        finally:
+            stop.set()
+            await beating
