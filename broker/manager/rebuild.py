@@ -1,11 +1,12 @@
 """
 Restore a registry after a restart from the handshake bucket and the event stream
 
-Its rule: the work is bounded by the live fleet, not by history. The rebuild loads every
-handshake record (the bucket holds only drones not yet retired), reads every event and
-TARDIS note stored in the last few heartbeat intervals, then reads the newest messages of
-the few drones that window leaves incomplete (``docs/architecture.md``, "Rebuilding the
-registry"). The result equals the live registry's for every drone that has a record or
+Its rule: the work is bounded by the live fleet and the ended drones not yet retired, not
+by history. The rebuild loads every handshake record (the bucket holds only drones not yet
+retired), reads every event and TARDIS note stored in the last few heartbeat intervals,
+then reads the newest messages of the drones that window leaves incomplete, ended drones
+kept longer than the window among them (``docs/architecture.md``, "Rebuilding after a
+restart"). The result equals the live registry's for every drone that has a record or
 spoke within the window.
 """
 
