@@ -243,7 +243,7 @@ def _meanings(config: BusConfig, raw: Mapping[str, Any]) -> list[str]:
     shortest = max(config.lost_after_s, config.lost_removal_after_s)
     if 0 < config.retain_lost_s < shortest:
         given = raw.get("retain_lost_s", config.retain_lost_s)
-        problems.append(f"{problem('retain_lost_s', given)} ({shortest:g} s here)")
+        problems.append(f"{problem('retain_lost_s', given)} ({shortest:.0f} s here)")
     if config.bootstrap_creds is not None and config.bootstrap_key is None:
         problems.append(
             "bus.bootstrap_creds: set without bus.bootstrap_key, which turns the "
