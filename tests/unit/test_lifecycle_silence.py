@@ -7,14 +7,19 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import time
 
 import pytest
 from support.drones import FakeDrone
+from support.tardis import FakeSite, announce, attributes, offline_bus
+from tardis.agents.siteagent import SiteAgent
+from tardis.interfaces.siteadapter import ResourceStatus
 
 from broker.manager import lifecycle
 from broker.manager.lifecycle import forgotten_at, quiet_since
 from broker.manager.registry import Applied, Registry
 from broker.manager.verdict import Removal, removal_verdict, up_without_record
+from broker.tardis_adapter import RemoteSiteAdapter
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import MSG_ID, Namespace
 from remote_agent.protocol.proof import record_proof
@@ -223,3 +228,17 @@ def test_a_drone_back_without_its_record_is_never_released() -> None:
     assert removal_verdict(registry.view(SITE, OTHER), True, back, LOST).reason is (
         Removal.NOT_ANNOUNCED
     )
+
+
+async def test_tardis_asking_for_a_retired_drone_gets_the_wrapped_adapters_answer() -> None:
+    """Stock TARDIS's answer, never an end the manager decided on (no Deleted of its own)"""
+    bus = offline_bus(lost_after_s=10.0, retain_lost_s=100.0)
+    inner = FakeSite(status=ResourceStatus.Running)
+    adapter = RemoteSiteAdapter(inner, bus)
+    registry = bus.registry
+    now = time.time()
+    announce(registry, "site1-0123456789", ev.DroneState.BUSY, payloads=1, received=now - 101)
+    assert _tick(registry, now) == ["site1-0123456789"]
+    answer = await SiteAgent(adapter).resource_status(attributes())
+    assert answer.resource_status is ResourceStatus.Running
+    assert (adapter.counts["status_from_adapter"], adapter.counts["status_from_record"]) == (1, 0)
