@@ -119,16 +119,21 @@ def forgotten_at(view: DroneView, retain_lost_s: float) -> float | None:
     When the drone of ``view``, not ended, is retired for silence: ``retain_lost_s`` after
     the newest fact about it (:func:`quiet_since`); ``None``: not by silence
 
-    That covers a lost drone and a drone whose agent never spoke (a forced release).
-    An ended drone retires ``retain_ended_s`` after its end instead; a record the KV
-    watch has not confirmed yet is a fact of this moment, whose time comes with it.
+    That covers a lost drone and a drone whose agent never spoke (a forced release), and
+    never comes before the deadline of a drain its record holds (TARDIS may remove a lost
+    drone only after it). An ended drone retires ``retain_ended_s`` after its end instead;
+    a record the KV watch has not confirmed yet is a fact of this moment, whose time comes
+    with it.
     """
-    if not retain_lost_s or view.ended:
-        return None
-    if view.record is not None and view.record.stored is None:
+    record = view.record
+    if not retain_lost_s or view.ended or (record is not None and record.stored is None):
         return None
     since = quiet_since(view)
-    return None if since is None else since + retain_lost_s
+    if since is None:
+        return None
+    if record is not None and record.drain is not None:
+        return max(since + retain_lost_s, record.drain.deadline.timestamp())
+    return since + retain_lost_s
 
 
 def _iso(at: float | None) -> str:

@@ -242,3 +242,23 @@ async def test_tardis_asking_for_a_retired_drone_gets_the_wrapped_adapters_answe
     answer = await SiteAgent(adapter).resource_status(attributes())
     assert answer.resource_status is ResourceStatus.Running
     assert (adapter.counts["status_from_adapter"], adapter.counts["status_from_record"]) == (1, 0)
+
+
+def test_never_before_the_deadline_of_a_drain_its_record_holds() -> None:
+    registry = _registry()
+    drone = FakeDrone(SITE, DRONE)
+    _lost(registry, drone, 100.0)
+    deadline = dt.datetime.fromtimestamp(100.0 + 3 * RETAIN_LOST, dt.UTC)
+    intent = ev.DrainIntent(deadline=deadline, requested_at=deadline, request_id="r1")
+    record = ev.DroneRecord(
+        site=SITE,
+        drone=DRONE,
+        phase=ev.RecordPhase.DRAINING,
+        writer="agent",
+        incarnation=drone.incarnation,
+        drain=intent,
+        at=dt.datetime.fromtimestamp(100.0, dt.UTC),
+    )
+    assert registry.apply_record(record, 1, 100.0) is Applied.APPLIED
+    assert _tick(registry, 100.0 + 2 * RETAIN_LOST) == []
+    assert _tick(registry, 100.0 + 3 * RETAIN_LOST) == [DRONE]
