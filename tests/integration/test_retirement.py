@@ -102,6 +102,9 @@ async def test_the_timeline_still_shows_a_retired_drone(
     rows = await read_timeline(nc, NS, drone.drone, SITE, heartbeats=True)
     assert len(rows) == 4  # the record that told its end is purged
     assert {row.source for row in rows} == {"agent"}
+    await _note(stream, drone.drone, "DownState")  # without the record, only TARDIS's note tells
+    rows = await read_timeline(nc, NS, drone.drone, SITE)
+    assert (rows[-1].source, rows[-1].drone_event) == ("manager", "ended: removed")
 
 
 async def test_a_drone_cannot_purge_the_bucket(
