@@ -107,11 +107,16 @@ def quiet_since(view: DroneView) -> float | None:
     counts for nothing, so no drone moves this for itself or for another.
     """
     record = view.record
-    times = [view.received_time, view.heartbeat_time, view.tardis_time]
-    if record is not None:
-        times.append(record.stored)
-    known = [t for t in times if t is not None]
-    return max(known) if known else None
+    newest = None
+    for at in (
+        view.received_time,
+        view.heartbeat_time,
+        view.tardis_time,
+        record.stored if record is not None else None,
+    ):
+        if at is not None and (newest is None or at > newest):
+            newest = at
+    return newest
 
 
 def forgotten_at(view: DroneView, retain_lost_s: float) -> float | None:
