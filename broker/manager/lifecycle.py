@@ -331,7 +331,7 @@ class EndTracker:
             logging.INFO,
             _kind("retired", view),
             "drone %s/%s retired without an end: %s, and nothing came of it since %s "
-            "(bus.retain_lost_s %.0fs); its record is purged",
+            "(bus.retain_lost_s %.0fs)",
             view.site,
             view.drone,
             "lost" if view.last_seen is not None else "its agent never spoke",
