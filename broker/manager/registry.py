@@ -66,7 +66,7 @@ class Registry(RecordMerge):
         :meth:`due_retirements` offers it for retirement
     :param retain_lost_s: seconds after the newest fact about a drone that has not ended
         (lost, or never heard from) before :meth:`due_retirements` offers it; ``0``:
-        never. At least ``lost_after_s``, so that no drone that speaks is offered
+        never. Taken as at least ``lost_after_s``, so that no drone that speaks is offered
     """
 
     def __init__(
@@ -81,11 +81,10 @@ class Registry(RecordMerge):
         for name, value in (("lost_after_s", lost_after_s), ("retain_ended_s", retain_ended_s)):
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive number, not {value!r}")
-        if retain_lost_s != 0 and not (lost_after_s <= retain_lost_s < math.inf):
-            raise ValueError(
-                f"retain_lost_s must be 0 (never) or at least lost_after_s "
-                f"({lost_after_s:g}), not {retain_lost_s!r}"
-            )
+        if not (0 <= retain_lost_s < math.inf):
+            raise ValueError(f"retain_lost_s must be 0 (never) or positive, not {retain_lost_s!r}")
+        if retain_lost_s:  # never less than lost_after_s: no drone that speaks is offered
+            retain_lost_s = max(retain_lost_s, lost_after_s)
         self.namespace = namespace or Namespace()
         self.lost_after_s = lost_after_s
         self.max_message_bytes = max_message_bytes

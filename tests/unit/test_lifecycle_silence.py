@@ -198,13 +198,18 @@ def test_a_view_that_changed_after_it_was_offered_is_not_retired() -> None:
     assert _tick(registry, 100.0 + RETAIN_LOST + 1) == []
 
 
-def test_zero_never_retires_and_a_bound_below_lost_after_s_is_refused() -> None:
+def test_zero_never_retires_and_no_bound_is_below_lost_after_s() -> None:
     registry = _registry(retain_lost_s=0)
     _lost(registry, FakeDrone(SITE, DRONE), 100.0)
     _released(registry, 100.0, drone=OTHER)
     assert _tick(registry, 1e12) == []
-    with pytest.raises(ValueError, match="retain_lost_s must be 0"):
-        Registry(NS, lost_after_s=LOST, retain_lost_s=LOST - 1)
+    for wrong in (-1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="retain_lost_s must be 0"):
+            Registry(NS, lost_after_s=LOST, retain_lost_s=wrong)
+    short = Registry(NS, lost_after_s=LOST, retain_lost_s=1.0)
+    _lost(short, FakeDrone(SITE, DRONE), 100.0)
+    assert _tick(short, 100.0 + LOST - 1) == []  # between two heartbeats: kept
+    assert _tick(short, 100.0 + LOST) == [DRONE]
 
 
 def test_a_drone_back_without_its_record_is_never_released() -> None:
