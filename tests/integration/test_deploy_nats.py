@@ -56,8 +56,7 @@ def cluster_config(directory: Path, route_ports: list[int], password: str) -> Pa
         f"nats-route://{ROUTE_USER}:{password}@127.0.0.1:{port}" for port in route_ports
     )
     (directory / "cluster-routes.conf").write_text(
-        f'authorization {{ user: {ROUTE_USER}, password: "{password}" }}\n'
-        f"routes: [ {routes} ]\n"
+        f'authorization {{ user: {ROUTE_USER}, password: "{password}" }}\nroutes: [ {routes} ]\n'
     )
     return config
 
@@ -148,7 +147,8 @@ def routed_to(server: EmbeddedServer) -> set[str]:
 
 def refused_routes(server: EmbeddedServer) -> int:
     """How often ``server`` refused a route's credentials, by its log"""
-    return server.log_path.read_text(errors="replace").count("Router connection closed: Authentication Failure")
+    text = server.log_path.read_text(errors="replace")
+    return text.count("Router connection closed: Authentication Failure")
 
 
 @pytest.mark.timeout(120)
