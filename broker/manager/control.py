@@ -104,7 +104,9 @@ class Control:
         js = nc.jetstream(domain=domain)
         proof_key = await load_proof_key(js, registry.namespace)
         registry.proof_key = proof_key
-        store = await RecordStore.open(js, registry.namespace, domain=domain, proof_key=proof_key)
+        store = await RecordStore.open(
+            js, registry.namespace, domain=domain, proof_key=proof_key, logger=log
+        )
         return cls(nc, store, registry, request_timeout_s=request_timeout_s)
 
     @property

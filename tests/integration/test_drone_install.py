@@ -109,6 +109,9 @@ def test_the_startd_configuration_names_installed_files(drone: Drone) -> None:
         path = Path(value.replace("$(COBALD_REMOTE_LIBEXEC)", str(drone.libexec)))
         assert path.is_file() and os.access(path, os.X_OK), path
     assert os.access(drone.libexec / "drone-job", os.X_OK)
+    installed = sorted(path.name for path in drone.libexec.iterdir())
+    assert installed == ["drone-job", "hook-job-exit", "hook-prepare-job"]
+    assert [path.name for path in drone.config.parent.iterdir()] == [drone.config.name]
 
 
 def _emulator_python(where: Path) -> Path:

@@ -19,9 +19,7 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 from support.drones import FakeDrone
-from support.servers import drone_creds
-from support.waiting import wait_until
-from test_hostile_manager import (
+from support.hostile import (
     DRONE,
     NS,
     OTHER,
@@ -34,6 +32,8 @@ from test_hostile_manager import (
     publish,
     write_record,
 )
+from support.servers import drone_creds
+from support.waiting import wait_until
 
 from broker.manager.lifecycle import TARDIS_DOWN, Ending
 from broker.manager.rebuild import rebuild

@@ -89,9 +89,22 @@ async def test_the_timeline_still_shows_a_retired_drone(
     await rebuild(nc, stream, registry)
     view = registry.view(SITE, drone.drone)
     assert view is not None and view.ended_time is not None
+    rows = await read_timeline(nc, NS, drone.drone, heartbeats=True)
+    assert len(rows) == 5  # the four events, and the end as the manager sees it
+    end = rows[-1]
+    assert (end.source, end.drone_event, end.drone_state) == (
+        "manager",
+        "ended: drained",
+        "exiting",
+    )
+    assert (end.at, end.stream_seq) == (view.ended_time, None)
     assert (await retire_ended(stream, registry, view.ended_time + 10)).retired == 1
     rows = await read_timeline(nc, NS, drone.drone, SITE, heartbeats=True)
-    assert len(rows) == 4
+    assert len(rows) == 4  # the record that told its end is purged
+    assert {row.source for row in rows} == {"agent"}
+    await _note(stream, drone.drone, "DownState")  # without the record, only TARDIS's note tells
+    rows = await read_timeline(nc, NS, drone.drone, SITE)
+    assert (rows[-1].source, rows[-1].drone_event) == ("manager", "ended: removed")
 
 
 async def test_a_drone_cannot_purge_the_bucket(

@@ -102,6 +102,16 @@ def test_the_startd_and_the_jdl_find_what_install_drone_copies() -> None:
     assert _default("PREFIX") == "/opt/cobald-remote"
 
 
+def test_libexec_gets_the_hooks_and_the_drone_job_alone() -> None:
+    copied = _copied()
+    hooks = re.findall(r"^\S+ = \$\(COBALD_REMOTE_LIBEXEC\)/(\S+)$", STARTD, re.M)
+    assert set(copied) == {*hooks, "drone-job"}
+    shipped = deploy_files.shipped()
+    assert all(shipped[name].read_bytes().startswith(b"#!") for name in copied.values())
+    # the startd configuration goes to CONDOR_CONFIG_D, under the name the recipes document
+    assert '> "$config_d/90-cobald-remote.conf"' in INSTALL
+
+
 def test_copied_scripts_are_executable(tmp_path: Path) -> None:
     target = tmp_path / "libexec"
     written = deploy_files.copy("htcondor", target) + deploy_files.copy("image", target)
