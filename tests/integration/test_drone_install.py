@@ -169,6 +169,7 @@ async def test_the_installed_drone_job_runs_agent_and_hooks(
             "TardisDroneCobaldRemoteSite": SITE,
             "COBALD_REMOTE_SPOOL_DIR": str(tmp_path / "spool"),
             "COBALD_REMOTE_POLL_S": "0.2",
+            "_CONDOR_SCRATCH_DIR": str(tmp_path),  # the batch job's, for the drone's HTCondor
         }
     )
     with (tmp_path / "drone-job.err").open("wb") as err:
