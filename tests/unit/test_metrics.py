@@ -20,6 +20,7 @@ from broker.jetstream.messages import ConsumerStats
 from broker.manager.collector import tardis_labels
 from broker.manager.metrics import Sources, render
 from broker.manager.registry import Registry
+from broker.manager.retire import Retired
 from broker.manager.views import DroneView
 from broker.tardis_adapter import BusConfig, RemoteBus
 from remote_agent import __version__
@@ -153,6 +154,7 @@ def _full_sources(registry: Registry) -> Sources:
         issuer_counts=lambda: collections.Counter(
             issued_enroll=2, refused_reused=1, alarms=1, minted=3
         ),
+        retired=lambda: Retired(retired=5, purged=4, kept=1, lost=2),
     )
 
 
@@ -241,6 +243,23 @@ def test_the_bus_exports_the_issuer_counts_when_it_issues(issuing: bool) -> None
     samples = parsed(generate_latest(bus.metrics.registry).decode())
     enrolled = samples.get(("cobald_remote_bootstrap_issued_total", (("kind", "enroll"),)))
     assert enrolled == (2 if issuing else None)
+
+
+def test_the_bus_exports_the_retirements_by_why_and_their_records_by_outcome() -> None:
+    bus = RemoteBus(
+        BusConfig.from_mapping({"servers": "nats://127.0.0.1:4222", "metrics": "127.0.0.1:0"}),
+        register=False,
+    )
+    assert bus.metrics is not None
+    bus.manager.retired = Retired(retired=7, purged=6, kept=0, retried=1, lost=3)
+    samples = parsed(generate_latest(bus.metrics.registry).decode())
+    retired = "cobald_remote_drones_retired_total"
+    assert samples[(retired, (("why", "ended"),))] == 4
+    assert samples[(retired, (("why", "lost"),))] == 3
+    records = "cobald_remote_records_retired_total"
+    assert samples[(records, (("outcome", "purged"),))] == 6
+    assert samples[(records, (("outcome", "kept"),))] == 0
+    assert samples[(records, (("outcome", "retried"),))] == 1
 
 
 class _EndingRegistry(Registry):
