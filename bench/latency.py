@@ -35,7 +35,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import functools
 import sys
 import time
 from collections.abc import Sequence
@@ -43,6 +42,7 @@ from pathlib import Path
 
 import _common
 from _common import Bus, percentiles
+from _latency_load import RESPONDER, paced_load, request_loop
 from nats.aio.msg import Msg
 from nats.js.api import DeliverPolicy
 
@@ -105,35 +105,6 @@ class TimedRegistry(Registry):
         return result
 
 
-async def paced_load(
-    bus: Bus,
-    events: Sequence[ev.Event],
-    rate: float,
-    sent: dict[str, float],
-    acked: list[float],
-) -> float:
-    """Publish ``events`` at ``rate`` per second; note send times by id; seconds taken"""
-    js = bus.nc.jetstream(publish_async_max_pending=10_000)
-    ns = bus.namespace
-    encoded = [(ns.event(e.site, e.drone, ev.kind_of(type(e))), ev.encode(e), e.id) for e in events]
-    start = time.perf_counter()
-    clock = time.perf_counter
-    for i, (subject, data, event_id) in enumerate(encoded):
-        delay = start + i / rate - clock()
-        if delay > 0:
-            await asyncio.sleep(delay)
-        t = clock()
-        sent[event_id] = t
-        future = await js.publish_async(subject, data, headers={"Nats-Msg-Id": event_id})
-        future.add_done_callback(functools.partial(_note_ack, acked, t))
-    await asyncio.wait_for(js.publish_async_completed(), 30)
-    return clock() - start
-
-
-def _note_ack(acked: list[float], sent_at: float, _future: object) -> None:
-    acked.append(time.perf_counter() - sent_at)
-
-
 async def wait_for(predicate: object, timeout_s: float, what: str) -> None:
     assert callable(predicate)
     deadline = time.monotonic() + timeout_s
@@ -173,7 +144,7 @@ async def baseline(bus: Bus, events: Sequence[ev.Event], rate: float) -> dict[st
         async def respond(msg: Msg) -> None:
             await rr_nc.publish(msg.reply, b"ok")
 
-        await rr_nc.subscribe("bench.rr", cb=respond)
+        await rr_nc.subscribe(RESPONDER, cb=respond)
         await rr_nc.flush()
         stop = asyncio.Event()
         rtts_task = asyncio.create_task(request_loop(bus, rtts, stop))
@@ -192,15 +163,6 @@ async def baseline(bus: Bus, events: Sequence[ev.Event], rate: float) -> dict[st
         "puback": percentiles(acked),
         "request_reply": percentiles(rtts),
     }
-
-
-async def request_loop(bus: Bus, rtts: list[float], stop: asyncio.Event) -> None:
-    """Core NATS requests to the instant responder, one after another, 100 per second"""
-    while not stop.is_set():
-        t = time.perf_counter()
-        await bus.nc.request("bench.rr", b"ping", timeout=2)
-        rtts.append(time.perf_counter() - t)
-        await asyncio.sleep(0.01)
 
 
 def agent_settings(bus: Bus, i: int) -> Settings:

@@ -10,14 +10,16 @@ and its handler imports the code it drives, so each command loads its own part.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import sys
 from collections.abc import Sequence
-from typing import Final
+from typing import Any, Final
 
 from broker.commands import auth, broker, config, demo, deploy, ops, protocol, timeline
 from broker.commands.failures import run
 from broker.commands.lazy import Commands, Fill
+from broker.commands.options import add_before, before_the_command, refused_before, takes_before
 from remote_agent import __version__
 from remote_agent import cli as agent
 
@@ -59,6 +61,8 @@ COMMANDS: Final[tuple[tuple[str, Fill, str], ...]] = (
 #: ``-v`` is counted per level of the command line (argparse gives each subcommand a
 #: namespace of its own), in ``verbose``, ``verbose_1``, ...
 _VERBOSE: Final = "verbose"
+#: the namespace attribute naming the chosen command (``deploy list``), for its errors
+_COMMAND: Final = "command_name"
 
 
 def _add_globals(parser: argparse.ArgumentParser, level: int = 0) -> None:
@@ -81,12 +85,15 @@ def _verbosity(args: argparse.Namespace) -> int:
 
 
 def _with_globals(fill: Fill) -> Fill:
-    """``fill``, then the global options on the command and on each of its subcommands"""
+    """``fill``, then ``-v`` on the command and each subcommand, the bus options on groups"""
 
     def filled(parser: argparse.ArgumentParser) -> None:
         fill(parser)
         for sub, level in _tree(parser, 1):
             _add_globals(sub, level)
+            sub.set_defaults(**{_COMMAND: sub.prog.partition(" ")[2]})
+            if _subcommands(sub):  # what its commands take
+                add_before(sub, {f for leaf, _ in _tree(sub, level) for f in takes_before(leaf)})
 
     return filled
 
@@ -96,21 +103,54 @@ def _tree(
 ) -> list[tuple[argparse.ArgumentParser, int]]:
     """``command``'s parser and every subcommand's parser below it, with their levels"""
     found = [(command, level)]
-    for action in command._actions:
-        if isinstance(action, argparse._SubParsersAction):
-            for sub in dict.fromkeys(action.choices.values()):  # aliases share a parser
-                found += _tree(sub, level + 1)
+    for action in _subcommands(command):
+        for sub in dict.fromkeys(action.choices.values()):  # aliases share a parser
+            found += _tree(sub, level + 1)
     return found
 
 
+def _subcommands(command: argparse.ArgumentParser) -> list[argparse._SubParsersAction[Any]]:
+    return [a for a in command._actions if isinstance(a, argparse._SubParsersAction)]
+
+
+class _Commands(Commands):
+    """The commands of every level: the bus options before their names are theirs"""
+
+    def parsing(
+        self, command: argparse.ArgumentParser, namespace: argparse.Namespace
+    ) -> contextlib.AbstractContextManager[None]:
+        return before_the_command(namespace, [sub for sub, _ in _tree(command, 1)])
+
+
+class _Parser(argparse.ArgumentParser):
+    """
+    A parser whose subcommands' parsers (its class too) add :class:`_Commands`, and
+    which refuses a bus option given before the name of a command that does not take it
+    """
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.register("action", "parsers", _Commands)
+
+    def parse_known_args(  # type: ignore[override]
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        parsed, rest = super().parse_known_args(args, namespace)
+        if refused := refused_before(parsed):
+            command = getattr(parsed, _COMMAND, "this command")
+            self.error(f"{command} takes no {' or '.join(refused)} before its name")
+        return parsed, rest
+
+
 def _parser() -> tuple[argparse.ArgumentParser, Commands]:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="cobald-remote",
         description="Message-bus coordination between TARDIS/COBalD and their drones",
     )
     _add_globals(parser)
+    add_before(parser)
     parser.add_argument("--version", action="version", version=f"%(prog)s {__version__}")
-    groups = parser.add_subparsers(action=Commands, dest="group", required=True, metavar="COMMAND")
+    groups = parser.add_subparsers(action=_Commands, dest="group", required=True, metavar="COMMAND")
     assert isinstance(groups, Commands)
     for name, fill, help_text in COMMANDS:
         groups.add_command(name, _with_globals(fill), help=help_text)

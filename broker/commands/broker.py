@@ -7,7 +7,7 @@ import logging
 import os
 import sys
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Final
 
 from broker.commands.options import add_connection, add_json, add_prefix, connected
 from remote_agent.protocol.names import Namespace
@@ -21,10 +21,20 @@ log = logging.getLogger("cobald.runtime.cobald_remote.cli")
 _CLIENT = "cobald-remote-cli"
 
 
+#: ``broker serve``'s store below the user's data directory
+_STORE: Final = Path("cobald-remote", "nats")
+#: the user's data directory unless ``$XDG_DATA_HOME`` names one, below the home directory
+_DATA_HOME: Final = Path(".local", "share")
+
+
 def default_store_dir() -> Path:
     """Where ``broker serve`` keeps JetStream data unless told otherwise"""
-    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / ".local" / "share"
-    return Path(data_home) / "cobald-remote" / "nats"
+    data_home = os.environ.get("XDG_DATA_HOME") or Path.home() / _DATA_HOME
+    return Path(data_home) / _STORE
+
+
+#: :func:`default_store_dir` as the help says it: named, not resolved for this machine
+STORE_HELP: Final = f"$XDG_DATA_HOME/{_STORE}, else ~/{_DATA_HOME / _STORE}"
 
 
 def _topology(args: argparse.Namespace) -> Topology:
@@ -102,9 +112,7 @@ def add_commands(broker: argparse.ArgumentParser) -> None:
     serve = broker_cmds.add_parser(
         "serve", help="run the embedded nats-server with JetStream, provisioned, until interrupted"
     )
-    serve.add_argument(
-        "--store", type=Path, help=f"JetStream store (default {default_store_dir()})"
-    )
+    serve.add_argument("--store", type=Path, help=f"JetStream store (default {STORE_HELP})")
     serve.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback)")
     serve.add_argument("--port", type=int, default=-1, help="client port (default: a free one)")
     serve.add_argument("--sync-always", action="store_true", help="fsync every write")

@@ -20,6 +20,7 @@ _TIMING = (
     "lost_removal_after_s",
     "request_timeout_s",
     "retain_ended_s",
+    "retain_lost_s",
 )
 
 
@@ -67,7 +68,9 @@ def _rows(factory: Factory) -> list[tuple[str, str]]:
         ),
         ("note buffer", f"{bus.note_buffer} TARDIS state notes"),
     ]
-    return rows + [(key, f"{getattr(bus, key):g} s") for key in _TIMING]
+    return rows + [
+        (key, f"{value:g} s" if (value := getattr(bus, key)) else "never") for key in _TIMING
+    ]
 
 
 def _bus_facts(factory: Factory) -> dict[str, object] | None:

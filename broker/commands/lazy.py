@@ -7,6 +7,7 @@ code: ``agent run`` on a drone must not pay for the manager's commands.
 from __future__ import annotations
 
 import argparse
+import contextlib
 from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any
 
@@ -47,4 +48,11 @@ class Commands(_SubParsers):
     ) -> None:
         assert isinstance(values, list)  # nargs=PARSER: the command, then its arguments
         self.fill(values[0])
-        super().__call__(parser, namespace, values, option_string)
+        with self.parsing(self.choices[values[0]], namespace):
+            super().__call__(parser, namespace, values, option_string)
+
+    def parsing(
+        self, command: argparse.ArgumentParser, namespace: argparse.Namespace
+    ) -> contextlib.AbstractContextManager[None]:
+        """What surrounds the parsing of ``command``'s arguments into ``namespace``; nothing here"""
+        return contextlib.nullcontext()

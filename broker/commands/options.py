@@ -4,6 +4,8 @@ The options several commands share: where the bus is, its subject prefix, JSON o
 Its rule: ``--server``, ``--creds``, ``--prefix`` and ``--domain`` default to the
 project's own variables, as the agent reads them (``COBALD_REMOTE_URL``, ...), and
 ``--server`` and ``--creds`` then to the ``nats`` command line's (``NATS_URL``, ``NATS_CREDS``).
+Given before the command's name (:data:`BEFORE`), they are the defaults of the command's own,
+which win when given too; a command that does not take one refuses it (:func:`refused_before`).
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from __future__ import annotations
 import argparse
 import contextlib
 import os
-from collections.abc import AsyncIterator, Callable, Mapping, Sequence
+from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
 from remote_agent.protocol.environment import BUS_SETTINGS_ENV
@@ -35,6 +37,16 @@ DOMAIN_ENV: Final = (BUS_SETTINGS_ENV["domain"],)
 #: every variable the options default to
 ALL_ENV: Final = (*SERVER_ENV, *CREDS_ENV, *PREFIX_ENV, *DOMAIN_ENV)
 
+#: the options a command takes through this module that also go before its name, with their help
+BEFORE: Final = {
+    "--server": SERVERS_HELP,
+    "--creds": "NATS credentials file",
+    "--domain": "JetStream domain, for leaf-node deployments",
+    "--prefix": "first subject token",
+}
+#: the namespace attribute that lists which of :data:`BEFORE` the chosen command takes
+_TAKES: Final = "takes_before"
+
 #: what to do when the server refuses the commands' subjects
 _NEEDS_MANAGER: Final = (
     "these commands need the manager's credentials (--creds; cobald-remote auth manager)"
@@ -51,20 +63,92 @@ def _env_help(help_text: str, names: Sequence[str], otherwise: str = "") -> str:
     return f"{help_text} (default: ${', else $'.join(names)}{fallback})"
 
 
+def _before(flag: str) -> str:
+    """The namespace attribute of ``flag`` given before the command's name"""
+    return "before_" + flag.removeprefix("--")
+
+
+def _takes(parser: argparse.ArgumentParser, flag: str) -> None:
+    """Note that the command of ``parser`` takes ``flag`` before its name too"""
+    parser.set_defaults(**{_TAKES: (*takes_before(parser), flag)})
+
+
+def takes_before(parser: argparse.ArgumentParser) -> tuple[str, ...]:
+    """Which of :data:`BEFORE` the command of ``parser`` takes"""
+    return tuple(parser.get_default(_TAKES) or ())
+
+
+def add_before(parser: argparse.ArgumentParser, shown: Iterable[str] = BEFORE) -> None:
+    """
+    :data:`BEFORE` on the parser of a group, in the namespace only if given; the help
+    shows ``shown``, the ones its commands take (the others are there to be refused)
+    """
+    wanted = set(shown)
+    group: argparse._ActionsContainer = parser
+    if wanted:
+        group = parser.add_argument_group(
+            "bus options",
+            "for the commands that take them, as after the command's name; given there too, "
+            "the one there wins",
+        )
+    for flag, help_text in BEFORE.items():
+        (group if flag in wanted else parser).add_argument(
+            flag,
+            dest=_before(flag),
+            default=argparse.SUPPRESS,
+            metavar=flag.removeprefix("--").upper(),
+            help=help_text if flag in wanted else argparse.SUPPRESS,
+        )
+
+
+@contextlib.contextmanager
+def before_the_command(
+    namespace: argparse.Namespace, parsers: Iterable[argparse.ArgumentParser]
+) -> Iterator[None]:
+    """
+    While the arguments of a command (``parsers``: its own and its subcommands') are parsed,
+    the options given before its name in ``namespace`` are its options' defaults
+
+    An option given before the name is no longer required after it.
+    """
+    seen = vars(namespace)
+    given = {flag: seen[_before(flag)] for flag in BEFORE if _before(flag) in seen}
+    changed: list[tuple[argparse.Action, object, bool]] = []
+    for command in parsers:
+        takes = takes_before(command)
+        for action in command._actions:
+            flags = [flag for flag in action.option_strings if flag in takes and flag in given]
+            if flags:
+                changed.append((action, action.default, action.required))
+                action.default, action.required = given[flags[0]], False
+    try:
+        yield
+    finally:
+        for action, default, required in changed:
+            action.default, action.required = default, required
+
+
+def refused_before(args: argparse.Namespace) -> list[str]:
+    """The options given before the command's name that the chosen command does not take"""
+    takes = getattr(args, _TAKES, ())
+    return [flag for flag in BEFORE if hasattr(args, _before(flag)) and flag not in takes]
+
+
 def add_prefix(parser: argparse.ArgumentParser) -> None:
     """``--prefix``: the first subject token"""
     parser.add_argument(
         "--prefix",
         default=from_env(PREFIX_ENV) or DEFAULT_PREFIX,
-        help=_env_help("first subject token", PREFIX_ENV, DEFAULT_PREFIX),
+        help=_env_help(BEFORE["--prefix"], PREFIX_ENV, DEFAULT_PREFIX),
     )
+    _takes(parser, "--prefix")
 
 
 def add_connection(
     parser: argparse.ArgumentParser,
     *,
     server_help: str = SERVERS_HELP,
-    creds_help: str = "NATS credentials file",
+    creds_help: str = BEFORE["--creds"],
 ) -> None:
     """``--server``, ``--creds`` (both defaulting to the environment), ``--domain``, ``--prefix``"""
     server = from_env(SERVER_ENV)
@@ -77,8 +161,10 @@ def add_connection(
     parser.add_argument(
         "--domain",
         default=from_env(DOMAIN_ENV),
-        help=_env_help("JetStream domain, for leaf-node deployments", DOMAIN_ENV, "none"),
+        help=_env_help(BEFORE["--domain"], DOMAIN_ENV, "none"),
     )
+    for flag in ("--server", "--creds", "--domain"):
+        _takes(parser, flag)
     add_prefix(parser)
 
 

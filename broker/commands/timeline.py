@@ -53,7 +53,8 @@ def add_arguments(parser: argparse.ArgumentParser) -> None:
     """Add ``timeline``'s arguments"""
     parser.description = (
         "Read one drone's events and TARDIS's state notes from the event stream "
-        "(read-only) and print them in time order."
+        "(read-only) and print them in time order; an ended drone's last row is its "
+        "end and why, as the manager decides it from its handshake record."
     )
     parser.add_argument("drone", help="drone uuid, e.g. site1-0123456789")
     parser.add_argument("--site", help="the drone's site (default: any)")

@@ -26,6 +26,7 @@ from prometheus_client.registry import Collector, CollectorRegistry
 
 from broker.jetstream.messages import ConsumerStats
 from broker.manager.registry import Registry
+from broker.manager.retire import Retired
 from remote_agent import __version__
 from remote_agent.protocol.bootstrap import Refusal
 from remote_agent.protocol.events import DroneState, RecordPhase
@@ -59,6 +60,7 @@ class Sources:
     :param issuer_counts: what the bootstrap issuer did (``issued_enroll``,
         ``issued_renew``, ``refused_<reason>``, ``dropped_reply_subject``, ``alarms``,
         ``minted``; kept across reconnects)
+    :param retired: the drones retired since the manager started, and their records
     """
 
     registry: Registry
@@ -69,6 +71,7 @@ class Sources:
     tardis_calls: Callable[[], Mapping[str, Mapping[str, int]]] | None = None
     notes_buffered: Callable[[], int] | None = None
     issuer_counts: Callable[[], Mapping[str, int]] | None = None
+    retired: Callable[[], Retired] | None = None
 
 
 def tardis_labels(part: str, name: str) -> tuple[str, str, str, str]:
@@ -254,6 +257,22 @@ class ManagerCollector(Collector):
                 PREFIX + "tardis_notes_buffered",
                 "TARDIS state notes waiting to be published",
                 value=sources.notes_buffered(),
+            )
+        if sources.retired is not None:
+            retired = sources.retired()
+            yield _counter(
+                "drones_retired",
+                "Drones dropped from the registry after their retention: ended ones after "
+                "retain_ended_s, lost ones never ended after retain_lost_s",
+                "why",
+                [("ended", retired.retired - retired.lost), ("lost", retired.lost)],
+            )
+            yield _counter(
+                "records_retired",
+                "Handshake records of retired drones: purged, kept (the bucket denies "
+                "purges), or retried later (the purge failed for now)",
+                "outcome",
+                [("purged", retired.purged), ("kept", retired.kept), ("retried", retired.retried)],
             )
 
     def _tardis(self) -> Iterator[Metric]:

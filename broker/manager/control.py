@@ -30,7 +30,7 @@ from broker.manager.outcomes import (
     ReleaseResult,
 )
 from broker.manager.registry import Registry
-from broker.manager.verdict import Verdict, removal_verdict
+from broker.manager.verdict import Verdict, removal_verdict, up_without_record
 from remote_agent.protocol.errors import HandshakeError, RecordTampered, SchemaError
 from remote_agent.protocol.events import (
     AnyCommand,
@@ -60,7 +60,11 @@ DEFAULT_DRAIN_S: Final = 24 * 3600.0
 #: default time to wait for an agent's answer to a command
 DEFAULT_REQUEST_TIMEOUT_S: Final = 2.0
 
-#: names importers of this module use, beside its own
+#: why a drone whose agent reports itself up, and has no record, is drained, not released
+_UP_WITHOUT_RECORD: Final = (
+    "no handshake record, but its agent reports its gate open or payloads "
+    "(its record was retired while the agent was away)"
+)
 
 
 class Control:
@@ -104,7 +108,9 @@ class Control:
         js = nc.jetstream(domain=domain)
         proof_key = await load_proof_key(js, registry.namespace)
         registry.proof_key = proof_key
-        store = await RecordStore.open(js, registry.namespace, domain=domain, proof_key=proof_key)
+        store = await RecordStore.open(
+            js, registry.namespace, domain=domain, proof_key=proof_key, logger=log
+        )
         return cls(nc, store, registry, request_timeout_s=request_timeout_s)
 
     @property
@@ -191,6 +197,8 @@ class Control:
         except HandshakeError:
             if await self.store.removed(site, drone):
                 return await self._drain_tampered(command, intent, "the record was removed")
+            if up_without_record(self.registry.view(site, drone)):
+                return await self._drain_tampered(command, intent, _UP_WITHOUT_RECORD)
             if await self.store.read(site, drone) is None:
                 return DrainResult(
                     DrainOutcome.NOT_ANNOUNCED,
@@ -255,6 +263,10 @@ class Control:
         :param deadline: deadline of the drain if the agent had come up first
         :raises HandshakeError: if the record cannot be read or written
         """
+        if up_without_record(self.registry.view(site, drone)):
+            # a key without a record, but not one never written: no release can win
+            drained = await self.drain(site, drone, deadline, reason or note or "released")
+            return ReleaseResult(ReleaseOutcome.TAMPERED, None, drained, detail=_UP_WITHOUT_RECORD)
         try:
             written = await self.store.release(site, drone, note=note)
         except RecordTampered as err:
@@ -287,6 +299,8 @@ class Control:
         phase: RecordPhase | None
         try:
             current = await self.store.read(site, drone)
+            if current is None and up_without_record(self.registry.view(site, drone)):
+                raise RecordTampered(_UP_WITHOUT_RECORD)
             if current is None:
                 current = await self.store.release(site, drone, note="release if idle")
             self._note_record(current)

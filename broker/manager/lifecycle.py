@@ -1,21 +1,23 @@
 """
 The end of a drone's life: when the registry calls a drone ended, and when it retires it
 
-Its rule (:func:`ended_by`) is a function of the drone's view alone, and every time in it
-is a stream or bucket time, so a rebuilt registry ends the same drones at the same times.
-:class:`EndTracker` keeps the work per tick proportional to the views that changed.
+Its rule (:func:`ended_by`, :func:`forgotten_at`) is a function of the drone's view alone,
+and every time in it is a stream or bucket time, so a rebuilt registry ends and forgets the
+same drones at the same times. :class:`EndTracker` keeps the work per tick proportional to
+the views that changed.
 """
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
-import heapq
 import logging
 from collections.abc import Iterable, MutableMapping
 from typing import Final
 
 import msgspec
 
+from broker.manager.schedule import Schedule
 from broker.manager.views import DroneView
 from remote_agent.protocol.events import DroneState, RecordPhase
 from remote_agent.protocol.ratelog import RateLimitedLog
@@ -31,6 +33,8 @@ lines = RateLimitedLog(log, interval_s=60.0)
 TARDIS_DOWN: Final = "DownState"
 #: default seconds an ended drone is kept before it is retired (dropped, its record purged)
 DEFAULT_RETAIN_ENDED_S: Final = 86400.0
+#: default seconds a drone neither ended nor heard of is kept before it is retired
+DEFAULT_RETAIN_LOST_S: Final = 7 * 86400.0
 
 
 class Ending(enum.StrEnum):
@@ -94,38 +98,53 @@ def _own_end(view: DroneView, lost_after_s: float) -> tuple[Ending, float] | flo
     return None
 
 
-class _Schedule:
+def quiet_since(view: DroneView) -> float | None:
     """
-    Keys due at a time, each held once, at the earliest time asked for: however often a
-    drone's end or silence moves, it costs one entry (an entry superseded by an earlier
-    time is skipped when it falls due)
+    When the newest fact about the drone was stored: its agent's newest event or heartbeat,
+    its record, TARDIS's newest note; ``None`` if none is known
+
+    Stream and bucket times only: a time a drone wrote (an event's ``at``, a record's)
+    counts for nothing, so no drone moves this for itself or for another.
     """
+    record = view.record
+    newest = None
+    for at in (
+        view.received_time,
+        view.heartbeat_time,
+        view.tardis_time,
+        record.stored if record is not None else None,
+    ):
+        if at is not None and (newest is None or at > newest):
+            newest = at
+    return newest
 
-    def __init__(self) -> None:
-        self._heap: list[tuple[float, tuple[str, str]]] = []
-        self._at: dict[tuple[str, str], float] = {}
 
-    def __len__(self) -> int:
-        return len(self._heap)
+def forgotten_at(view: DroneView, retain_lost_s: float) -> float | None:
+    """
+    When the drone of ``view``, not ended, is retired for silence: ``retain_lost_s`` after
+    the newest fact about it (:func:`quiet_since`); ``None``: not by silence
 
-    def add(self, key: tuple[str, str], at: float) -> None:
-        known = self._at.get(key)
-        if known is None or at < known:
-            self._at[key] = at
-            heapq.heappush(self._heap, (at, key))
-
-    def pop_due(self, now: float) -> tuple[str, str] | None:
-        """The next key due at ``now`` (no longer held), or ``None``"""
-        heap = self._heap
-        while heap and heap[0][0] <= now:
-            at, key = heapq.heappop(heap)
-            if self._at.get(key) == at:
-                del self._at[key]
-                return key
+    That covers a lost drone and a drone whose agent never spoke (a forced release), and
+    never comes before the deadline of a drain its record holds (TARDIS may remove a lost
+    drone only after it). An ended drone retires ``retain_ended_s`` after its end instead;
+    a record the KV watch has not confirmed yet is a fact of this moment, whose time comes
+    with it.
+    """
+    record = view.record
+    if not retain_lost_s or view.ended or (record is not None and record.stored is None):
         return None
+    since = quiet_since(view)
+    if since is None:
+        return None
+    if record is not None and record.drain is not None:
+        return max(since + retain_lost_s, record.drain.deadline.timestamp())
+    return since + retain_lost_s
 
-    def discard(self, key: tuple[str, str]) -> None:
-        self._at.pop(key, None)
+
+def _iso(at: float | None) -> str:
+    return (
+        "?" if at is None else dt.datetime.fromtimestamp(at, dt.UTC).isoformat(timespec="seconds")
+    )
 
 
 def _extra(view: DroneView) -> dict[str, str]:
@@ -140,7 +159,8 @@ def _kind(kind: str, view: DroneView) -> str:
 class EndTracker:
     """
     Which views to look at when: those changed since the last tick, drained drones whose
-    silence is due, and ended drones whose retention is over
+    silence is due, ended drones whose retention is over, and drones silent for
+    ``retain_lost_s`` (``0``: never)
 
     :param views: the registry's views, changed in place
     """
@@ -150,13 +170,18 @@ class EndTracker:
         views: MutableMapping[tuple[str, str], DroneView],
         lost_after_s: float,
         retain_ended_s: float,
+        retain_lost_s: float = DEFAULT_RETAIN_LOST_S,
     ) -> None:
         self._views = views
         self.lost_after_s = lost_after_s
         self.retain_ended_s = retain_ended_s
+        self.retain_lost_s = retain_lost_s
         self._changed: set[tuple[str, str]] = set()
-        self._silence = _Schedule()
-        self._retire = _Schedule()
+        self._silence = Schedule()
+        self._retire = Schedule()
+        self._forget = Schedule()
+        #: the very views :meth:`due` offered for retirement by silence
+        self._forgotten: dict[tuple[str, str], DroneView] = {}
         #: drones that started a payload since their agent started (for one line each)
         self._served: set[tuple[str, str]] = set()
 
@@ -182,8 +207,14 @@ class EndTracker:
         newly = []
         for key in keys:
             view = self._views.get(key)
-            if view is not None and self._derive(key, view, now):
+            if view is None:
+                continue
+            self._forgotten.pop(key, None)  # changed since it was offered
+            if self._derive(key, view, now):
                 newly.append(self._views[key])
+            at = forgotten_at(self._views[key], self.retain_lost_s)
+            if at is not None:
+                self._forget.add(key, at)
         return newly
 
     def _derive(self, key: tuple[str, str], view: DroneView, now: float) -> bool:
@@ -246,7 +277,10 @@ class EndTracker:
         return newly
 
     def due(self, now: float, limit: int) -> list[DroneView]:
-        """Up to ``limit`` ended views whose retention is over at ``now`` (oldest first)"""
+        """
+        Up to ``limit`` views to retire at ``now``: ended ones whose retention is over,
+        then those silent for ``retain_lost_s`` (each oldest first)
+        """
         found: dict[tuple[str, str], DroneView] = {}
         while len(found) < limit and (key := self._retire.pop_due(now)) is not None:
             view = self._views.get(key)
@@ -257,17 +291,54 @@ class EndTracker:
                 found[key] = view
             else:
                 self._retire.add(key, at)  # its end moved later since it was scheduled
+        self._due_silent(now, limit, found)
         return list(found.values())
+
+    def _due_silent(self, now: float, limit: int, found: dict[tuple[str, str], DroneView]) -> None:
+        """Add to ``found`` the views not ended that nothing came of for ``retain_lost_s``"""
+        while len(found) < limit and (key := self._forget.pop_due(now)) is not None:
+            view = self._views.get(key)
+            if view is None or key in found:
+                continue
+            forget = forgotten_at(view, self.retain_lost_s)
+            if forget is None:
+                continue  # ended (retired on its own schedule), or a fact without a time yet
+            if forget <= now:
+                found[key] = self._forgotten[key] = view
+            else:
+                self._forget.add(key, forget)  # heard of since it was scheduled
+
+    def forgotten(self, view: DroneView) -> bool:
+        """Whether :meth:`due` offered this very view for retirement by silence"""
+        return self._forgotten.get(view.key) is view
 
     def later(self, view: DroneView, at: float) -> None:
         """Look at ``view`` for retirement again at ``at`` (its purge failed for now)"""
-        self._retire.add(view.key, at)
+        (self._retire if view.ended else self._forget).add(view.key, at)
 
-    def dropped(self, key: tuple[str, str]) -> None:
+    def dropped(self, view: DroneView) -> None:
+        """``view`` was retired: forget its drone here too, saying why if it had not ended"""
+        key = view.key
         self._changed.discard(key)
         self._silence.discard(key)
         self._retire.discard(key)
+        self._forget.discard(key)
         self._served.discard(key)
+        if self._forgotten.pop(key, None) is None or view.ended:
+            return
+        since = quiet_since(view)
+        lines.log(
+            logging.INFO,
+            _kind("retired", view),
+            "drone %s/%s retired without an end: %s, and nothing came of it since %s "
+            "(bus.retain_lost_s %.0fs)",
+            view.site,
+            view.drone,
+            "lost" if view.last_seen is not None else "its agent never spoke",
+            _iso(since),
+            self.retain_lost_s,
+            extra=_extra(view),
+        )
 
     def rescan(self, keys: Iterable[tuple[str, str]]) -> None:
         """Look at every one of ``keys`` on the next tick (after a rebuild)"""

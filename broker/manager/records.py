@@ -69,11 +69,17 @@ class RecordFeed:
 
 
 async def load_records(
-    nc: Client, js: JetStreamContext, registry: Registry, *, api: str = DEFAULT_API_PREFIX
+    nc: Client,
+    js: JetStreamContext,
+    registry: Registry,
+    *,
+    api: str = DEFAULT_API_PREFIX,
+    subject: str | None = None,
 ) -> RecordFeed:
     """
     Load every handshake record into ``registry``
 
+    :param subject: only the records on this subject (one drone's), not all
     :returns: the feed, whose ``next_seq`` is where a watch for later changes starts
     """
     ns = registry.namespace
@@ -86,7 +92,7 @@ async def load_records(
         stream,
         ConsumerConfig(
             deliver_policy=DeliverPolicy.LAST_PER_SUBJECT,
-            filter_subject=ns.all_records,
+            filter_subject=subject or ns.all_records,
         ),
         feed,
         headers=True,

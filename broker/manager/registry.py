@@ -22,7 +22,7 @@ from typing import Final
 import msgspec
 
 from broker.errors import Rejected
-from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, EndTracker
+from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, DEFAULT_RETAIN_LOST_S, EndTracker
 from broker.manager.notes import check_note, noted_view
 from broker.manager.recordmerge import RecordMerge
 from broker.manager.validity import (
@@ -64,6 +64,9 @@ class Registry(RecordMerge):
     :param max_message_bytes: larger messages are rejected unread
     :param retain_ended_s: seconds an ended drone is kept before
         :meth:`due_retirements` offers it for retirement
+    :param retain_lost_s: seconds after the newest fact about a drone that has not ended
+        (lost, or never heard from) before :meth:`due_retirements` offers it; ``0``:
+        never. Taken as at least ``lost_after_s``, so that no drone that speaks is offered
     """
 
     def __init__(
@@ -73,15 +76,20 @@ class Registry(RecordMerge):
         lost_after_s: float = DEFAULT_LOST_AFTER_S,
         max_message_bytes: int = DEFAULT_MAX_SIZE,
         retain_ended_s: float = DEFAULT_RETAIN_ENDED_S,
+        retain_lost_s: float = DEFAULT_RETAIN_LOST_S,
     ) -> None:
         for name, value in (("lost_after_s", lost_after_s), ("retain_ended_s", retain_ended_s)):
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive number, not {value!r}")
+        if not (0 <= retain_lost_s < math.inf):
+            raise ValueError(f"retain_lost_s must be 0 (never) or positive, not {retain_lost_s!r}")
+        if retain_lost_s:  # never less than lost_after_s: no drone that speaks is offered
+            retain_lost_s = max(retain_lost_s, lost_after_s)
         self.namespace = namespace or Namespace()
         self.lost_after_s = lost_after_s
         self.max_message_bytes = max_message_bytes
         self._views: dict[tuple[str, str], DroneView] = {}
-        self._ends = EndTracker(self._views, lost_after_s, retain_ended_s)
+        self._ends = EndTracker(self._views, lost_after_s, retain_ended_s, retain_lost_s)
         self._prefix = self.namespace.prefix
         self.applied = 0
         self.duplicate = 0
@@ -318,12 +326,20 @@ class Registry(RecordMerge):
         return self._ends.pending
 
     def due_retirements(self, now: float, limit: int = 1000) -> list[DroneView]:
-        """Up to ``limit`` ended drones kept for ``retain_ended_s``: to retire"""
+        """
+        Up to ``limit`` drones to retire: ended ones kept for ``retain_ended_s``, and
+        those not ended that nothing came of for ``retain_lost_s``
+        """
         return self._ends.due(now, limit)
 
     def retirable(self, view: DroneView) -> bool:
-        """Whether ``view`` is still the drone's view, and ended (what :meth:`retire` drops)"""
-        return self._views.get(view.key) is view and bool(view.ended)
+        """
+        Whether ``view`` is still the drone's view, and ended or offered for its silence
+        (what :meth:`retire` drops)
+        """
+        return self._views.get(view.key) is view and (
+            bool(view.ended) or self._ends.forgotten(view)
+        )
 
     def retire(self, view: DroneView) -> bool:
         """
@@ -333,9 +349,8 @@ class Registry(RecordMerge):
         """
         if not self.retirable(view):
             return False
-        key = view.key
-        del self._views[key]
-        self._ends.dropped(key)
+        del self._views[view.key]
+        self._ends.dropped(view)
         return True
 
     def retry_retirement(self, view: DroneView, at: float) -> None:

@@ -1,9 +1,11 @@
 """
-Retirement of ended drones: dropped from the registry, their records purged from the bucket
+Retirement of ended drones, and of drones nothing came of for ``retain_lost_s``: dropped
+from the registry, their records purged from the bucket
 
-Its rule: only a drone that is still ended, with the very view the registry offered, loses
-its record, by a subject-filtered purge of the bucket's stream (no marker: watchers see
-nothing). Events stay in the event stream until its age limit, for ``timeline``.
+Its rule: only a drone that is still ended or still silent, with the very view the
+registry offered, loses its record, by a subject-filtered purge of the bucket's stream (no
+marker: watchers see nothing). Events stay in the event stream until its age limit, for
+``timeline``.
 """
 
 from __future__ import annotations
@@ -38,6 +40,7 @@ class Retired:
     purged: int = 0  #: records purged from the bucket
     kept: int = 0  #: records the server refused to purge (the bucket denies purges)
     retried: int = 0  #: purges that failed for now; tried again later
+    lost: int = 0  #: of the retired, drones that had not ended (silent for ``retain_lost_s``)
 
 
 async def retire_ended(
@@ -49,7 +52,8 @@ async def retire_ended(
     grants: GrantStore | None = None,
 ) -> Retired:
     """
-    Retire up to ``limit`` drones that ended ``retain_ended_s`` before ``now``
+    Retire up to ``limit`` drones that ended ``retain_ended_s`` before ``now``, or that
+    nothing came of for ``retain_lost_s`` (:meth:`Registry.due_retirements`)
 
     A record the server refuses to purge (a bucket provisioned with ``deny_purge``,
     which the server never lifts) stays, and the drone is dropped from memory all the
@@ -60,7 +64,7 @@ async def retire_ended(
         no drone the registry forgot can renew its identity
     """
     ns = registry.namespace
-    retired = purged = kept = retried = 0
+    retired = purged = kept = retried = lost = 0
     for view in registry.due_retirements(now, limit):
         if grants is not None:
             if not registry.retirable(view):
@@ -83,7 +87,7 @@ async def retire_ended(
                 kept += 1
                 _failures.warning(
                     "purge refused",
-                    "cannot purge the record of ended drone %s/%s: %s; "
+                    "cannot purge the record of retired drone %s/%s: %s; "
                     "it stays in the bucket (docs/operations.md#retention)",
                     view.site,
                     view.drone,
@@ -94,8 +98,10 @@ async def retire_ended(
                 retried += 1
                 _retry_later(registry, view, now, "record", err)
                 continue
-        retired += registry.retire(view)
-    return Retired(retired, purged, kept, retried)
+        if registry.retire(view):
+            retired += 1
+            lost += not view.ended
+    return Retired(retired, purged, kept, retried, lost)
 
 
 def _retry_later(
@@ -105,7 +111,7 @@ def _retry_later(
     registry.retry_retirement(view, now + RETRY_PURGE_S)
     _failures.warning(
         f"{what} purge failed",
-        "cannot purge the %s of ended drone %s/%s yet: %r",
+        "cannot purge the %s of retired drone %s/%s yet: %r",
         what,
         view.site,
         view.drone,

@@ -29,7 +29,7 @@ from broker.manager.control import DEFAULT_REQUEST_TIMEOUT_S, Control
 from broker.manager.grants import GrantStore
 from broker.manager.handler import event_handler, note_handler
 from broker.manager.issuer import Issuer, IssuerSettings
-from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S
+from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, DEFAULT_RETAIN_LOST_S
 from broker.manager.rebuild import RebuildReport, rebuild
 from broker.manager.records import watch_records
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, Registry
@@ -54,6 +54,8 @@ class ManagerSettings:
     :param lost_check_s: how often drones are checked for being ended, lost, or due
         for retirement
     :param retain_ended_s: seconds an ended drone is kept before it is retired
+    :param retain_lost_s: seconds a drone not ended is kept after the newest fact about
+        it before it is retired (``0``: never)
     :param retry_s: wait before reconnecting after the connection or the consumer failed
     :param request_timeout_s: how long commands wait for an agent's answer
     :param issuer: issue bootstrapped drones their identities (``None``: no issuer)
@@ -68,6 +70,7 @@ class ManagerSettings:
     lost_after_s: float = DEFAULT_LOST_AFTER_S
     lost_check_s: float = 5.0
     retain_ended_s: float = DEFAULT_RETAIN_ENDED_S
+    retain_lost_s: float = DEFAULT_RETAIN_LOST_S
     retry_s: float = 5.0
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     pull: PullSettings = field(default_factory=PullSettings)
@@ -90,6 +93,7 @@ class ManagerService:
                 settings.namespace,
                 lost_after_s=settings.lost_after_s,
                 retain_ended_s=settings.retain_ended_s,
+                retain_lost_s=settings.retain_lost_s,
             )
         self.registry = registry
         self.control: Control | None = None
@@ -267,6 +271,7 @@ def _added(total: Retired, more: Retired) -> Retired:
         total.purged + more.purged,
         total.kept + more.kept,
         total.retried + more.retried,
+        total.lost + more.lost,
     )
 
 

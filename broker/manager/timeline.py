@@ -5,11 +5,15 @@ Rows are in the order the stream stored them (the writers' clocks may be off),
 and only what the registry accepts is shown (an event must pass
 :func:`broker.manager.validity.check_event`, a note must speak for the drone
 and kind of its subject), so the last agent row is the state the registry holds.
+A drone that has ended gets a last row with why: a registry fed the same
+messages and the drone's record decides it, by the registry's own rule.
 """
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
+import time
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 
@@ -19,8 +23,13 @@ from nats.js.api import ConsumerConfig, DeliverPolicy
 from broker.errors import Rejected, TimelineError
 from broker.jetstream.messages import metadata
 from broker.jetstream.reads import read_all, stream_errors
+from broker.manager.handler import event_reader
 from broker.manager.notes import check_note
+from broker.manager.records import load_records
+from broker.manager.registry import DEFAULT_LOST_AFTER_S, Registry
 from broker.manager.validity import UNSTORED, Headers, check_event
+from broker.manager.views import DroneView
+from remote_agent.protocol.errors import HandshakeError
 from remote_agent.protocol.events import (
     AgentExiting,
     AgentStarted,
@@ -44,6 +53,7 @@ from remote_agent.protocol.events import (
     kind_of,
 )
 from remote_agent.protocol.names import Namespace, api_prefix
+from remote_agent.protocol.proof import load_proof_key
 
 
 @dataclass(frozen=True, slots=True)
@@ -51,11 +61,11 @@ class Row:
     """One line of a drone's timeline"""
 
     at: float  #: when it happened (the writer's clock), epoch seconds
-    stream_seq: int  #: order in the stream: the order of the rows
+    stream_seq: int | None  #: order in the stream: the order of the rows (``None``: the end)
     drone_event: str  #: what the agent reported, e.g. ``payload_started 12.0``
     drone_state: str  #: the agent's state right after it
     tardis_state: str  #: TARDIS's state then (a change is marked with ``->``)
-    source: str  #: ``agent`` or ``tardis``
+    source: str  #: ``agent``, ``tardis``, or ``manager`` for the drone's end
 
 
 def _deadline(deadline: dt.datetime, at: dt.datetime) -> str:
@@ -145,6 +155,16 @@ def build(messages: Sequence[tuple[int, Message]], *, heartbeats: bool = False) 
     return rows
 
 
+def end_row(rows: Sequence[Row], view: DroneView | None) -> Row | None:
+    """The last row of a drone whose life has ended in ``view``: when, and why"""
+    if view is None or not view.ended or view.ended_time is None:
+        return None
+    last = rows[-1] if rows else None
+    tardis = last.tardis_state.removeprefix("-> ") if last is not None else ""
+    state = last.drone_state if last is not None else ""
+    return Row(view.ended_time, None, f"ended: {view.ended}", state, tardis, "manager")
+
+
 async def read_timeline(
     nc: Client,
     namespace: Namespace,
@@ -153,13 +173,17 @@ async def read_timeline(
     *,
     domain: str | None = None,
     heartbeats: bool = False,
+    lost_after_s: float = DEFAULT_LOST_AFTER_S,
 ) -> list[Row]:
     """
-    Every valid event and manager note of one drone in the stream, as timeline rows
+    Every valid event and manager note of one drone in the stream, as timeline rows,
+    and its end if it has ended
 
-    Messages the registry rejects are left out (it counts them).
+    Messages the registry rejects are left out (it counts them). The end is decided
+    as the manager does, with the drone's record (so none once it is retired, unless
+    TARDIS removed it) and ``lost_after_s`` for a drained drone that fell silent.
 
-    :raises TimelineError: if the stream cannot be read
+    :raises TimelineError: if the stream or the bucket cannot be read
     """
     root = f"{namespace.prefix}.{site or '*'}.{drone}"
     config = ConsumerConfig(
@@ -167,6 +191,8 @@ async def read_timeline(
         filter_subjects=[f"{root}.evt.>", f"{root}.mgr.>"],
     )
     messages: list[tuple[int, Message]] = []
+    registry = Registry(namespace, lost_after_s=lost_after_s)
+    apply = event_reader(registry, None)
 
     def collect(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:
         try:
@@ -174,10 +200,19 @@ async def read_timeline(
         except Rejected:
             return
         messages.append((metadata(reply)[0], message))
+        apply(subject, reply, data, headers)
 
     js = nc.jetstream(domain=domain)
-    with stream_errors(TimelineError):
-        await read_all(
-            nc, js, namespace.event_stream, config, collect, headers=True, api=api_prefix(domain)
-        )
-    return build(messages, heartbeats=heartbeats)
+    api = api_prefix(domain)
+    with stream_errors(TimelineError, "stream or bucket"):
+        await read_all(nc, js, namespace.event_stream, config, collect, headers=True, api=api)
+        with contextlib.suppress(HandshakeError):  # without it, no release reads as proven
+            registry.proof_key = await load_proof_key(js, namespace)
+        for site_of in {site for site, _ in registry.views()}:
+            await load_records(
+                nc, js, registry, api=api, subject=namespace.record_subject(site_of, drone)
+            )
+    rows = build(messages, heartbeats=heartbeats)
+    registry.mark_ended(time.time())
+    ends = (end_row(rows, view) for view in registry.views().values())
+    return rows + [row for row in ends if row is not None]

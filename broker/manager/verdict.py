@@ -96,6 +96,12 @@ def removal_verdict(
     if said is not None:  # a final phase not to be trusted
         return _no(*said)
     record = view.record
+    if record is None and up_without_record(view):
+        return _no(
+            Removal.RECORD_TAMPERED,
+            "no handshake record, but its agent reports its gate open or payloads: "
+            "the record was retired or removed; drain it",
+        )
     if record is None:
         return _no(
             Removal.NOT_ANNOUNCED,
@@ -105,6 +111,18 @@ def removal_verdict(
         deadline = record.drain.deadline.isoformat() if record.drain else "?"
         return _no(Removal.DRAINING, f"draining until {deadline}; wait for drained")
     return _no(Removal.AGENT_UP, "the agent is up and may run payloads: drain it")
+
+
+def up_without_record(view: DroneView | None) -> bool:
+    """
+    Whether the drone's agent reports itself past its claim (its gate open, or payloads)
+    while the registry knows no record of it: its record was retired (or purged) while
+    the agent was away. Such a drone is never released: its payloads may run.
+    """
+    if view is None or view.record is not None:
+        return False
+    snapshot = view.snapshot
+    return snapshot is not None and (snapshot.gate_open or bool(snapshot.payloads))
 
 
 def _by_record(view: DroneView) -> Verdict | tuple[Removal, str] | None:

@@ -97,6 +97,7 @@ class RemoteBus:
                         if self.manager.settings.issuer is not None
                         else None
                     ),
+                    retired=lambda: self.manager.retired,
                 ),
                 *address,
             )

@@ -20,7 +20,7 @@ import msgspec
 from broker.errors import ConfigError
 from broker.manager.control import DEFAULT_DRAIN_S, DEFAULT_REQUEST_TIMEOUT_S
 from broker.manager.issuer import DEFAULT_JWT_VALID_S, DEFAULT_TOKEN_VALID_S, IssuerSettings
-from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S
+from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, DEFAULT_RETAIN_LOST_S
 from broker.manager.metrics import parse_address
 from broker.manager.registry import DEFAULT_LOST_AFTER_S
 from broker.manager.service import ManagerSettings
@@ -29,11 +29,12 @@ from remote_agent.protocol.environment import URL_SCHEMES, server_url_problem, s
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.names import DEFAULT_PREFIX, Namespace, check_token
 
-#: how long an ended drone is kept (registry, bucket) before it is retired
 #: the longest duration a timing key accepts: any finite span a site means (10 years)
 LONGEST_S: Final = 10 * 365 * 86_400.0
 
 Seconds = Annotated[float, msgspec.Meta(gt=0, le=LONGEST_S)]
+#: seconds, or 0 for "never"
+SecondsOrNever = Annotated[float, msgspec.Meta(ge=0, le=LONGEST_S)]
 Urls = Annotated[tuple[str, ...], msgspec.Meta(min_length=1)]
 
 _SECONDS = "a number of seconds > 0 (at most 10 years)"
@@ -55,6 +56,8 @@ EXPECTED: Final[Mapping[str, str]] = {
     "lost_removal_after_s": _SECONDS,
     "request_timeout_s": _SECONDS,
     "retain_ended_s": _SECONDS,
+    "retain_lost_s": "0 (never) or a number of seconds at least lost_after_s and "
+    "lost_removal_after_s (at most 10 years)",
     "drone_environment": "true or false",
     "note_buffer": "a whole number > 0",
     "metrics": "host:port (e.g. 127.0.0.1:9464), or a port on loopback",
@@ -84,6 +87,10 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         removed only after this much silence (and not before its drain deadline)
     :param request_timeout_s: how long commands wait for an agent's answer
     :param retain_ended_s: how long an ended drone is kept before it is retired
+    :param retain_lost_s: how long a drone that has not ended (lost, or released before
+        its agent spoke) is kept after the newest fact about it before it is retired;
+        ``0``: kept until it ends. Not less than ``lost_after_s`` and
+        ``lost_removal_after_s``, so that no drone is forgotten before TARDIS may remove it
     :param drone_environment: pass ``servers``/site/prefix into each drone job
     :param note_buffer: TARDIS state notes kept while the bus is unreachable
     :param metrics: ``host:port`` to serve Prometheus metrics on (``/metrics``);
@@ -108,6 +115,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     lost_removal_after_s: Seconds = DEFAULT_DRAIN_S
     request_timeout_s: Seconds = DEFAULT_REQUEST_TIMEOUT_S
     retain_ended_s: Seconds = DEFAULT_RETAIN_ENDED_S
+    retain_lost_s: SecondsOrNever = DEFAULT_RETAIN_LOST_S
     drone_environment: bool = True
     note_buffer: Annotated[int, msgspec.Meta(gt=0)] = 10_000
     metrics: str | None = None
@@ -145,6 +153,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             lost_after_s=self.lost_after_s,
             request_timeout_s=self.request_timeout_s,
             retain_ended_s=self.retain_ended_s,
+            retain_lost_s=self.retain_lost_s,
             issuer=self.issuer_settings(),
         )
 
@@ -231,6 +240,10 @@ def _meanings(config: BusConfig, raw: Mapping[str, Any]) -> list[str]:
         _ = config.metrics_address
     except ValueError as err:
         problems.append(f"{problem('metrics', raw.get('metrics'))} ({err})")
+    shortest = max(config.lost_after_s, config.lost_removal_after_s)
+    if 0 < config.retain_lost_s < shortest:
+        given = raw.get("retain_lost_s", config.retain_lost_s)
+        problems.append(f"{problem('retain_lost_s', given)} ({shortest:.0f} s here)")
     if config.bootstrap_creds is not None and config.bootstrap_key is None:
         problems.append(
             "bus.bootstrap_creds: set without bus.bootstrap_key, which turns the "

@@ -1,7 +1,8 @@
 """
 The wire contract: every message on the bus as a tagged msgspec struct, and its typed decoders
 
-Both sides import this module, and nothing else defines wire types; the ``kind`` field
+Both sides import this module, and nothing else defines wire messages (their enumerations
+are in :mod:`remote_agent.protocol.states` and exported here); the ``kind`` field
 selects the type, ``v`` is the major schema version. How the schema may change is in
 ``docs/protocol.md`` ("Versioning rules").
 """
@@ -9,7 +10,6 @@ selects the type, ``v`` is the major schema version. How the schema may change i
 from __future__ import annotations
 
 import datetime as dt
-import enum
 from typing import Annotated, Final, Literal
 
 import msgspec
@@ -19,6 +19,12 @@ from remote_agent.protocol.fields import NonNegative, Seconds, Token, UtcTime, c
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE, MAX_PAYLOADS
 from remote_agent.protocol.names import TOKEN_CHARS
 
+# the wire's enumerations live in their own module; both sides name them through this one
+from remote_agent.protocol.states import DroneState as DroneState
+from remote_agent.protocol.states import Outcome as Outcome
+from remote_agent.protocol.states import PayloadEnd as PayloadEnd
+from remote_agent.protocol.states import RecordPhase as RecordPhase
+
 
 def utcnow() -> dt.datetime:
     """The current time as the timezone-aware UTC value every message carries"""
@@ -26,55 +32,6 @@ def utcnow() -> dt.datetime:
 
 
 _SITE_DRONE: Final = ("site", "drone")
-
-
-# --------------------------------------------------------------------------- enums
-
-
-class DroneState(enum.StrEnum):
-    """Lifecycle states of a drone as its agent sees them"""
-
-    STARTING = "starting"  #: agent up, worker not yet started
-    WORKER_UP = "worker_up"  #: worker process (condor_master) running
-    STARTD_READY = "startd_ready"  #: the startd answers; no payload seen yet
-    IDLE = "idle"  #: ready, gate open, no payload
-    BUSY = "busy"  #: ready, at least one payload running
-    DRAINING = "draining"  #: gate closed, payloads still running
-    DRAINED = "drained"  #: gate closed, no payload; the drone is ending its job
-    RELEASED = "released"  #: the manager released the drone before it announced itself
-    EXITING = "exiting"  #: the agent is stopping
-
-
-class PayloadEnd(enum.StrEnum):
-    """How a payload ended, as HTCondor's JOB_EXIT hook reports it"""
-
-    EXIT = "exit"
-    REMOVE = "remove"
-    HOLD = "hold"
-    EVICT = "evict"
-    UNKNOWN = "unknown"  #: vanished from ``condor_who`` without a JOB_EXIT hook
-
-
-class Outcome(enum.StrEnum):
-    """What the agent actually did in answer to a command"""
-
-    DRAIN_ACCEPTED = "drain_accepted"  #: gate closed now; payloads may still run
-    ALREADY_DRAINING = "already_draining"  #: an earlier drain is in effect
-    DRAINED = "drained"  #: nothing runs any more; the drone is ending its job
-    RELEASED = "released"  #: release-if-idle: the drone was idle and is ending
-    BUSY = "busy"  #: release-if-idle refused: payloads are running
-    STATUS = "status"  #: a status query; see the snapshot
-    REFUSED = "refused"  #: the command cannot apply (see ``detail``)
-
-
-class RecordPhase(enum.StrEnum):
-    """Phases of a drone's handshake record in the KV bucket"""
-
-    UP = "up"  #: the agent claimed the drone; its gate may open
-    RELEASED = "released"  #: the manager won: no payload may ever start
-    DRAINING = "draining"  #: drain intent with a deadline
-    DRAINED = "drained"  #: the agent confirmed that nothing runs and the gate is shut
-    DEADLINE_EXPIRED = "deadline_expired"  #: the agent's drain deadline passed
 
 
 # --------------------------------------------------------------------------- parts

@@ -58,6 +58,7 @@ class RecordStore:
     :param attempts: how often a conflicting or timed-out write is retried
         after re-reading the record; a conflict means someone else wrote in
         between, which the loop then takes into account
+    :param logger: where its lines go (the manager passes one of its own tree)
     """
 
     def __init__(
@@ -69,8 +70,10 @@ class RecordStore:
         js: JetStreamContext,
         domain: str | None = None,
         proof_key: bytes | None = None,
+        logger: logging.Logger = log,
     ) -> None:
         self.kv = kv
+        self.log = logger
         self.namespace = namespace
         self.attempts = attempts
         self.domain = domain
@@ -93,6 +96,7 @@ class RecordStore:
         domain: str | None = None,
         *,
         proof_key: bytes | None = None,
+        logger: logging.Logger = log,
     ) -> RecordStore:
         """
         Bind to the (provisioned) bucket of ``namespace``
@@ -101,9 +105,10 @@ class RecordStore:
         :param domain: the JetStream domain of the bucket, if it is not the local one
         :param proof_key: the manager's proof key; needed to release and to tell
             the manager's records from forgeries
+        :param logger: where its lines go
         """
         kv = await bind_bucket(js, namespace.record_bucket, "handshake")
-        return cls(kv, namespace, js=js, domain=domain, proof_key=proof_key)
+        return cls(kv, namespace, js=js, domain=domain, proof_key=proof_key, logger=logger)
 
     def key(self, site: str, drone: str) -> str:
         return self.namespace.record_key(site, drone)
@@ -166,7 +171,7 @@ class RecordStore:
             else:
                 new = await self._publish(key, value, revision)
         except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as err:
-            log.warning("write of %s timed out, re-reading: %s", key, err)
+            self.log.warning("write of %s timed out, re-reading: %s", key, err)
             current = await self.read(record.site, record.drone)
             if current is not None and current.record == record:
                 return current
@@ -227,7 +232,7 @@ class RecordStore:
             written = await self._write(wanted, None if current is None else current.revision)
             if written is not None:
                 return written
-            log.debug("lost a compare-and-set on %s/%s (attempt %d)", site, drone, attempt + 1)
+            self.log.debug("lost a compare-and-set on %s/%s (attempt %d)", site, drone, attempt + 1)
             await asyncio.sleep(backoff.delay())
         raise HandshakeError(f"gave up on {site}/{drone} after {self.attempts} conflicting writes")
 
@@ -258,7 +263,9 @@ class RecordStore:
             return None
 
         result = await self._transition(site, drone, decide)
-        log.info("claim of %s/%s: %s", site, drone, result.record.phase, extra={"drone": drone})
+        self.log.info(
+            "claim of %s/%s: %s", site, drone, result.record.phase, extra={"drone": drone}
+        )
         return result
 
     async def finish(
@@ -323,7 +330,7 @@ class RecordStore:
         )
         written = await self._write(record, None, over_marker=False)
         if written is not None:
-            log.info("released %s/%s before its agent came up", site, drone)
+            self.log.info("released %s/%s before its agent came up", site, drone)
             return written
         current = await self.read(site, drone)
         if current is None:

@@ -16,8 +16,8 @@ from typing import Any, Final
 
 #: default seconds between two log lines of the same kind
 DEFAULT_INTERVAL_S: Final = 10.0
-#: kinds remembered at most; the oldest is forgotten first (keys are reasons, not senders)
-_MAX_KINDS: Final = 1024
+#: default kinds remembered at most; the oldest is forgotten first (keys are reasons, not senders)
+MAX_KINDS: Final = 1024
 
 
 class RateLimitedLog:
@@ -27,6 +27,7 @@ class RateLimitedLog:
     :param logger: where the lines go
     :param interval_s: minimum seconds between two lines of one kind
     :param clock: monotonic seconds (tests pass their own)
+    :param max_kinds: kinds remembered at most; a forgotten kind's next line is written at once
     """
 
     def __init__(
@@ -34,10 +35,12 @@ class RateLimitedLog:
         logger: logging.Logger,
         interval_s: float = DEFAULT_INTERVAL_S,
         clock: Callable[[], float] = time.monotonic,
+        max_kinds: int = MAX_KINDS,
     ) -> None:
         self.logger = logger
         self.interval_s = interval_s
         self._clock = clock
+        self._max_kinds = max_kinds
         #: kind -> (time of its last line, lines held back since)
         self._kinds: dict[str, tuple[float, int]] = {}
 
@@ -62,21 +65,33 @@ class RateLimitedLog:
         """
         if not self.logger.isEnabledFor(level):
             return False  # nothing would be written: keep no account of it either
+        since = self.due(kind)
+        if since is None:
+            return False
+        held, seconds = since
+        if held:
+            message += " (and %d more like it in the last %.0fs)"
+            args = (*args, held, seconds)
+        self.logger.log(level, message, *args, extra=extra, stacklevel=stacklevel)
+        return True
+
+    def due(self, kind: str) -> tuple[int, float] | None:
+        """
+        Whether a line of ``kind`` is due now, for a caller that writes it itself
+
+        :returns: ``None`` if it is held back (and counted), else the lines held
+            back since the kind's last line and the seconds since it (0 for a new kind)
+        """
         now = self._clock()
         last = self._kinds.get(kind)
         if last is not None and now - last[0] < self.interval_s:
             self._kinds[kind] = (last[0], last[1] + 1)
-            return False
-        held = last[1] if last is not None else 0
-        if last is None and len(self._kinds) >= _MAX_KINDS:
+            return None
+        if last is None and len(self._kinds) >= self._max_kinds:
             del self._kinds[next(iter(self._kinds))]
         self._kinds.pop(kind, None)  # re-insert: the dict stays ordered by last line
         self._kinds[kind] = (now, 0)
-        if held:
-            message += " (and %d more like it in the last %.0fs)"
-            args = (*args, held, now - last[0])  # type: ignore[index]
-        self.logger.log(level, message, *args, extra=extra, stacklevel=stacklevel)
-        return True
+        return (0, 0.0) if last is None else (last[1], now - last[0])
 
     def warning(
         self, kind: str, message: str, *args: object, extra: Mapping[str, Any] | None = None

@@ -6,7 +6,7 @@ import contextlib
 import gc
 from collections.abc import AsyncIterator, Iterator
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import pytest
 from nats.js import JetStreamContext
@@ -18,6 +18,9 @@ from broker.server.provision import provision
 from remote_agent.gate.server import GateServer
 from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.names import Namespace
+
+if TYPE_CHECKING:
+    from support.buses import BusFactory
 
 
 @pytest.fixture(autouse=True)
@@ -67,3 +70,13 @@ async def start_gate(tmp_path: Path) -> AsyncIterator[GateFactory]:
             return server, agent
 
         yield start
+
+
+@pytest.fixture
+async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
+    """Start :class:`RemoteBus` services as COBalD would run them; stopped at the end"""
+    from support.buses import running_buses  # imports TARDIS: only the tests that use it
+
+    await provision(js)
+    async with running_buses(nats_server.url) as make:
+        yield make

@@ -38,6 +38,7 @@ async def test_the_htcondor_config_is_valid_and_described(tmp_path: Path) -> Non
     assert "drone servers         nats://nats-leaf.site.example.org:4222" in out
     assert "metrics               http://127.0.0.1:9464/metrics" in out
     assert "retain_ended_s        86400 s" in out
+    assert "retain_lost_s         604800 s" in out
     assert rows["domain"].strip() == "hub"
     assert out.rstrip().endswith("htcondor.yaml: valid")
     # the credentials file of the example does not exist here: a warning that says what to do
@@ -165,6 +166,7 @@ async def test_json_is_one_document_with_what_the_text_says(tmp_path: Path) -> N
     assert (bus["durable"], bus["domain"]) == ("cobald-registry", "hub")
     assert bus["metrics"] == "http://127.0.0.1:9464/metrics"
     assert (bus["lost_after_s"], bus["retain_ended_s"]) == (90, 86400)
+    assert bus["retain_lost_s"] == 604800
 
     bad = _write(tmp_path, HTCONDOR.replace("lost_after_s: 90 ", "lost_after_s: abc #"))
     code, out, err = await run_process(*CLI, "check-config", str(bad), "--json")

@@ -231,6 +231,7 @@ async def test_the_drone_job_runs_the_agent_around_the_master(
             "COBALD_REMOTE": str(Path(sys.executable).parent / "cobald-remote"),
             "COBALD_REMOTE_SPOOL_DIR": str(tmp_path / "spool"),
             "COBALD_REMOTE_POLL_S": "0.5",
+            "_CONDOR_SCRATCH_DIR": str(tmp_path),  # the batch job's, for the drone's HTCondor
         }
     )
     proc = await start_process(

@@ -3,10 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import json
 import re
+import shutil
 import subprocess
+import urllib.request
 from collections.abc import AsyncIterator
 from pathlib import Path
+from typing import Any
 
 import nats
 import nats.errors
@@ -17,6 +21,7 @@ from support.agent import settings as agent_settings
 from support.manager import running_manager
 from support.processes import free_ports
 from support.servers import hub_and_leaf
+from support.waiting import wait_until
 
 from broker.errors import ProvisioningError
 from broker.manager.service import ManagerSettings
@@ -31,18 +36,33 @@ CONFIGS = sorted(DEPLOY.glob("*.conf"))
 NODE_ENV = {
     "NATS_NODE": "n1",
     "NATS_STORE": "/tmp/unused",
+    "NATS_CLUSTER_LISTEN": "127.0.0.1:6222",
     "NATS_LEAF_LISTEN": "127.0.0.1:7422",
     "NATS_HUB": "nats-leaf://127.0.0.1:7422",
 }
+ROUTE_USER = "route"
 
 
-def test_there_are_configs() -> None:
-    assert {p.name for p in CONFIGS} >= {"single.conf", "cluster.conf", "leaf.conf"}
+def cluster_config(directory: Path, route_ports: list[int], password: str) -> Path:
+    """
+    The shipped cluster.conf, copied as it is, beside the route credentials file
+
+    ``cluster-routes.conf`` as docs/deployment.md ("Route credentials") has the
+    operator write it: the route authorization and the routes, whose URLs carry it.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    config = Path(shutil.copy(DEPLOY / "cluster.conf", directory))
+    routes = ", ".join(
+        f"nats-route://{ROUTE_USER}:{password}@127.0.0.1:{port}" for port in route_ports
+    )
+    (directory / "cluster-routes.conf").write_text(
+        f'authorization {{ user: {ROUTE_USER}, password: "{password}" }}\nroutes: [ {routes} ]\n'
+    )
+    return config
 
 
-@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
-def test_config_is_valid(config: Path) -> None:
-    result = subprocess.run(
+def validate(config: Path) -> subprocess.CompletedProcess[str]:
+    return subprocess.run(
         [str(find_binary()), "-t", "-c", str(config)],
         env=NODE_ENV,
         capture_output=True,
@@ -50,8 +70,25 @@ def test_config_is_valid(config: Path) -> None:
         timeout=30,
         check=False,
     )
+
+
+def test_there_are_configs() -> None:
+    assert {p.name for p in CONFIGS} >= {"single.conf", "cluster.conf", "leaf.conf"}
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+def test_config_is_valid(config: Path, tmp_path: Path) -> None:
+    if config.name == "cluster.conf":  # valid with the file the operator adds beside it
+        config = cluster_config(tmp_path, [6222], "secret")
+    result = validate(config)
     assert result.returncode == 0, result.stderr + result.stdout
     assert "is valid" in result.stderr + result.stdout
+
+
+def test_cluster_config_fails_closed_without_route_credentials() -> None:
+    result = validate(DEPLOY / "cluster.conf")
+    assert result.returncode != 0
+    assert "cluster-routes.conf" in result.stderr + result.stdout
 
 
 async def test_single_server_config_runs_and_provisions(tmp_path: Path) -> None:
@@ -73,18 +110,20 @@ async def test_single_server_config_runs_and_provisions(tmp_path: Path) -> None:
 
 @pytest.fixture
 async def cluster(tmp_path: Path) -> AsyncIterator[dict[str, EmbeddedServer]]:
+    # no --cluster_listen: that flag, given without credentials, drops the file's
+    # route authorization (nats-server server/opts.go, overrideCluster)
     ports = free_ports(6)
-    routes = ",".join(f"nats://127.0.0.1:{port}" for port in ports[:3])
+    config = cluster_config(tmp_path / "etc", ports[:3], "s3cret-route-password")
     nodes = {
         f"n{i}": EmbeddedServer(
             tmp_path / f"n{i}",
-            config_file=DEPLOY / "cluster.conf",
+            config_file=config,
             env={
                 "NATS_NODE": f"n{i}",
                 "NATS_STORE": str(tmp_path / f"n{i}"),
+                "NATS_CLUSTER_LISTEN": f"127.0.0.1:{port}",
                 "NATS_LEAF_LISTEN": f"127.0.0.1:{leaf_port}",
             },
-            extra_args=["--cluster_listen", f"nats://127.0.0.1:{port}", "--routes", routes],
         )
         for i, (port, leaf_port) in enumerate(zip(ports[:3], ports[3:], strict=True), start=1)
     }
@@ -93,6 +132,76 @@ async def cluster(tmp_path: Path) -> AsyncIterator[dict[str, EmbeddedServer]]:
         yield nodes
     finally:
         await asyncio.gather(*(node.stop() for node in nodes.values()))
+
+
+def monitor(server: EmbeddedServer, path: str) -> dict[str, Any]:
+    with urllib.request.urlopen(f"{server.monitoring_url}{path}", timeout=5) as answer:
+        found: dict[str, Any] = json.load(answer)
+    return found
+
+
+def routed_to(server: EmbeddedServer) -> set[str]:
+    """The names of the servers ``server`` has routes to"""
+    return {route["remote_name"] for route in monitor(server, "/routez")["routes"] or []}
+
+
+def refused_routes(server: EmbeddedServer) -> int:
+    """How often ``server`` refused a route's credentials, by its log"""
+    text = server.log_path.read_text(errors="replace")
+    return text.count("Router connection closed: Authentication Failure")
+
+
+@pytest.mark.timeout(120)
+async def test_cluster_routes_need_the_route_credentials(
+    cluster: dict[str, EmbeddedServer], tmp_path: Path
+) -> None:
+    names = set(cluster)
+    for name, node in cluster.items():
+        await wait_until(
+            lambda node=node, name=name: routed_to(node) == names - {name},
+            what=f"{name} routed to the other nodes",
+        )
+    # a host that reaches the route ports: to n1 with no credentials, to n2 with wrong ones
+    n1, n2 = (monitor(cluster[name], "/varz")["cluster"]["cluster_port"] for name in ("n1", "n2"))
+    intruder = EmbeddedServer(
+        tmp_path / "intruder",
+        jetstream=False,
+        extra_args=[
+            "--name",
+            "intruder",
+            "--cluster_name",
+            "cobald-remote",
+            "--cluster_listen",
+            "nats://127.0.0.1:-1",
+            "--routes",
+            f"nats-route://127.0.0.1:{n1},nats-route://{ROUTE_USER}:wrong@127.0.0.1:{n2}",
+        ],
+    )
+    async with intruder:
+        for name in ("n1", "n2"):
+            await wait_until(
+                lambda name=name: refused_routes(cluster[name]) >= 2,
+                what=f"{name} refusing the intruder's route (more than once)",
+            )
+        assert routed_to(intruder) == set()
+        for name, node in cluster.items():
+            assert routed_to(node) == names - {name}
+        # what is published on n1 reaches n3's subscriber, and nobody on the intruder
+        spy, member, publisher = [
+            await nats.connect(url) for url in (intruder.url, cluster["n3"].url, cluster["n1"].url)
+        ]
+        try:
+            seen, delivered = await spy.subscribe(">"), await member.subscribe("cobald.>")
+            await spy.flush()
+            await member.flush()
+            await publisher.publish("cobald.site1.d1.evt.heartbeat", b"secret")
+            await publisher.flush()
+            assert (await delivered.next_msg(timeout=10)).data == b"secret"
+            with pytest.raises(nats.errors.TimeoutError):
+                await seen.next_msg(timeout=0.5)
+        finally:
+            for nc in (spy, member, publisher):
+                await nc.close()
 
 
 @pytest.mark.timeout(120)

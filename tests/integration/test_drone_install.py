@@ -109,6 +109,9 @@ def test_the_startd_configuration_names_installed_files(drone: Drone) -> None:
         path = Path(value.replace("$(COBALD_REMOTE_LIBEXEC)", str(drone.libexec)))
         assert path.is_file() and os.access(path, os.X_OK), path
     assert os.access(drone.libexec / "drone-job", os.X_OK)
+    installed = sorted(path.name for path in drone.libexec.iterdir())
+    assert installed == ["drone-job", "hook-job-exit", "hook-prepare-job"]
+    assert [path.name for path in drone.config.parent.iterdir()] == [drone.config.name]
 
 
 def _emulator_python(where: Path) -> Path:
@@ -166,6 +169,7 @@ async def test_the_installed_drone_job_runs_agent_and_hooks(
             "TardisDroneCobaldRemoteSite": SITE,
             "COBALD_REMOTE_SPOOL_DIR": str(tmp_path / "spool"),
             "COBALD_REMOTE_POLL_S": "0.2",
+            "_CONDOR_SCRATCH_DIR": str(tmp_path),  # the batch job's, for the drone's HTCondor
         }
     )
     with (tmp_path / "drone-job.err").open("wb") as err:

@@ -10,8 +10,6 @@ later true events, nor disagrees with itself after a restart.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from pathlib import Path
 
 import msgspec
@@ -20,7 +18,16 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client
 from support.drones import FakeDrone
-from support.manager import running_manager
+from support.hostile import (
+    DRONE,
+    NS,
+    RECORD_SUBJECT,
+    SITE,
+    as_drone,
+    manager,
+    publish,
+    write_record,
+)
 from support.servers import drone_creds
 from support.tardis import FakeSite, attributes
 from support.waiting import wait_until
@@ -31,7 +38,7 @@ from tardis.interfaces.siteadapter import ResourceStatus
 from broker.manager.outcomes import ReleaseOutcome
 from broker.manager.rebuild import rebuild
 from broker.manager.registry import Registry
-from broker.manager.service import ManagerService, ManagerSettings
+from broker.manager.service import ManagerService
 from broker.manager.timeline import read_timeline
 from broker.manager.verdict import Removal
 from broker.server.embedded import EmbeddedServer
@@ -39,50 +46,9 @@ from broker.tardis_adapter import BusConfig, RemoteBus, RemoteSiteAdapter
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.connect import connect
 from remote_agent.protocol.errors import SchemaError
-from remote_agent.protocol.names import EXPECTED_LAST, Namespace
 from remote_agent.protocol.proof import PROOF_KEY
 
 pytestmark = pytest.mark.timeout(120)
-NS = Namespace()
-SITE = "site1"
-DRONE = "site1-00000000aa"
-RECORD_SUBJECT = f"$KV.{NS.record_bucket}.{NS.record_key(SITE, DRONE)}"
-
-
-@contextlib.asynccontextmanager
-async def manager(url: str, creds: Path | None = None) -> AsyncIterator[ManagerService]:
-    settings = ManagerSettings(
-        servers=[url], creds=str(creds) if creds else None, retry_s=0.2, lost_check_s=0.2
-    )
-    async with running_manager(settings) as service:
-        yield service
-
-
-@contextlib.asynccontextmanager
-async def as_drone(url: str, creds: Path) -> AsyncIterator[Client]:
-    """A connection with the drone's own credentials, as any process on it may open"""
-    nc = await connect(url, user_credentials=str(creds), inbox_prefix=f"_INBOX_{DRONE}")
-    try:
-        yield nc
-    finally:
-        await nc.close()
-
-
-async def publish(nc: Client, event: ev.Event) -> int:
-    """Publish an event as an agent does (with its ``Nats-Msg-Id``)"""
-    subject = NS.event(event.site, event.drone, ev.kind_of(type(event)))
-    ack = await nc.jetstream().publish(subject, ev.encode(event), headers={"Nats-Msg-Id": event.id})
-    return ack.seq
-
-
-async def write_record(nc: Client, subject: str, value: bytes) -> None:
-    """Write a key as a record writer does: a compare-and-set over its newest revision"""
-    js = nc.jetstream()
-    try:
-        last = (await js.get_msg(f"KV_{NS.record_bucket}", subject=subject, direct=True)).seq
-    except nats.js.errors.NotFoundError:
-        last = 0
-    await js.publish(subject, value, headers={EXPECTED_LAST: str(last or 0)})
 
 
 async def busy_and_up(nc: Client) -> FakeDrone:
@@ -350,125 +316,3 @@ async def test_tardis_never_removes_a_busy_drone_that_forged_its_record(
     finally:
         bus.stop()
         await asyncio.wait_for(task, 30)
-
-
-# --------------------------------------------------------------------------- relays
-#
-# nats-server checks a publish against the publisher's permissions by its subject,
-# not by its reply subject, and sends its own answers (JetStream acks, direct-get
-# responses) to the reply subject: any stream capturing that subject stores them.
-
-OTHER = "site1-00000000bb"
-OTHER_RECORD = f"$KV.{NS.record_bucket}.{NS.record_key(SITE, OTHER)}"
-OWN_DIRECT_GET = f"$JS.API.DIRECT.GET.KV_{NS.record_bucket}.{RECORD_SUBJECT}"
-
-
-async def relay_own_key(nc: Client, body: bytes, target: str, *, no_headers: bool) -> None:
-    """
-    Write ``body`` to the own key (without compare-and-set: the target stream would
-    check that header against the target's subject), then have the server send it to
-    ``target``, with its answer headers or, asked for ``no_hdr``, with none
-    """
-    await nc.jetstream().publish(RECORD_SUBJECT, body)
-    await nc.publish(OWN_DIRECT_GET, b'{"no_hdr":true}' if no_headers else b"", reply=target)
-    await nc.flush()
-
-
-async def test_a_drone_cannot_have_the_server_relay_its_words_onto_another_drone(
-    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
-) -> None:
-    server, authority = secured
-    attacker = drone_creds(tmp_path, authority, SITE, DRONE)
-    victim_creds = drone_creds(tmp_path, authority, SITE, OTHER)
-    victim = FakeDrone(SITE, OTHER)
-    async with (
-        as_drone(server.url, attacker) as nc,
-        manager(server.url, tmp_path / "manager.creds") as service,
-    ):
-        victim_nc = await connect(
-            server.url, user_credentials=str(victim_creds), inbox_prefix=f"_INBOX_{OTHER}"
-        )
-        try:
-            for event in (
-                victim.started(),
-                victim.ready(),
-                victim.payload_started("1.0"),
-                victim.payload_started("2.0"),
-            ):
-                await publish(victim_nc, event)
-            up = ev.DroneRecord(
-                site=SITE,
-                drone=OTHER,
-                phase=ev.RecordPhase.UP,
-                writer="agent",
-                incarnation=victim.incarnation,
-                at=ev.utcnow(),
-            )
-            await write_record(victim_nc, OTHER_RECORD, ev.encode(up))
-        finally:
-            await victim_nc.close()
-        await wait_until(
-            lambda: (
-                (view := service.registry.view(SITE, OTHER)) is not None
-                and len(view.payloads) == 2
-                and view.phase is ev.RecordPhase.UP
-            ),
-            what="the busy victim",
-        )
-        before = service.registry.view(SITE, OTHER)
-        assert before is not None
-        # the victim's record and its heartbeat, in the attacker's words
-        forged = msgspec.structs.replace(up, phase=ev.RecordPhase.DEADLINE_EXPIRED)
-        idle = FakeDrone(SITE, OTHER, incarnation=victim.incarnation, seq=victim.seq)
-        beat = ev.encode(idle.heartbeat())
-        for no_headers in (False, True):
-            await relay_own_key(nc, ev.encode(forged), OTHER_RECORD, no_headers=no_headers)
-            await relay_own_key(nc, beat, NS.event(SITE, OTHER, "heartbeat"), no_headers=no_headers)
-        # and the server's acks
-        await nc.jetstream().publish(RECORD_SUBJECT, b"x")
-        await nc.publish(NS.event(SITE, DRONE, "heartbeat"), b"x", reply=OTHER_RECORD)
-        await nc.flush()
-        await wait_until(
-            lambda: service.registry.metrics().rejected["relayed"] >= 4,
-            what="the relays rejected",
-        )
-        await wait_until(
-            lambda: service.consumer_stats.acked + service.consumer_stats.termed >= 7,
-            what="every event handled",
-        )
-        view = service.registry.view(SITE, OTHER)
-        assert view is not None and view.record is not None
-        # the victim's events are its own: the relayed heartbeat changed nothing
-        assert (view.encoded, view.stream_seq) == (before.encoded, before.stream_seq)
-        assert view.record.phase is None  # its record was overwritten: tampered, not believed
-        control = service.control
-        assert control is not None
-        assert not control.may_remove(SITE, OTHER, lbs_running=True)
-        assert not control.may_remove(SITE, OTHER, lbs_running=None)
-        rebuilt = Registry(NS)
-        rebuilt.proof_key = service.registry.proof_key
-        await rebuild(control.nc, control.nc.jetstream(), rebuilt)
-        assert dict(rebuilt.views()) == dict(service.registry.views())
-    async with manager(server.url, tmp_path / "manager.creds") as restarted:
-        assert restarted.control is not None
-        assert not restarted.control.may_remove(SITE, OTHER, lbs_running=True)
-        view = restarted.registry.view(SITE, OTHER)
-        assert view is not None and len(view.payloads) == 2
-
-
-async def test_the_proof_key_cannot_be_overwritten_through_a_relay(
-    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
-) -> None:
-    server, authority = secured
-    manager_creds = tmp_path / "manager.creds"
-    async with manager(server.url, manager_creds) as service:
-        assert service.registry.proof_key is not None
-        key = service.registry.proof_key
-    proof_subject = f"$KV.{NS.manager_bucket}.{PROOF_KEY}"
-    async with as_drone(server.url, drone_creds(tmp_path, authority, SITE, DRONE)) as nc:
-        await nc.publish(NS.event(SITE, DRONE, "heartbeat"), b"x", reply=proof_subject)
-        await relay_own_key(nc, b"k" * 32, proof_subject, no_headers=False)
-        await relay_own_key(nc, b"k" * 32, proof_subject, no_headers=True)
-        await asyncio.sleep(0.5)
-    async with manager(server.url, manager_creds) as restarted:  # ready: the key is intact
-        assert restarted.registry.proof_key == key

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import logging
 import time
 from collections.abc import AsyncIterator
 
@@ -49,8 +50,18 @@ def _accept(command: ev.AnyCommand) -> tuple[ev.Outcome, str]:
     return ev.Outcome.STATUS, "busy"
 
 
-async def test_release_before_the_agent_came_up(control: Control, store: RecordStore) -> None:
+async def test_release_before_the_agent_came_up(
+    control: Control, store: RecordStore, caplog: pytest.LogCaptureFixture
+) -> None:
+    caplog.set_level(logging.INFO)
     result = await control.release(SITE, "site1-0000000001", note="demand dropped")
+    said = [(r.name, r.getMessage()) for r in caplog.records if "before its agent" in r.message]
+    assert said == [  # the manager's line, under the central side's tree
+        (
+            "cobald.runtime.cobald_remote.control",
+            f"released {SITE}/site1-0000000001 before its agent came up",
+        )
+    ]
     assert result.outcome is ReleaseOutcome.RELEASED and result.may_remove
     assert result.phase is ev.RecordPhase.RELEASED
     verdict = control.may_remove(SITE, "site1-0000000001", lbs_running=True)
@@ -58,6 +69,8 @@ async def test_release_before_the_agent_came_up(control: Control, store: RecordS
     # the agent that comes up now finds it released
     claimed = await store.claim(SITE, "site1-0000000001", "inc1")
     assert claimed.record.phase is ev.RecordPhase.RELEASED
+    claims = {r.name for r in caplog.records if r.message.startswith("claim of")}
+    assert claims == {"remote_agent.handshake"}  # the drone's store keeps the drone's logger
     # idempotent
     again = await control.release(SITE, "site1-0000000001")
     assert again.outcome is ReleaseOutcome.RELEASED

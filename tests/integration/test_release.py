@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+import tarfile
 import zipfile
 from email.parser import Parser
 from pathlib import Path
@@ -63,6 +64,14 @@ def test_build_and_twine_check_are_clean(dist: tuple[Path, Path]) -> None:
     )
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.count("PASSED") == 2
+
+
+def test_the_sdist_has_the_docs_and_the_changelog(dist: tuple[Path, Path]) -> None:
+    with tarfile.open(dist[1]) as archive:
+        names = {name.split("/", 1)[1] for name in archive.getnames() if "/" in name}
+    docs = {f"docs/{path.name}" for path in (wheels.ROOT / "docs").glob("*.md")}
+    assert docs and docs <= names  # README.md links to them
+    assert {"CHANGELOG.md", "README.md", "LICENSE"} <= names
 
 
 def test_the_wheel_says_what_each_install_needs(dist: tuple[Path, Path]) -> None:

@@ -10,15 +10,18 @@ import nats.js.errors
 import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from support.drones import FakeDrone, publish
+from support.drones import FakeDrone, answer_commands, publish
 from support.servers import drone_creds
 
-from broker.manager.lifecycle import TARDIS_DOWN, Ending
+from broker.manager.control import Control
+from broker.manager.lifecycle import TARDIS_DOWN, Ending, quiet_since
+from broker.manager.outcomes import DrainOutcome, ReleaseOutcome
 from broker.manager.rebuild import rebuild
 from broker.manager.records import RecordFeed, load_records
 from broker.manager.registry import Registry
 from broker.manager.retire import retire_ended
 from broker.manager.timeline import read_timeline
+from broker.manager.verdict import Removal
 from broker.server.embedded import EmbeddedServer
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
@@ -89,9 +92,22 @@ async def test_the_timeline_still_shows_a_retired_drone(
     await rebuild(nc, stream, registry)
     view = registry.view(SITE, drone.drone)
     assert view is not None and view.ended_time is not None
+    rows = await read_timeline(nc, NS, drone.drone, heartbeats=True)
+    assert len(rows) == 5  # the four events, and the end as the manager sees it
+    end = rows[-1]
+    assert (end.source, end.drone_event, end.drone_state) == (
+        "manager",
+        "ended: drained",
+        "exiting",
+    )
+    assert (end.at, end.stream_seq) == (view.ended_time, None)
     assert (await retire_ended(stream, registry, view.ended_time + 10)).retired == 1
     rows = await read_timeline(nc, NS, drone.drone, SITE, heartbeats=True)
-    assert len(rows) == 4
+    assert len(rows) == 4  # the record that told its end is purged
+    assert {row.source for row in rows} == {"agent"}
+    await _note(stream, drone.drone, "DownState")  # without the record, only TARDIS's note tells
+    rows = await read_timeline(nc, NS, drone.drone, SITE)
+    assert (rows[-1].source, rows[-1].drone_event) == ("manager", "ended: removed")
 
 
 async def test_a_drone_cannot_purge_the_bucket(
@@ -200,3 +216,67 @@ async def test_a_bucket_that_denies_purges_keeps_records(
     done = await retire_ended(js, registry, 1e12)
     assert (done.retired, done.purged, done.kept) == (1, 0, 1)
     assert await store.read(SITE, drone.drone) is not None
+
+
+async def test_a_lost_drone_is_retired_and_back_without_its_record_is_drained_not_released(
+    nc: Client, stream: JetStreamContext, store: RecordStore
+) -> None:
+    """After ``retain_lost_s`` of silence the record goes; the drone that comes back with
+    payloads is drained by the command, and no record the manager writes lets TARDIS kill them"""
+    drone = FakeDrone(SITE, "site1-00000006aa")
+    await publish(stream, NS, drone.started())
+    await store.claim(SITE, drone.drone, drone.incarnation)
+    await publish(stream, NS, drone.ready())
+    await publish(stream, NS, drone.payload_started("7.0"))
+    registry = Registry(NS, lost_after_s=LOST, retain_ended_s=10.0, retain_lost_s=2 * LOST)
+    control = await Control.open(nc, registry, request_timeout_s=0.5)
+    await rebuild(nc, stream, registry)
+    view = registry.view(SITE, drone.drone)
+    assert view is not None and not view.ended
+    since = quiet_since(view)
+    assert since is not None
+    assert (await retire_ended(stream, registry, since + 2 * LOST - 1)).retired == 0
+    done = await retire_ended(stream, registry, since + 2 * LOST)
+    assert (done.retired, done.purged, done.lost) == (1, 1, 1)
+    assert await store.read(SITE, drone.drone) is None
+    assert registry.view(SITE, drone.drone) is None
+
+    await publish(stream, NS, drone.heartbeat())  # back, its payload running
+    await rebuild(nc, stream, registry)
+    back = registry.view(SITE, drone.drone)
+    assert back is not None and back.record is None and back.payloads
+    seen: list[ev.AnyCommand] = []
+    sub = await answer_commands(
+        nc, NS, drone, lambda _: (ev.Outcome.DRAIN_ACCEPTED, "gate closed"), seen
+    )
+    try:
+        released = await control.release(SITE, drone.drone, note="TARDIS stop")
+        drained = await control.drain(SITE, drone.drone, reason="TARDIS stop")
+    finally:
+        await sub.unsubscribe()
+    assert released.outcome is ReleaseOutcome.TAMPERED and not released.may_remove
+    assert drained.outcome is DrainOutcome.TAMPERED
+    assert [type(c) for c in seen] == [ev.DrainCommand, ev.DrainCommand]
+    assert await store.read(SITE, drone.drone) is None  # no release written
+    for lbs in (True, None, False):
+        verdict = control.may_remove(SITE, drone.drone, lbs)
+        assert (verdict.allowed, verdict.reason) == (False, Removal.RECORD_TAMPERED)
+
+
+async def test_a_forced_release_of_a_drone_that_never_spoke_is_retired(
+    nc: Client, stream: JetStreamContext
+) -> None:
+    registry = Registry(NS, lost_after_s=LOST, retain_ended_s=10.0, retain_lost_s=2 * LOST)
+    control = await Control.open(nc, registry, request_timeout_s=0.5)
+    drone = "site1-00000006bb"
+    assert (await control.release(SITE, drone, note="forced")).outcome is ReleaseOutcome.RELEASED
+    fresh = Registry(NS, lost_after_s=LOST, retain_ended_s=10.0, retain_lost_s=2 * LOST)
+    fresh.proof_key = registry.proof_key
+    await rebuild(nc, stream, fresh)
+    view = fresh.view(SITE, drone)
+    assert view is not None and view.record is not None and view.record.stored is not None
+    assert not view.ended  # its job may still be queued: no end, only the bound
+    assert (await retire_ended(stream, fresh, view.record.stored + 2 * LOST - 1)).retired == 0
+    done = await retire_ended(stream, fresh, view.record.stored + 2 * LOST)
+    assert (done.retired, done.purged, done.lost) == (1, 1, 1)
+    assert (await stream.stream_info(NS.record_stream)).state.messages == 0

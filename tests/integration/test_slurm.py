@@ -18,8 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from nats.js import JetStreamContext
-from support.buses import BusFactory, Transitions, running_buses
+from support.buses import BusFactory, Transitions
 from support.slurm import requires_slurm
 from support.waiting import wait_until
 from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
@@ -37,7 +36,6 @@ from broker.emulation.site.overlay import OverlayPool
 from broker.emulation.site.slurm import PARTITION, SlurmCluster, slurm_cluster
 from broker.emulation.site.slurm_site import SlurmSite
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from broker.tardis_adapter import (
     RemoteBatchSystemAdapter,
     RemoteBus,
@@ -111,14 +109,6 @@ async def site(
         truth.close()
         Configuration._shared_state.clear()
         SiteAdapter.site_configuration.fget.cache_clear()
-
-
-@pytest.fixture
-async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
-    """Start :class:`RemoteBus` services as COBalD would run them; stopped at the end"""
-    await provision(js)
-    async with running_buses(nats_server.url) as make:
-        yield make
 
 
 @dataclass

@@ -14,7 +14,7 @@ from typing import Any
 
 import pytest
 from nats.js import JetStreamContext
-from support.buses import BusFactory, Transitions, running_buses
+from support.buses import BusFactory, Transitions
 from support.drones import FakeDrone, publish
 from support.tardis import SITE, FakeOverlay, FakeSite
 from support.waiting import wait_until
@@ -24,8 +24,6 @@ from tardis.interfaces.batchsystemadapter import MachineStatus
 from tardis.interfaces.siteadapter import ResourceStatus
 from tardis.resources.drone import Drone
 
-from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
 from broker.tardis.drone import EventDrone
 from broker.tardis_adapter import (
     RemoteBatchSystemAdapter,
@@ -38,14 +36,6 @@ pytestmark = pytest.mark.timeout(120)
 
 #: far longer than any test here: a state run that happens was woken
 LONG_HEARTBEAT_S = 3600
-
-
-@pytest.fixture
-async def make_bus(nats_server: EmbeddedServer, js: JetStreamContext) -> AsyncIterator[BusFactory]:
-    """Start :class:`RemoteBus` services as COBalD would run them; stopped at the end"""
-    await provision(js)
-    async with running_buses(nats_server.url) as make:
-        yield make
 
 
 class HeldDrone(EventDrone):

@@ -67,6 +67,7 @@ async def htcondor_site(
         env.update(
             COBALD_REMOTE=str(script),
             COBALD_REMOTE_SPOOL_DIR=str(job.sandbox / "spool"),
+            _CONDOR_SCRATCH_DIR=str(job.sandbox),  # the batch job's, for the drone's HTCondor
             COBALD_REMOTE_POLL_S="0.2",
             COBALD_REMOTE_HEARTBEAT_S="5",
             COBALD_REMOTE_END_GRACE_S="2",

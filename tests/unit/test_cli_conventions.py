@@ -14,7 +14,8 @@ import pytest
 
 import broker
 import remote_agent
-from broker.cli import build_parser
+from broker.cli import build_parser, main
+from broker.commands.broker import default_store_dir
 from broker.commands.options import ALL_ENV, SERVER_ENV, from_env
 from remote_agent.protocol.names import DEFAULT_PREFIX
 from remote_agent.settings import Settings
@@ -83,6 +84,90 @@ def test_prefix_and_domain_default_to_the_variables_the_agent_reads(
     assert (agent.prefix, agent.domain) == (args.prefix, args.domain)  # the same variables
     args = build_parser().parse_args([*command, *given, "--prefix", "p", "--domain", "d"])
     assert (args.prefix, args.domain) == ("p", "d")
+
+
+@pytest.mark.parametrize(
+    ("argv", "server"),
+    [
+        (["--server", "nats://before:1", "status"], "nats://before:1"),
+        (["status", "--server", "nats://after:1"], "nats://after:1"),
+        (["--server", "nats://before:1", "status", "--server", "nats://after:1"], "nats://after:1"),
+        (
+            ["--server", "nats://top:1", "broker", "--server", "nats://group:1", "init"],
+            "nats://group:1",
+        ),
+        (
+            ["broker", "--server", "nats://group:1", "init", "--server", "nats://after:1"],
+            "nats://after:1",
+        ),
+        (["auth", "revoke-bootstrapped", "s1-x"], "nats://own:4222"),
+    ],
+)
+def test_the_bus_options_go_before_or_after_the_command_and_after_wins(
+    monkeypatch: pytest.MonkeyPatch, argv: list[str], server: str
+) -> None:
+    monkeypatch.setenv("COBALD_REMOTE_URL", "nats://own:4222")
+    monkeypatch.setenv("NATS_URL", "nats://nats:4222")
+    monkeypatch.setenv("COBALD_REMOTE_PREFIX", "env-prefix")
+    args = build_parser().parse_args(argv)
+    assert args.server == server
+    assert args.prefix == "env-prefix"  # not given anywhere: the variable still
+    given = ["--creds", "c.creds", "--domain", "hub", "--prefix", "p"]
+    args = build_parser().parse_args([*given, "timeline", "s1-x", "--prefix", "q"])
+    assert (args.creds, args.domain, args.prefix) == ("c.creds", "hub", "q")
+
+
+def test_a_server_before_the_command_is_enough_and_the_parser_forgets_it() -> None:
+    parser = build_parser()
+    assert parser.parse_args(["--server", "nats://x:1", "broker", "init"]).server == "nats://x:1"
+    assert parser.parse_args(["--prefix", "p", "broker", "serve"]).prefix == "p"
+    with pytest.raises(SystemExit):  # the same parser: --server is required again
+        parser.parse_args(["broker", "init"])
+
+
+@pytest.mark.parametrize(
+    ("argv", "line"),
+    [
+        (["--server", "nats://x:1", "deploy", "list"], "deploy list takes no --server"),
+        (
+            ["--prefix", "p", "--creds", "c", "check-config", "f"],
+            "check-config takes no --creds or --prefix",
+        ),
+        (["broker", "--server", "nats://x:1", "serve"], "broker serve takes no --server"),
+        (["--creds", "c", "agent", "run", "--", "true"], "agent run takes no --creds"),
+        (
+            ["agent", "hook", "--server", "nats://x:1", "job-exit"],
+            "agent hook job-exit takes no --server",
+        ),
+        (
+            ["--domain", "hub", "auth", "drone", "s1-x", "--authority", "a"],
+            "auth drone takes no --domain",
+        ),
+    ],
+)
+def test_a_bus_option_before_a_command_that_takes_none_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str], argv: list[str], line: str
+) -> None:
+    with pytest.raises(SystemExit) as exit_:
+        main(argv)
+    assert exit_.value.code == 2
+    assert capsys.readouterr().err.splitlines()[-1].endswith(f"error: {line} before its name")
+
+
+def test_the_store_default_is_named_in_the_help_not_resolved(
+    monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str], tmp_path: Path
+) -> None:
+    monkeypatch.setenv("HOME", str(tmp_path))
+    monkeypatch.delenv("XDG_DATA_HOME", raising=False)
+    monkeypatch.setenv("COLUMNS", "200")  # no line breaks inside the path
+    with pytest.raises(SystemExit):
+        main(["broker", "serve", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    assert str(tmp_path) not in text
+    assert "$XDG_DATA_HOME/cobald-remote/nats, else ~/.local/share/cobald-remote/nats" in text
+    assert default_store_dir() == tmp_path / ".local" / "share" / "cobald-remote" / "nats"
+    monkeypatch.setenv("XDG_DATA_HOME", str(tmp_path / "data"))
+    assert default_store_dir() == tmp_path / "data" / "cobald-remote" / "nats"
 
 
 def test_the_help_names_the_variables() -> None:

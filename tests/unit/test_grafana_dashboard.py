@@ -24,6 +24,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from broker.jetstream.messages import ConsumerStats
 from broker.manager.metrics import Sources, render
 from broker.manager.registry import Registry
+from broker.manager.retire import Retired
 from remote_agent.deploy_files import DEPLOY_DIR
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
@@ -101,6 +102,7 @@ def _exported() -> dict[str, set[str]]:
             tardis_calls=lambda: {"bus": collections.Counter(notes_published=1)},
             notes_buffered=lambda: 0,
             issuer_counts=collections.Counter,
+            retired=Retired,
         )
     )
     labels: dict[str, set[str]] = collections.defaultdict(set)

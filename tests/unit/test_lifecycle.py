@@ -242,20 +242,19 @@ def test_retirement_after_the_retention_and_only_if_still_ended() -> None:
 
 
 def test_operator_lines_of_one_life(caplog: pytest.LogCaptureFixture) -> None:
-    if True:
-        registry = _registry()
-        drone = FakeDrone(SITE, DRONE)
-        with caplog.at_level(logging.INFO, REGISTRY_LOG):
-            _event(registry, drone.started(), 1.0, 1)
-            _record(registry, ev.RecordPhase.UP, 1, 1.0)
-            _event(registry, drone.ready(), 2.0, 2)
-            _event(registry, drone.payload_started("1.0"), 3.0, 3)
-            _event(registry, drone.payload_finished("1.0"), 4.0, 4)
-            _event(registry, drone.payload_started("2.0"), 5.0, 5)
-            _record(registry, ev.RecordPhase.DRAINING, 2, 6.0, writer="manager")
-            _record(registry, ev.RecordPhase.DRAINED, 3, 7.0)
-            _event(registry, drone.exiting(), 8.0, 6)
-            registry.mark_ended(9.0)
+    registry = _registry()
+    drone = FakeDrone(SITE, DRONE)
+    with caplog.at_level(logging.INFO, REGISTRY_LOG):
+        _event(registry, drone.started(), 1.0, 1)
+        _record(registry, ev.RecordPhase.UP, 1, 1.0)
+        _event(registry, drone.ready(), 2.0, 2)
+        _event(registry, drone.payload_started("1.0"), 3.0, 3)
+        _event(registry, drone.payload_finished("1.0"), 4.0, 4)
+        _event(registry, drone.payload_started("2.0"), 5.0, 5)
+        _record(registry, ev.RecordPhase.DRAINING, 2, 6.0, writer="manager")
+        _record(registry, ev.RecordPhase.DRAINED, 3, 7.0)
+        _event(registry, drone.exiting(), 8.0, 6)
+        registry.mark_ended(9.0)
     said = [r.getMessage() for r in caplog.records if r.name == REGISTRY_LOG]
     assert said == [
         f"drone {SITE}/{DRONE} announced itself (agent_started, starting)",
@@ -264,6 +263,28 @@ def test_operator_lines_of_one_life(caplog: pytest.LogCaptureFixture) -> None:
         f"drone {SITE}/{DRONE} ended: drained",
     ]
     assert all(getattr(r, "drone", None) == DRONE for r in caplog.records)
+
+
+def test_operator_lines_of_a_released_and_a_lost_drone(caplog: pytest.LogCaptureFixture) -> None:
+    registry = _registry()
+    released = FakeDrone(SITE, DRONE)
+    lost = FakeDrone(SITE, "site1-0000000002")
+    with caplog.at_level(logging.INFO, REGISTRY_LOG):
+        _event(registry, released.started(), 1.0, 1)
+        _event(registry, lost.started(), 1.0, 2)
+        _record(registry, ev.RecordPhase.RELEASED, 1, 2.0, writer="manager")
+        _event(registry, released.exiting(), 3.0, 3)
+        registry.mark_ended(4.0)
+        registry.mark_lost(1.0 + LOST)
+        registry.mark_ended(1.0 + LOST)
+    said = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == REGISTRY_LOG]
+    assert said == [
+        ("INFO", f"drone {SITE}/{DRONE} announced itself (agent_started, starting)"),
+        ("INFO", f"drone {SITE}/site1-0000000002 announced itself (agent_started, starting)"),
+        ("INFO", f"drone {SITE}/{DRONE} released (record by the manager)"),
+        ("INFO", f"drone {SITE}/{DRONE} ended: released"),
+        ("WARNING", f"drone {SITE}/site1-0000000002 lost: no sign of life for {LOST:.0f}s"),
+    ]
 
 
 def test_mark_ended_looks_only_at_what_changed() -> None:

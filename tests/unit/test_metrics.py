@@ -1,8 +1,7 @@
-"""Prometheus metrics: the text (read back by prometheus_client's parser) and the endpoint"""
+"""Prometheus metrics: the text, read back by prometheus_client's parser"""
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import shutil
 import subprocess
@@ -15,68 +14,23 @@ import msgspec
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
-from support.drones import FakeDrone
+from support.metrics import NS, SITE, fleet, parsed
 
 from broker.jetstream.messages import ConsumerStats
-from broker.manager import metrics as metrics_module
 from broker.manager.collector import tardis_labels
-from broker.manager.metrics import MetricsServer, Sources, parse_address, render
+from broker.manager.metrics import Sources, render
 from broker.manager.registry import Registry
+from broker.manager.retire import Retired
 from broker.manager.views import DroneView
 from broker.tardis_adapter import BusConfig, RemoteBus
 from remote_agent import __version__
-from remote_agent.protocol import events as ev
 from remote_agent.protocol.bootstrap import Refusal
-from remote_agent.protocol.names import Namespace
-
-NS = Namespace()
-SITE = "site1"
-
-
-def _samples(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    """Every sample by (name, labels), parsed the way Prometheus does"""
-    out = {}
-    for family in text_string_to_metric_families(text):
-        for sample in family.samples:
-            out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
-    return out
-
-
-def _apply(
-    registry: Registry, drone: FakeDrone, event: ev.Event, at: float, stream_seq: int
-) -> None:
-    registry.apply_message(ev.encode(event), drone.subject(event, NS), at, stream_seq)
-
-
-def _fleet(registry: Registry, now: float) -> None:
-    idle = FakeDrone(SITE, "site1-0000000001")
-    busy = FakeDrone(SITE, "site1-0000000002")
-    silent = FakeDrone(SITE, "site1-0000000003")
-    for number, event in enumerate((idle.started(), idle.ready()), 1):
-        _apply(registry, idle, event, now, number)
-    started = busy.started()
-    for number, event in enumerate((started, busy.ready(), busy.payload_started("7.0")), 3):
-        _apply(registry, busy, event, now, number)
-    _apply(registry, busy, started, now, 3)  # delivered again: stale
-    beat = busy.heartbeat()
-    _apply(registry, busy, beat, now, 6)
-    _apply(registry, busy, beat, now, 6)  # delivered twice: duplicate
-    _apply(registry, silent, silent.started(), now - 3600, 7)  # lost long ago
-    registry.apply_message(b"\xc1", NS.event(SITE, "site1-0000000004", "heartbeat"), now)
-    record = ev.DroneRecord(
-        site=SITE,
-        drone="site1-0000000005",
-        phase=ev.RecordPhase.RELEASED,
-        writer="manager",
-        at=ev.utcnow(),
-    )
-    registry.apply_record(record, 3, now)
 
 
 def test_render_is_valid_exposition_with_the_registry_counts() -> None:
     now = time.time()
     registry = Registry(NS)
-    _fleet(registry, now)
+    fleet(registry, now)
     stats = ConsumerStats(
         acked=6,
         termed=3,
@@ -102,7 +56,7 @@ def test_render_is_valid_exposition_with_the_registry_counts() -> None:
         ),
         now=now,
     )
-    samples = _samples(text)
+    samples = parsed(text)
     metrics = registry.metrics()
 
     def value(name: str, **labels: str) -> float:
@@ -166,7 +120,7 @@ def test_label_values_are_escaped() -> None:
     counts = {"bus": {'odd "name"\\with\nnewline': 1}}
     text = render(Sources(registry=Registry(NS), tardis_calls=lambda: counts))
     assert (
-        _samples(text)[
+        parsed(text)[
             (
                 "cobald_remote_tardis_calls_total",
                 (
@@ -179,105 +133,6 @@ def test_label_values_are_escaped() -> None:
         ]
         == 1
     )
-
-
-@pytest.mark.parametrize(
-    ("text", "expected"),
-    [
-        ("127.0.0.1:9464", ("127.0.0.1", 9464)),
-        ("0.0.0.0:0", ("0.0.0.0", 0)),
-        ("[::1]:9100", ("::1", 9100)),
-        ("9464", ("127.0.0.1", 9464)),
-        ("metrics.example.org:80", ("metrics.example.org", 80)),
-    ],
-)
-def test_parse_address(text: str, expected: tuple[str, int]) -> None:
-    assert parse_address(text) == expected
-
-
-@pytest.mark.parametrize("text", ["", "host", ":9464", "host:port", "host:70000", "host:-1"])
-def test_parse_address_rejects(text: str) -> None:
-    with pytest.raises(ValueError, match="metrics"):
-        parse_address(text)
-
-
-def test_bus_config_checks_the_metrics_address() -> None:
-    config = BusConfig.from_mapping({"servers": "nats://a:4222", "metrics": "127.0.0.1:9464"})
-    assert config.metrics_address == ("127.0.0.1", 9464)
-    assert BusConfig.from_mapping({"servers": "nats://a:4222"}).metrics_address is None
-    with pytest.raises(ValueError, match="not host:port"):
-        BusConfig.from_mapping({"servers": "nats://a:4222", "metrics": "nowhere"})
-
-
-async def _request(port: int, raw: bytes) -> tuple[str, dict[str, str], bytes]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(raw)
-        await writer.drain()
-        response = await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-    head, _, body = response.partition(b"\r\n\r\n")
-    status, *lines = head.decode().split("\r\n")
-    headers = {k.lower(): v.strip() for k, _, v in (line.partition(":") for line in lines)}
-    return status, headers, body
-
-
-async def test_endpoint_serves_metrics_and_nothing_else() -> None:
-    registry = Registry(NS)
-    _fleet(registry, time.time())
-    server = MetricsServer(Sources(registry=registry), "127.0.0.1", 0)
-    stop = asyncio.Event()
-    task = asyncio.create_task(server.run(stop))
-    try:
-        for _ in range(100):
-            if server.port:
-                break
-            await asyncio.sleep(0.01)
-        status, headers, body = await _request(
-            server.port, b"GET /metrics HTTP/1.1\r\nHost: x\r\n\r\n"
-        )
-        assert status.split()[1] == "200"
-        assert headers["content-type"] == metrics_module.CONTENT_TYPE
-        assert int(headers["content-length"]) == len(body)
-        busy = (("site", SITE), ("state", "busy"))
-        assert _samples(body.decode())[("cobald_remote_drones", busy)] == 1
-        assert (await _request(server.port, b"GET / HTTP/1.1\r\n\r\n"))[0].split()[1] == "404"
-        status = (await _request(server.port, b"POST /metrics HTTP/1.1\r\n\r\n"))[0]
-        assert status.split()[1] == "405"
-        # a client that connects and sends nothing is cut off; the server goes on
-        _, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        status, _, _ = await _request(server.port, b"GET /metrics?x=1 HTTP/1.0\r\n\r\n")
-        assert status.split()[1] == "200"
-        writer.close()
-        assert server.scrapes == 2
-    finally:
-        stop.set()
-        await asyncio.wait_for(task, 10)
-    with pytest.raises(OSError):
-        await asyncio.open_connection("127.0.0.1", server.port)
-
-
-async def test_silent_client_is_disconnected() -> None:
-    server = MetricsServer(Sources(registry=Registry(NS)), "127.0.0.1", 0, client_timeout_s=0.2)
-    await server.start()
-    try:
-        reader, writer = await asyncio.open_connection("127.0.0.1", server.port)
-        assert await asyncio.wait_for(reader.read(), 10) == b""  # closed by the server
-        writer.close()
-    finally:
-        await server.close()
-
-
-async def test_an_address_in_use_is_logged_not_raised(caplog: pytest.LogCaptureFixture) -> None:
-    first = MetricsServer(Sources(registry=Registry(NS)), "127.0.0.1", 0)
-    await first.start()
-    try:
-        second = MetricsServer(Sources(registry=Registry(NS)), "127.0.0.1", first.port)
-        await asyncio.wait_for(second.run(asyncio.Event()), 10)  # returns at once
-        assert "cannot serve metrics on 127.0.0.1" in caplog.text
-    finally:
-        await first.close()
 
 
 def _full_sources(registry: Registry) -> Sources:
@@ -299,12 +154,13 @@ def _full_sources(registry: Registry) -> Sources:
         issuer_counts=lambda: collections.Counter(
             issued_enroll=2, refused_reused=1, alarms=1, minted=3
         ),
+        retired=lambda: Retired(retired=5, purged=4, kept=1, lost=2),
     )
 
 
 def test_exposition_names_every_family_once_with_help_and_type() -> None:
     registry = Registry(NS)
-    _fleet(registry, time.time())
+    fleet(registry, time.time())
     text = render(_full_sources(registry))
     families = list(text_string_to_metric_families(text))
     names = [family.name for family in families]
@@ -328,7 +184,7 @@ def test_exposition_names_every_family_once_with_help_and_type() -> None:
 @pytest.mark.skipif(shutil.which("promtool") is None, reason="promtool not installed")
 def test_promtool_finds_nothing_to_complain_about() -> None:
     registry = Registry(NS)
-    _fleet(registry, time.time())
+    fleet(registry, time.time())
     promtool = shutil.which("promtool")
     assert promtool is not None
     done = subprocess.run(
@@ -352,7 +208,7 @@ def test_issuer_families_list_every_refusal_zeros_included() -> None:
         alarms=1,
         minted=9,
     )
-    samples = _samples(render(Sources(registry=Registry(NS), issuer_counts=lambda: counts)))
+    samples = parsed(render(Sources(registry=Registry(NS), issuer_counts=lambda: counts)))
     issued = "cobald_remote_bootstrap_issued_total"
     assert samples[(issued, (("kind", "enroll"),))] == 5
     assert samples[(issued, (("kind", "renew"),))] == 7
@@ -368,7 +224,7 @@ def test_issuer_families_list_every_refusal_zeros_included() -> None:
 
 
 def test_an_issuer_that_did_nothing_yet_shows_zeros() -> None:
-    samples = _samples(render(Sources(registry=Registry(NS), issuer_counts=collections.Counter)))
+    samples = parsed(render(Sources(registry=Registry(NS), issuer_counts=collections.Counter)))
     assert samples[("cobald_remote_bootstrap_issued_total", (("kind", "renew"),))] == 0
     assert samples[("cobald_remote_bootstrap_refused_total", (("reason", "reused"),))] == 0
     assert samples[("cobald_remote_bootstrap_dropped_total", ())] == 0
@@ -384,9 +240,26 @@ def test_the_bus_exports_the_issuer_counts_when_it_issues(issuing: bool) -> None
     bus = RemoteBus(BusConfig.from_mapping(settings), register=False)
     assert bus.metrics is not None
     bus.manager.issuer_counts["issued_enroll"] += 2
-    samples = _samples(generate_latest(bus.metrics.registry).decode())
+    samples = parsed(generate_latest(bus.metrics.registry).decode())
     enrolled = samples.get(("cobald_remote_bootstrap_issued_total", (("kind", "enroll"),)))
     assert enrolled == (2 if issuing else None)
+
+
+def test_the_bus_exports_the_retirements_by_why_and_their_records_by_outcome() -> None:
+    bus = RemoteBus(
+        BusConfig.from_mapping({"servers": "nats://127.0.0.1:4222", "metrics": "127.0.0.1:0"}),
+        register=False,
+    )
+    assert bus.metrics is not None
+    bus.manager.retired = Retired(retired=7, purged=6, kept=0, retried=1, lost=3)
+    samples = parsed(generate_latest(bus.metrics.registry).decode())
+    retired = "cobald_remote_drones_retired_total"
+    assert samples[(retired, (("why", "ended"),))] == 4
+    assert samples[(retired, (("why", "lost"),))] == 3
+    records = "cobald_remote_records_retired_total"
+    assert samples[(records, (("outcome", "purged"),))] == 6
+    assert samples[(records, (("outcome", "kept"),))] == 0
+    assert samples[(records, (("outcome", "retried"),))] == 1
 
 
 class _EndingRegistry(Registry):
@@ -408,10 +281,10 @@ class _EndingRegistry(Registry):
 def test_an_ended_drone_is_neither_a_live_drone_nor_lost() -> None:
     now = time.time()
     registry = _EndingRegistry(NS)
-    _fleet(registry, now)
-    before = _samples(render(Sources(registry=registry), now=now))
+    fleet(registry, now)
+    before = parsed(render(Sources(registry=registry), now=now))
     registry.ending = frozenset({"site1-0000000003"})  # the silent one
-    after = _samples(render(Sources(registry=registry), now=now))
+    after = parsed(render(Sources(registry=registry), now=now))
     starting = ("cobald_remote_drones", (("site", SITE), ("state", "starting")))
     assert (before[starting], after[starting]) == (1, 0)
     assert (
@@ -439,43 +312,3 @@ def test_tardis_labels_split_part_site_call_and_outcome(
     part: str, name: str, labels: tuple[str, str, str, str]
 ) -> None:
     assert tardis_labels(part, name) == labels
-
-
-async def test_a_failing_source_fails_its_scrape_not_the_server(
-    caplog: pytest.LogCaptureFixture,
-) -> None:
-    broken = True
-
-    def notes() -> int:
-        if broken:
-            raise RuntimeError("boom")
-        return 7
-
-    server = MetricsServer(Sources(registry=Registry(NS), notes_buffered=notes), "127.0.0.1", 0)
-    await server.start()
-    try:
-        status, _, _ = await _request(server.port, b"GET /metrics HTTP/1.0\r\n\r\n")
-        assert status.split()[1] == "500"
-        assert "metrics scrape failed: RuntimeError: boom" in caplog.text
-        broken = False
-        status, _, body = await _request(server.port, b"GET /metrics HTTP/1.0\r\n\r\n")
-        assert status.split()[1] == "200"
-        assert _samples(body.decode())[("cobald_remote_tardis_notes_buffered", ())] == 7
-    finally:
-        await server.close()
-
-
-async def test_two_managers_in_one_process_serve_their_own_numbers() -> None:
-    servers = [
-        MetricsServer(Sources(registry=Registry(NS), notes_buffered=lambda n=n: n), "127.0.0.1", 0)
-        for n in (1, 2)
-    ]
-    for server in servers:
-        await server.start()
-    try:
-        for n, server in enumerate(servers, 1):
-            _, _, body = await _request(server.port, b"GET /metrics HTTP/1.0\r\n\r\n")
-            assert _samples(body.decode())[("cobald_remote_tardis_notes_buffered", ())] == n
-    finally:
-        for server in servers:
-            await server.close()

@@ -65,6 +65,8 @@ def test_the_forms_the_docs_show() -> None:
     assert config.servers == ("nats://n1:4222", "nats://n2:4222")
     assert config.drone_servers == ("tls://leaf:4222",)
     assert (config.lost_after_s, config.retain_ended_s) == (30.0, 3600.5)
+    assert config.retain_lost_s == 7 * 86400.0
+    assert BusConfig.from_mapping({"servers": URL, "retain_lost_s": 0}).retain_lost_s == 0
     assert config.drone_environment is False
     assert config.metrics_address == ("127.0.0.1", 9464)
     assert config.prefix == "cobald"
@@ -90,6 +92,22 @@ def test_the_forms_the_docs_show() -> None:
             f"bus.request_timeout_s: {SECONDS}, got nan",
         ),
         ({"servers": URL, "retain_ended_s": 0}, f"bus.retain_ended_s: {SECONDS}, got 0"),
+        (
+            {"servers": URL, "retain_lost_s": -1},
+            "bus.retain_lost_s: expected 0 (never) or a number of seconds at least "
+            "lost_after_s and lost_removal_after_s (at most 10 years), got -1",
+        ),
+        (
+            {"servers": URL, "retain_lost_s": 3600},
+            "bus.retain_lost_s: expected 0 (never) or a number of seconds at least "
+            "lost_after_s and lost_removal_after_s (at most 10 years), got 3600 (86400 s here)",
+        ),
+        (
+            {"servers": URL, "lost_removal_after_s": 30 * 86400},
+            "bus.retain_lost_s: expected 0 (never) or a number of seconds at least "
+            "lost_after_s and lost_removal_after_s (at most 10 years), got 604800.0 "
+            "(2592000 s here)",
+        ),
         (
             {"servers": URL, "drone_environment": "no"},
             "bus.drone_environment: expected true or false, got 'no'",

@@ -8,7 +8,8 @@ import msgspec
 from support.drones import FakeDrone
 
 from broker.commands.timeline import format_timeline
-from broker.manager.timeline import build, describe
+from broker.manager.timeline import build, describe, end_row
+from broker.manager.views import DroneView
 from remote_agent.protocol import events as ev
 
 T0 = dt.datetime(2026, 3, 18, 17, 27, 6, tzinfo=dt.UTC)
@@ -79,3 +80,27 @@ def test_a_deadline_on_another_day_shows_its_date() -> None:
     today, tomorrow = (msgspec.structs.replace(e, at=at) for e in (today, tomorrow))
     assert describe(today) == "draining: 2 payload(s), deadline 18:07:19"
     assert describe(tomorrow) == "draining: 2 payload(s), deadline 2026-12-02 17:57:19"
+
+
+def test_an_ended_drone_ends_with_the_managers_row() -> None:
+    drone = FakeDrone("site1", "site1-0000000001", clock=T0)
+    rows = build([(1, drone.started()), (2, _note(5, "DrainingState", "Running"))])
+    live = DroneView(site="site1", drone="site1-0000000001")
+    assert end_row(rows, live) is None and end_row(rows, None) is None
+    ended = msgspec.structs.replace(live, ended="drained", ended_time=T0.timestamp() + 9)
+    end = end_row(rows, ended)
+    assert end is not None
+    assert (end.drone_event, end.drone_state, end.tardis_state, end.source) == (
+        "ended: drained",
+        "starting",
+        "DrainingState (Running)",
+        "manager",
+    )
+    assert format_timeline([*rows, end]).splitlines()[-1].split() == [
+        "17:27:15.000",
+        "ended:",
+        "drained",
+        "starting",
+        "DrainingState",
+        "(Running)",
+    ]
