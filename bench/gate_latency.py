@@ -3,7 +3,7 @@ Gate latency on a slow scratch disk: a start hook's question to the agent's yes,
 
 Run from the repository root::
 
-    .venv/bin/python bench/gate_latency.py            # 40 starts per disk, < 3 min
+    .venv/bin/python bench/gate_latency.py            # 40 starts per disk, about 5 min
     .venv/bin/python bench/gate_latency.py --quick    # 10 starts per disk, < 1 min
 
 It starts its own nats-server (the embedded one, in a temporary directory) and, for each
