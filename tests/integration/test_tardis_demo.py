@@ -116,7 +116,11 @@ async def test_stock_tardis_kills_payloads_and_the_decorators_kill_none(
     assert states[0] == "-> RequestState (Booting)" and states[-1].startswith("-> DownState")
     # rows in stream order; each writer's own rows in its own time order (a TARDIS note
     # may be stored after a later agent event: the manager publishes notes from a queue)
-    assert [r["stream_seq"] for r in rows] == sorted(r["stream_seq"] for r in rows)
+    stored = [r["stream_seq"] for r in rows if r["source"] != "manager"]
+    assert stored == sorted(stored)
+    # the drone's end (the manager's row, not in the stream) comes last
+    ends = [r for r in rows if r["source"] == "manager"]
+    assert ends == rows[-1:] and ends[0]["drone_event"].startswith("ended: "), rows[-3:]
     for source in ("agent", "tardis"):
         times = [r["at"] for r in rows if r["source"] == source]
         assert times == sorted(times), source
