@@ -6,8 +6,8 @@ Builds the wheel of the checkout, fetches once what it needs into a wheelhouse
 uses it as it is), then makes fresh venvs (``python -m venv``) that install
 from the wheelhouse alone (no index), so all three have the same versions:
 
-* **everything** (``pip install 'cobald_remote-*.whl[manager]'``): what every
-  drone had to install while the project was one install; the baseline;
+* **everything** (``pip install 'cobald_remote-*.whl[manager]'``): the manager's
+  install, which a drone would get from one install of the whole product; the baseline;
 * **drone side** (``pip install cobald_remote-*.whl``);
 * **drone image** (the shipped ``install-drone`` script, as the image recipes
   run it: it removes pip and setuptools once the drone side is in).
