@@ -1,8 +1,7 @@
-"""The drone registry (pure state) and the may-remove decision, without a server"""
+"""The drone registry (pure state), without a server"""
 
 from __future__ import annotations
 
-import datetime as dt
 import itertools
 
 import msgspec
@@ -10,53 +9,24 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from support.drones import FakeDrone
+from support.registry import NS, PROOF_KEY, SITE, apply_event, event_subject, make_record
 
 from broker.manager.registry import Applied, Registry
 from broker.manager.validity import Rejection
-from broker.manager.verdict import SAFE_REMOVALS, Removal, removal_verdict
-from broker.manager.views import DroneView
+from broker.manager.verdict import Removal, removal_verdict
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
-from remote_agent.protocol.names import Namespace
 from remote_agent.protocol.proof import record_proof
 from remote_agent.protocol.senders import check_sender
-
-NS = Namespace()
-SITE = "site1"
-
-
-def _subject(event: ev.Event) -> str:
-    return NS.event(event.site, event.drone, ev.kind_of(type(event)))
-
-
-def _apply(
-    registry: Registry, event: ev.Event, at: float, stream_seq: int | None = None
-) -> Applied:
-    return registry.apply_message(ev.encode(event), _subject(event), at, stream_seq)
-
-
-PROOF_KEY = b"k" * 32
-
-
-def _record(
-    phase: ev.RecordPhase, writer: str = "agent", drone: str = "site1-0000000001"
-) -> ev.DroneRecord:
-    return ev.DroneRecord(
-        site=SITE,
-        drone=drone,
-        phase=phase,
-        writer=writer,  # type: ignore[arg-type]
-        at=dt.datetime(2026, 3, 18, tzinfo=dt.UTC),
-    )
 
 
 def test_newest_event_wins_and_older_ones_are_counted() -> None:
     registry = Registry(NS)
     drone = FakeDrone(SITE, "site1-0000000001")
     first, second = drone.started(), drone.ready()
-    assert _apply(registry, second, 2.0, stream_seq=2) is Applied.APPLIED
-    assert _apply(registry, first, 1.0, stream_seq=1) is Applied.STALE
-    assert _apply(registry, second, 2.0, stream_seq=2) is Applied.DUPLICATE
+    assert apply_event(registry, second, 2.0, stream_seq=2) is Applied.APPLIED
+    assert apply_event(registry, first, 1.0, stream_seq=1) is Applied.STALE
+    assert apply_event(registry, second, 2.0, stream_seq=2) is Applied.DUPLICATE
     view = registry.view(SITE, drone.drone)
     assert view is not None
     assert (view.seq, view.kind, view.state, view.received_time) == (
@@ -75,9 +45,9 @@ def test_the_event_stored_last_wins_whatever_its_seq() -> None:
     registry = Registry(NS)
     drone = FakeDrone(SITE, "site1-0000000001")
     forged = msgspec.structs.replace(drone.heartbeat(), seq=2**64 - 1)
-    assert _apply(registry, forged, 1.0, stream_seq=10) is Applied.APPLIED
+    assert apply_event(registry, forged, 1.0, stream_seq=10) is Applied.APPLIED
     restarted = msgspec.structs.replace(drone.started(), incarnation="inc2", seq=5)
-    assert _apply(registry, restarted, 2.0, stream_seq=11) is Applied.APPLIED
+    assert apply_event(registry, restarted, 2.0, stream_seq=11) is Applied.APPLIED
     view = registry.view(SITE, drone.drone)
     assert view is not None
     assert (view.seq, view.stream_seq, view.incarnation) == (5, 11, "inc2")
@@ -88,9 +58,9 @@ def test_heartbeat_facts_and_payload_start_times() -> None:
     drone = FakeDrone(SITE, "site1-0000000001")
     beat = drone.heartbeat(interval_s=20)
     started = drone.payload_started("7.0")
-    _apply(registry, started, 5.0, stream_seq=2)
+    apply_event(registry, started, 5.0, stream_seq=2)
     # the heartbeat was delivered after the newer event: still the newest heartbeat
-    assert _apply(registry, beat, 6.0, stream_seq=1) is Applied.STALE
+    assert apply_event(registry, beat, 6.0, stream_seq=1) is Applied.STALE
     view = registry.view(SITE, drone.drone)
     assert view is not None
     assert (view.heartbeat_seq, view.heartbeat_time, view.heartbeat_interval_s) == (
@@ -140,7 +110,9 @@ def test_reordered_and_duplicated_deliveries_converge(
         for event in _story(drone, actions):
             # the stream's time of storing grows with the stream order
             stream_seq = len(deliveries) + 1
-            deliveries.append((ev.encode(event), _subject(event), float(stream_seq), stream_seq))
+            deliveries.append(
+                (ev.encode(event), event_subject(event), float(stream_seq), stream_seq)
+            )
     in_order = Registry(NS)
     for delivery in deliveries:
         in_order.apply_message(*delivery)
@@ -164,7 +136,7 @@ def test_reordered_and_duplicated_deliveries_converge(
 @given(order=st.permutations(range(6)))
 def test_records_converge_by_revision(order: list[int]) -> None:
     phases = [ev.RecordPhase.UP, ev.RecordPhase.DRAINING, ev.RecordPhase.DRAINED]
-    writes = [(_record(phases[i % 3]), i + 1, float(i)) for i in range(6)]
+    writes = [(make_record(phases[i % 3]), i + 1, float(i)) for i in range(6)]
     registry = Registry(NS)
     for i in order:
         registry.apply_record(*writes[i])
@@ -179,7 +151,7 @@ def test_records_converge_by_revision(order: list[int]) -> None:
 
 def test_own_record_is_confirmed_by_the_watch() -> None:
     registry = Registry(NS)
-    record = _record(ev.RecordPhase.RELEASED, "manager")
+    record = make_record(ev.RecordPhase.RELEASED, "manager")
     registry.apply_record(record, 7, None)
     view = registry.view(SITE, record.drone)
     assert view is not None and view.record is not None and view.record.stored is None
@@ -198,13 +170,13 @@ def _bad_deliveries() -> list[tuple[bytes, str, Rejection]]:
     other = FakeDrone(SITE, "site1-0000000002").heartbeat()
     versioned = msgspec.msgpack.encode(msgspec.to_builtins(event) | {"v": 2})
     return [
-        (b"\xc1garbage", _subject(event), Rejection.MALFORMED),
-        (b"", _subject(event), Rejection.MALFORMED),
-        (versioned, _subject(event), Rejection.MALFORMED),
-        (ev.encode(_record(ev.RecordPhase.UP)), _subject(event), Rejection.MALFORMED),
-        (b"\x00" * 70_000, _subject(event), Rejection.OVERSIZED),
+        (b"\xc1garbage", event_subject(event), Rejection.MALFORMED),
+        (b"", event_subject(event), Rejection.MALFORMED),
+        (versioned, event_subject(event), Rejection.MALFORMED),
+        (ev.encode(make_record(ev.RecordPhase.UP)), event_subject(event), Rejection.MALFORMED),
+        (b"\x00" * 70_000, event_subject(event), Rejection.OVERSIZED),
         # a drone speaking for another, or for another kind
-        (ev.encode(other), _subject(event), Rejection.SENDER),
+        (ev.encode(other), event_subject(event), Rejection.SENDER),
         (data, NS.event(SITE, drone.drone, "drained"), Rejection.SENDER),
         (data, NS.event("site2", drone.drone, "heartbeat"), Rejection.SENDER),
         (data, f"other.{SITE}.{drone.drone}.evt.heartbeat", Rejection.SUBJECT),
@@ -218,7 +190,7 @@ def test_bad_events_are_rejected_counted_and_change_nothing(
 ) -> None:
     registry = Registry(NS)
     drone = FakeDrone(SITE, "site1-0000000001")
-    _apply(registry, drone.started(), 1.0)
+    apply_event(registry, drone.started(), 1.0)
     before = dict(registry.views())
     assert registry.apply_message(data, subject, 2.0) is Applied.REJECTED
     assert dict(registry.views()) == before
@@ -233,7 +205,7 @@ def test_sender_check_agrees_with_events_check_sender() -> None:
     drone = FakeDrone(SITE, "site1-0000000001")
     event = drone.heartbeat()
     subjects = [
-        _subject(event),
+        event_subject(event),
         *(subject for _, subject, _ in _bad_deliveries()),
         NS.event(SITE, "site1-0000000002", "heartbeat"),
     ]
@@ -249,7 +221,7 @@ def test_sender_check_agrees_with_events_check_sender() -> None:
 
 def test_bad_records_are_rejected() -> None:
     registry = Registry(NS)
-    record = _record(ev.RecordPhase.UP)
+    record = make_record(ev.RecordPhase.UP)
     good = ev.encode(record)
     assert registry.apply_record_message("site1.site1-0000000001", good, 1, 1.0) is Applied.APPLIED
     before = dict(registry.views())
@@ -270,7 +242,7 @@ def test_bad_records_are_rejected() -> None:
 
 def test_a_removed_record_is_tampered_not_forgotten() -> None:
     registry = Registry(NS)
-    registry.apply_record(_record(ev.RecordPhase.UP), 3, 1.0)
+    registry.apply_record(make_record(ev.RecordPhase.UP), 3, 1.0)
     registry.record_removed("site1.site1-0000000001", 2, 1.0, "DEL")  # older: ignored
     view = registry.view(SITE, "site1-0000000001")
     assert view is not None and view.record is not None and view.phase is ev.RecordPhase.UP
@@ -289,7 +261,7 @@ def test_a_removed_record_is_tampered_not_forgotten() -> None:
 def test_only_the_managers_proof_makes_a_release() -> None:
     registry = Registry(NS)
     registry.proof_key = PROOF_KEY
-    forged = _record(ev.RecordPhase.RELEASED, "manager")
+    forged = make_record(ev.RecordPhase.RELEASED, "manager")
     registry.apply_record(forged, 1, 1.0)
     view = registry.view(SITE, forged.drone)
     verdict = removal_verdict(view, True, 1.0, 90.0)
@@ -310,8 +282,8 @@ def test_only_the_managers_proof_makes_a_release() -> None:
 def test_drained_record_while_the_newest_event_lists_payloads() -> None:
     registry = Registry(NS)
     drone = FakeDrone(SITE, "site1-0000000001")
-    _apply(registry, drone.payload_started("1.0"), 1.0)
-    registry.apply_record(_record(ev.RecordPhase.DRAINED), 1, 1.0)
+    apply_event(registry, drone.payload_started("1.0"), 1.0)
+    registry.apply_record(make_record(ev.RecordPhase.DRAINED), 1, 1.0)
     verdict = removal_verdict(registry.view(SITE, drone.drone), True, 1.0, 90.0)
     assert (verdict.allowed, verdict.reason) == (False, Removal.DRAINED_BUT_BUSY)
 
@@ -322,8 +294,10 @@ def test_drained_record_while_the_newest_event_lists_payloads() -> None:
 def test_lost_marking() -> None:
     registry = Registry(NS, lost_after_s=90)
     drone = FakeDrone(SITE, "site1-0000000001")
-    _apply(registry, drone.heartbeat(), 1000.0)
-    registry.apply_record(_record(ev.RecordPhase.RELEASED, "manager", "site1-0000000002"), 1, 0.0)
+    apply_event(registry, drone.heartbeat(), 1000.0)
+    registry.apply_record(
+        make_record(ev.RecordPhase.RELEASED, "manager", "site1-0000000002"), 1, 0.0
+    )
     assert registry.mark_lost(1089.0) == []
     newly = registry.mark_lost(1090.0)
     assert [v.drone for v in newly] == [drone.drone]
@@ -335,7 +309,7 @@ def test_lost_marking() -> None:
     released = registry.view(SITE, "site1-0000000002")
     assert released is not None and not released.lost
     # the next event clears it
-    _apply(registry, drone.heartbeat(), 1101.0)
+    apply_event(registry, drone.heartbeat(), 1101.0)
     view = registry.view(SITE, drone.drone)
     assert view is not None and not view.lost
     assert registry.mark_lost(1102.0) == []
@@ -343,7 +317,7 @@ def test_lost_marking() -> None:
 
 def test_agent_record_is_a_sign_of_life() -> None:
     registry = Registry(NS, lost_after_s=90)
-    registry.apply_record(_record(ev.RecordPhase.UP), 1, 500.0)
+    registry.apply_record(make_record(ev.RecordPhase.UP), 1, 500.0)
     view = registry.view(SITE, "site1-0000000001")
     assert view is not None and view.last_seen == 500.0
     assert [v.drone for v in registry.mark_lost(600.0)] == ["site1-0000000001"]
@@ -352,71 +326,3 @@ def test_agent_record_is_a_sign_of_life() -> None:
 def test_lost_after_must_be_positive() -> None:
     with pytest.raises(ValueError, match="lost_after_s"):
         Registry(NS, lost_after_s=0)
-
-
-# --------------------------------------------------------------------------- may remove
-
-_PHASES: list[ev.RecordPhase | None] = [None, *ev.RecordPhase]
-
-
-def _view(phase: ev.RecordPhase | None, writer: str, lost: bool) -> DroneView:
-    """A drone last heard from at 1000 s; lost at 2000 s with lost_after 90 s"""
-    registry = Registry(NS, lost_after_s=90)
-    registry.proof_key = PROOF_KEY
-    drone = FakeDrone(SITE, "site1-0000000001")
-    _apply(registry, drone.heartbeat(), 1000.0 if lost else 1950.0)
-    if phase is not None:
-        record = _record(phase, writer)
-        if writer == "manager":
-            record = msgspec.structs.replace(record, proof=record_proof(PROOF_KEY, record))
-        # an agent's record is a sign of life of its own: keep it as old as the events
-        registry.apply_record(record, 1, 1000.0 if lost else 1950.0)
-    view = registry.view(SITE, drone.drone)
-    assert view is not None
-    return view
-
-
-@pytest.mark.parametrize("lbs_running", [True, False, None])
-@pytest.mark.parametrize("lost", [True, False])
-@pytest.mark.parametrize("writer", ["agent", "manager"])
-@pytest.mark.parametrize("phase", _PHASES)
-def test_may_remove_truth_table(
-    phase: ev.RecordPhase | None, writer: str, lost: bool, lbs_running: bool | None
-) -> None:
-    verdict = removal_verdict(_view(phase, writer, lost), lbs_running, 2000.0, 90.0)
-    expected = (
-        (phase is ev.RecordPhase.RELEASED and writer == "manager")
-        or (phase is ev.RecordPhase.DRAINED and writer == "agent")
-        or (phase is ev.RecordPhase.DEADLINE_EXPIRED and writer == "agent")
-        or (lost and lbs_running is False)
-    )
-    assert verdict.allowed is expected, verdict
-    assert bool(verdict) is expected
-    assert (verdict.reason in SAFE_REMOVALS) is expected
-    assert verdict.detail
-
-
-def test_may_remove_reasons() -> None:
-    def reason(phase: ev.RecordPhase | None, lost: bool, lbs: bool | None) -> Removal:
-        return removal_verdict(_view(phase, "agent", lost), lbs, 2000.0, 90.0).reason
-
-    assert removal_verdict(None, False, 2000.0, 90.0).reason is Removal.UNKNOWN_DRONE
-    assert reason(None, False, False) is Removal.NOT_ANNOUNCED
-    assert reason(ev.RecordPhase.UP, False, False) is Removal.AGENT_UP
-    assert reason(ev.RecordPhase.DRAINING, False, False) is Removal.DRAINING
-    assert reason(ev.RecordPhase.UP, True, True) is Removal.LOST_BUT_RUNNING
-    assert reason(ev.RecordPhase.UP, True, None) is Removal.LOST_LBS_UNKNOWN
-    assert reason(ev.RecordPhase.UP, True, False) is Removal.LOST_AND_NOT_RUNNING
-    assert reason(ev.RecordPhase.DRAINED, False, True) is Removal.DRAINED_BY_AGENT
-    assert reason(ev.RecordPhase.DEADLINE_EXPIRED, False, True) is Removal.DEADLINE_EXPIRED
-    assert reason(ev.RecordPhase.RELEASED, False, True) is Removal.UNPROVEN_RELEASE
-
-
-def test_never_seen_drone_is_not_lost() -> None:
-    """Released by nobody and never heard from: release it, don't remove it"""
-    registry = Registry(NS)
-    registry.apply_record(_record(ev.RecordPhase.DRAINING, "manager"), 1, 0.0)
-    view = registry.view(SITE, "site1-0000000001")
-    verdict = removal_verdict(view, False, 1e9, 90.0)
-    assert not verdict.allowed
-    assert verdict.reason is Removal.DRAINING
