@@ -205,7 +205,8 @@ class Control:
                     None,
                     detail="no handshake record: the agent never came up; release it instead",
                 )
-            raise
+            # its agent claimed the record after the drain found none: drain it there
+            written = await self.store.request_drain(site, drone, intent)
         record = written.record
         self._note_record(written)
         if record.phase is RecordPhase.RELEASED and not self.store.proven(record):

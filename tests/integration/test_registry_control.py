@@ -134,6 +134,31 @@ async def test_drain_outcomes(nc: Client, control: Control, store: RecordStore) 
     assert released.outcome is DrainOutcome.RELEASED
 
 
+async def test_drain_while_the_agent_claims_its_record(
+    control: Control, store: RecordStore, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The agent claims its record just after the drain found none: the drain goes into it"""
+    drone = FakeDrone(SITE, "site1-0000000010")
+    record_drain = control.store.request_drain
+    calls: list[str] = []
+
+    async def claimed_meanwhile(*args: object, **kwargs: object) -> object:
+        calls.append(drone.drone)
+        try:
+            return await record_drain(*args, **kwargs)  # type: ignore[arg-type]
+        finally:
+            if await store.read(SITE, drone.drone) is None:
+                await store.claim(SITE, drone.drone, drone.incarnation)
+
+    monkeypatch.setattr(control.store, "request_drain", claimed_meanwhile)
+    result = await control.drain(SITE, drone.drone, _deadline(), "demand dropped")
+    assert len(calls) == 2  # the first found no record, the second the agent's
+    assert result.outcome is DrainOutcome.UNANSWERED and result.intent_recorded
+    record = await store.read(SITE, drone.drone)
+    assert record is not None and record.record.phase is ev.RecordPhase.DRAINING
+    assert record.record.drain == result.intent
+
+
 async def test_drain_answers(nc: Client, control: Control, store: RecordStore) -> None:
     answers = {
         ev.Outcome.DRAIN_ACCEPTED: DrainOutcome.ACCEPTED,
