@@ -244,4 +244,6 @@ class CommandServer:
         await self._controls.record.finish(RecordPhase.DRAINED, "released while idle")
         recorded.set()
         await self._controls.startd.stop("released while idle")
-        await self._controls.worker.end_job("released while idle")
+        await self._controls.worker.end_job(
+            "released while idle", exits_itself=self._controls.startd.exits_when_empty
+        )

@@ -102,7 +102,7 @@ class Agent:
         )
         self._ledger = ledger = PayloadLedger(parts)
         env = dict(worker_env or {})
-        self._worker = worker = Worker(parts, startd=self.startd is not None, env=env)
+        self._worker = worker = Worker(parts, env=env)
         self._claimable = claimable = asyncio.Event()
         self._startd = startd_ = StartdObserver(parts, self.startd, ledger, claimable)
         status.on_gate_change(startd_.sync_accepting)

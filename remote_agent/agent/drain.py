@@ -162,7 +162,7 @@ class Drain:
         if parts.status.state is S.DRAINING:
             parts.status.move(S.DRAINED)
             parts.emitter.emit(Drained)
-        await controls.worker.end_job("drained")
+        await controls.worker.end_job("drained", exits_itself=controls.startd.exits_when_empty)
 
     async def _deadline_expired(self, intent: DrainIntent) -> None:
         parts, controls = self._parts, self._controls

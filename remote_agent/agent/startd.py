@@ -50,6 +50,8 @@ class StartdObserver:
         self.ready = False
         #: busy slots at the last look at the startd (-1: it did not answer)
         self.busy_slots = 0
+        #: the startd accepted a drain with exit on completion: it ends the worker when empty
+        self.exits_when_empty = False
         #: the START attribute as last set (``None``: never set)
         self._accepting: bool | None = None
         self._accepting_lock = asyncio.Lock()
@@ -179,3 +181,5 @@ class StartdObserver:
             return
         if not result.accepted:
             log.warning("condor_drain refused: %s", result.detail, extra=self._parts.extra)
+            return
+        self.exits_when_empty = True

@@ -26,13 +26,11 @@ class Worker:
     """
     Supervises the worker; the process is :attr:`DroneStatus.worker`
 
-    :param startd: a startd runs under the worker (it drains with exit on completion)
     :param env: extra environment of the worker, e.g. where the gate socket is
     """
 
-    def __init__(self, parts: Parts, *, startd: bool, env: dict[str, str]) -> None:
+    def __init__(self, parts: Parts, *, env: dict[str, str]) -> None:
         self._parts = parts
-        self._startd = startd
         self.env = env
 
     async def start(self, command: Sequence[str]) -> asyncio.subprocess.Process:
@@ -60,14 +58,19 @@ class Worker:
             with contextlib.suppress(ProcessLookupError):
                 worker.send_signal(signum)
 
-    async def end_job(self, reason: str) -> None:
-        """End the drone's batch job: the worker ends by itself or is terminated"""
+    async def end_job(self, reason: str, *, exits_itself: bool = False) -> None:
+        """
+        End the drone's batch job: the worker ends by itself or is terminated
+
+        :param exits_itself: the startd accepted a drain with exit on completion: the worker
+            gets ``end_grace_s`` to follow; otherwise nothing would end it, and it is
+            terminated at once
+        """
         self._parts.status.ending = reason
         worker = self._parts.status.worker
         if worker is None or worker.returncode is not None:
             return
-        if self._startd and reason != "released":
-            # the startd drained with -exit-on-completion; give the worker time to follow
+        if exits_itself:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(worker.wait(), self._parts.settings.end_grace_s)
         if worker.returncode is None:
