@@ -107,16 +107,13 @@ def quiet_since(view: DroneView) -> float | None:
     counts for nothing, so no drone moves this for itself or for another.
     """
     record = view.record
-    newest = None
-    for at in (
+    times = (
         view.received_time,
         view.heartbeat_time,
         view.tardis_time,
         record.stored if record is not None else None,
-    ):
-        if at is not None and (newest is None or at > newest):
-            newest = at
-    return newest
+    )
+    return max((at for at in times if at is not None), default=None)
 
 
 def forgotten_at(view: DroneView, retain_lost_s: float) -> float | None:

@@ -18,7 +18,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Final
 
-from remote_agent.protocol.ratelog import MAX_KINDS, RateLimitedLog
+from remote_agent.protocol.ratelog import MAX_KINDS, RateLimitedLog, with_held
 
 #: seconds between two lines of one drone, call and cause
 FAILURE_INTERVAL_S: Final = 300.0
@@ -92,19 +92,18 @@ class CallLog:
         since = self._failures.due(f"{call}|{drone}|{cause}")
         if since is None:
             return False
-        held, seconds = since
         window = self._window(call, cause, then or NEXT.get(call, "TARDIS goes on"))
         if window.lines >= self.drone_lines:
             window.drones += 1
-            window.failures += held + 1
+            window.failures += since[0] + 1  # the lines held back, and this one
             window.last = f"{drone or 'a drone'}: {err}"
             return False
         window.lines += 1
-        message = "%s of %s failed: %s: %s; %s"
-        args: tuple[object, ...] = (call, drone or "a drone", cause, err, window.then)
-        if held:
-            message += " (and %d more like it in the last %.0fs)"
-            args = (*args, held, seconds)
+        message, args = with_held(
+            "%s of %s failed: %s: %s; %s",
+            (call, drone or "a drone", cause, err, window.then),
+            since,
+        )
         extra = {"drone": drone, "call": call, "cause": cause}
         self.logger.warning(message, *args, extra=extra, stacklevel=2)
         if self.logger.isEnabledFor(logging.DEBUG):

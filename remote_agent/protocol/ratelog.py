@@ -68,10 +68,7 @@ class RateLimitedLog:
         since = self.due(kind)
         if since is None:
             return False
-        held, seconds = since
-        if held:
-            message += " (and %d more like it in the last %.0fs)"
-            args = (*args, held, seconds)
+        message, args = with_held(message, args, since)
         self.logger.log(level, message, *args, extra=extra, stacklevel=stacklevel)
         return True
 
@@ -97,3 +94,13 @@ class RateLimitedLog:
         self, kind: str, message: str, *args: object, extra: Mapping[str, Any] | None = None
     ) -> bool:
         return self.log(logging.WARNING, kind, message, *args, extra=extra, stacklevel=3)
+
+
+def with_held(
+    message: str, args: tuple[object, ...], since: tuple[int, float]
+) -> tuple[str, tuple[object, ...]]:
+    """``message`` and ``args`` saying how many lines were held back (``since``, from ``due``)"""
+    held, seconds = since
+    if not held:
+        return message, args
+    return message + " (and %d more like it in the last %.0fs)", (*args, held, seconds)
