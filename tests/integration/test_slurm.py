@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 from support.buses import BusFactory, Transitions
 from support.slurm import requires_slurm
+from support.tardis import drone_running
 from support.waiting import wait_until
 from tardis.adapters.batchsystems.htcondor import HTCondorAdapter as HTCondorBatchAdapter
 from tardis.adapters.sites.slurm import SlurmAdapter
@@ -144,15 +145,8 @@ class SlurmDrone:
     def view(self) -> Any:
         return self.bus.registry.view(SITE, self.uuid)
 
-    @contextlib.asynccontextmanager
-    async def running(self) -> AsyncIterator[asyncio.Task[None]]:
-        task = asyncio.create_task(self.drone.run())
-        try:
-            yield task
-        finally:
-            task.cancel()
-            with contextlib.suppress(asyncio.CancelledError):
-                await task
+    def running(self) -> contextlib.AbstractAsyncContextManager[asyncio.Task[None]]:
+        return drone_running(self.drone)
 
     async def let_go_in(
         self, state: str, before: Callable[[], Awaitable[None]] | None = None

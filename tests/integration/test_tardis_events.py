@@ -7,8 +7,6 @@ agent runs as TARDIS's stock drone does
 from __future__ import annotations
 
 import asyncio
-import contextlib
-from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from typing import Any
 
@@ -16,7 +14,7 @@ import pytest
 from nats.js import JetStreamContext
 from support.buses import BusFactory, Transitions
 from support.drones import FakeDrone, publish
-from support.tardis import SITE, FakeOverlay, FakeSite
+from support.tardis import SITE, FakeOverlay, FakeSite, drone_running
 from support.waiting import wait_until
 from tardis.agents.batchsystemagent import BatchSystemAgent
 from tardis.agents.siteagent import SiteAgent
@@ -83,17 +81,6 @@ def rig(
     return Rig(drone, site, batch, recorder, FakeDrone(SITE, drone.resource_attributes.drone_uuid))
 
 
-@contextlib.asynccontextmanager
-async def running(drone: Drone) -> AsyncIterator[asyncio.Task[None]]:
-    task = asyncio.create_task(drone.run())
-    try:
-        yield task
-    finally:
-        task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await task
-
-
 async def test_a_drone_follows_its_agents_events_without_waiting_for_its_heartbeat(
     make_bus: BusFactory, js: JetStreamContext
 ) -> None:
@@ -106,7 +93,7 @@ async def test_a_drone_follows_its_agents_events_without_waiting_for_its_heartbe
         one.recorder,
         one.agent,
     )
-    async with running(drone):
+    async with drone_running(drone):
         await wait_until(lambda: recorder.states == ["RequestState", "BootingState"], 30, "Booting")
         assert drone.state_runs == 1  # the request; the heartbeat wait has begun
         await publish(js, bus.namespace, agent.started())
@@ -133,7 +120,7 @@ async def test_a_burst_of_events_during_a_state_run_leads_to_one_more_run(
     drone, recorder, agent = one.drone, one.recorder, one.agent
     assert isinstance(drone, HeldDrone)
     uuid = drone.resource_attributes.drone_uuid
-    async with running(drone):
+    async with drone_running(drone):
         await publish(js, bus.namespace, agent.started())
         await publish(js, bus.namespace, agent.ready())
         await wait_until(lambda: recorder.states[-1:] == ["AvailableState"], 30, "Available")
@@ -178,7 +165,7 @@ async def test_a_drone_without_an_agent_runs_as_tardis_stock_drone(make_bus: Bus
     sites = [r.site for r in rigs]
     overlays = [r.overlay for r in rigs]
     recorders = [r.recorder for r in rigs]
-    async with running(stock) as stock_task, running(evented) as event_task:
+    async with drone_running(stock) as stock_task, drone_running(evented) as event_task:
         await wait_until(
             lambda: all("BootingState" in r.states for r in recorders), 30, "both Booting"
         )

@@ -9,9 +9,10 @@ wrap TARDIS's own adapters. :class:`FakeControl` stands in for
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import time
-from collections.abc import Iterator
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStatus
@@ -28,6 +29,18 @@ from remote_agent.protocol.names import dedupe_id
 SITE_NAME = "Site1"
 SITE = "site1"
 DRONE = "site1-0123456789"
+
+
+@contextlib.asynccontextmanager
+async def drone_running(drone: Any) -> AsyncIterator[asyncio.Task[None]]:
+    """A TARDIS drone's state machine (``Drone.run``) running for the block, then cancelled"""
+    task = asyncio.create_task(drone.run())
+    try:
+        yield task
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 class FakeSite(SiteAdapter):  # type: ignore[misc]
