@@ -21,6 +21,7 @@ _TIMING = (
     "request_timeout_s",
     "retain_ended_s",
     "retain_lost_s",
+    "clock_skew_warn_s",
 )
 
 

@@ -157,7 +157,7 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.0f}s"
 
 
-def _row(view: DroneView, now: float, lost_after_s: float) -> dict[str, Any]:
+def _row(view: DroneView, now: float, lost_after_s: float, skew_warn_s: float) -> dict[str, Any]:
     import msgspec
 
     record = view.record
@@ -173,6 +173,8 @@ def _row(view: DroneView, now: float, lost_after_s: float) -> dict[str, Any]:
         "last_fact_age_s": view.last_fact_age_s(now),
         "last_event_received": _iso(view.received_time),
         "last_heartbeat_received": _iso(view.heartbeat_time),
+        "clock_offset_s": view.clock_offset_s,
+        "clock_skewed": view.clock_skewed(skew_warn_s),
         "lost": view.counts_lost(now, lost_after_s),
         "ended": view.ended or None,
         "ended_at": _iso(view.ended_time),
@@ -184,7 +186,13 @@ def _row(view: DroneView, now: float, lost_after_s: float) -> dict[str, Any]:
         "drain_deadline": record.drain.deadline.isoformat()
         if record is not None and record.drain is not None
         else None,
+        "drain_due": _iso(record.drain_due) if record is not None else None,
     }
+
+
+def _clock(offset_s: float) -> str:
+    """A clock offset as the table shows it: ``+25h`` ahead, ``-10d`` behind"""
+    return ("+" if offset_s >= 0 else "-") + _age(abs(offset_s))
 
 
 def _iso(epoch: float | None) -> str | None:
@@ -194,7 +202,7 @@ def _iso(epoch: float | None) -> str | None:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    header = ("DRONE", "SITE", "STATE", "PAYLOADS", "LAST FACT", "LOST/ENDED", "RECORD")
+    header = ("DRONE", "SITE", "STATE", "PAYLOADS", "LAST FACT", "LOST/ENDED", "RECORD", "CLOCK")
     return format_table(
         header,
         (
@@ -206,6 +214,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
                 _age(row["last_fact_age_s"]),
                 "lost" if row["lost"] else (f"ended: {row['ended']}" if row["ended"] else "-"),
                 row["record_phase"] or "-",
+                _clock(row["clock_offset_s"]) if row["clock_skewed"] else "-",
             )
             for row in rows
         ),
@@ -224,7 +233,9 @@ async def status(args: argparse.Namespace) -> int:
     from remote_agent.protocol.proof import load_proof_key
 
     namespace = Namespace(args.prefix)
-    registry = Registry(namespace, lost_after_s=args.lost_after)
+    registry = Registry(
+        namespace, lost_after_s=args.lost_after, clock_skew_warn_s=args.clock_skew_warn
+    )
     async with connected(args, _CLIENT) as nc:
         with stream_errors(OperatorError, "stream or bucket"):
             js = nc.jetstream(domain=args.domain)
@@ -242,7 +253,7 @@ async def status(args: argparse.Namespace) -> int:
     ended = sum(bool(v.ended) for v in views)
     if not (args.ended or args.drone):
         views = [v for v in views if not v.ended]
-    rows = [_row(view, now, args.lost_after) for view in views]
+    rows = [_row(view, now, args.lost_after, args.clock_skew_warn) for view in views]
     if args.json:
         write_json(rows)
     elif rows:
@@ -331,6 +342,7 @@ def add_release(release_cmd: argparse.ArgumentParser) -> None:
 def add_status(status_cmd: argparse.ArgumentParser) -> None:
     """Add ``status``'s arguments"""
     from broker.manager.registry import DEFAULT_LOST_AFTER_S
+    from broker.manager.views import DEFAULT_CLOCK_SKEW_WARN_S
 
     status_cmd.description = (
         "Rebuild the registry from the event stream and the handshake bucket "
@@ -349,6 +361,13 @@ def add_status(status_cmd: argparse.ArgumentParser) -> None:
         "--lost-after",
         DEFAULT_LOST_AFTER_S,
         f"no sign of life for this long = lost (default {DEFAULT_LOST_AFTER_S:.0f})",
+    )
+    add_seconds(
+        status_cmd,
+        "--clock-skew-warn",
+        DEFAULT_CLOCK_SKEW_WARN_S,
+        "a drone clock off the server's by more is shown in CLOCK "
+        f"(default {DEFAULT_CLOCK_SKEW_WARN_S:.0f})",
     )
     _common(status_cmd)
     status_cmd.set_defaults(run=status)

@@ -59,7 +59,7 @@ class Sources:
     :param notes_buffered: TARDIS state notes waiting for the bus
     :param issuer_counts: what the bootstrap issuer did (``issued_enroll``,
         ``issued_renew``, ``refused_<reason>``, ``dropped_reply_subject``, ``alarms``,
-        ``minted``; kept across reconnects)
+        ``clock_skewed``, ``minted``; kept across reconnects)
     :param retired: the drones retired since the manager started, and their records
     """
 
@@ -165,6 +165,12 @@ class ManagerCollector(Collector):
             PREFIX + "drones_ended",
             "Drones whose life ended (drained, released, removed), kept until their retention ends",
             value=metrics.ended,
+        )
+        yield GaugeMetricFamily(
+            PREFIX + "drones_clock_skewed",
+            "Drones whose newest heartbeat shows a clock off the server's by more than "
+            "clock_skew_warn_s (nothing the manager decides reads a drone's clock)",
+            value=metrics.clock_skewed,
         )
 
     def _drones(self) -> Iterator[Metric]:
@@ -319,6 +325,12 @@ class ManagerCollector(Collector):
             "Bootstrap tokens used again by another key: stolen, or a second job with the "
             "drone's uuid",
             value=counts.get("alarms", 0),
+        )
+        yield CounterMetricFamily(
+            PREFIX + "bootstrap_clock_skewed",
+            "Bootstrap requests signed by a clock off the issuer's by more than "
+            "clock_skew_warn_s; answered all the same",
+            value=counts.get("clock_skewed", 0),
         )
         yield CounterMetricFamily(
             PREFIX + "bootstrap_tokens_minted",

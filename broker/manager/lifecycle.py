@@ -133,8 +133,8 @@ def forgotten_at(view: DroneView, retain_lost_s: float) -> float | None:
     since = quiet_since(view)
     if since is None:
         return None
-    if record is not None and record.drain is not None:
-        return max(since + retain_lost_s, record.drain.deadline.timestamp())
+    if record is not None and record.drain_due is not None:
+        return max(since + retain_lost_s, record.drain_due)
     return since + retain_lost_s
 
 

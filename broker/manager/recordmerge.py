@@ -2,12 +2,14 @@
 The handshake records in the registry: :class:`RecordMerge`, a mixin of the Registry
 
 Its rule: records merge by KV revision, and a removed, relayed or invalid value makes
-the drone's record *tampered*, never forgotten, since its drone may be up.
+the drone's record *tampered*, never forgotten, since its drone may be up. A record's times
+are the manager's (:func:`drain_due`): a writer's clock is never read.
 """
 
 from __future__ import annotations
 
 import sys
+import time
 from typing import TYPE_CHECKING
 
 import msgspec
@@ -19,6 +21,37 @@ from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import DroneRecord, decode_record
 from remote_agent.protocol.names import is_token
 from remote_agent.protocol.proof import proven
+
+
+def drain_due(
+    record: DroneRecord, is_proven: bool, at: float, old: RecordView | None
+) -> float | None:
+    """
+    When the drain ``record`` holds is due by the manager's reckoning, epoch seconds
+
+    - the same intent as the record it replaces: when that one was due (a drain keeps the
+      time the manager first learned of it);
+    - an intent of the manager's own (its proven record): its deadline, the manager's clock;
+    - an intent written by an agent: the intent's duration from ``at``, when the manager
+      learned of it, and never sooner than the drain known before.
+
+    So no drone's clock, and no record a drone writes, brings a deadline forward. A rebuild
+    knows only the newest revision: a drain whose record an agent rewrote (its
+    ``deadline_expired``) is then due its duration after that rewrite, later, never sooner.
+
+    :param at: when the manager learned of ``record`` (:attr:`RecordView.at`)
+    :param old: the record it replaces, if known
+    """
+    intent = record.drain
+    if intent is None:
+        return None
+    known = old.drain_due if old is not None and old.drain is not None else None
+    if known is not None and old is not None and old.drain == intent:
+        return known
+    if is_proven and record.writer == "manager":
+        return intent.deadline.timestamp()
+    due = at + intent.duration_s
+    return due if known is None else max(due, known)
 
 
 class RecordMerge:
@@ -68,13 +101,19 @@ class RecordMerge:
         return self.apply_record(record, revision, stored_time)
 
     def apply_record(
-        self, record: DroneRecord, revision: int, stored_time: float | None
+        self,
+        record: DroneRecord,
+        revision: int,
+        stored_time: float | None,
+        now: float | None = None,
     ) -> Applied:
         """
         Merge a decoded handshake record at ``revision`` (the KV revision)
 
         :param stored_time: when the bucket stored it (from the KV watch), or
             ``None`` for a record the manager just read or wrote itself
+        :param now: the manager's clock, for a record without ``stored_time``
+            (default: read it now)
         """
         key = (record.site, record.drone)
         old = self._views.get(key)
@@ -85,16 +124,19 @@ class RecordMerge:
                 self._ends.changed(key)
             self.records_ignored += 1
             return Applied.DUPLICATE if old.record.revision == revision else Applied.STALE
+        at = stored_time if stored_time is not None else (time.time() if now is None else now)
+        is_proven = proven(self.proof_key, record)
         new_record = RecordView(
             phase=record.phase,
             writer=record.writer,
             revision=revision,
             incarnation=record.incarnation,
             drain=record.drain,
-            at=record.at.timestamp(),
+            at=at,
             stored=stored_time,
+            drain_due=drain_due(record, is_proven, at, old.record if old else None),
             note=record.note,
-            proven=proven(self.proof_key, record),
+            proven=is_proven,
         )
         new = msgspec.structs.replace(
             old or DroneView(site=sys.intern(record.site), drone=record.drone), record=new_record

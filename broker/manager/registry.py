@@ -31,7 +31,7 @@ from broker.manager.validity import (
     Rejection,
     check_event,
 )
-from broker.manager.views import Applied, DroneView, Metrics
+from broker.manager.views import DEFAULT_CLOCK_SKEW_WARN_S, Applied, DroneView, Metrics
 from remote_agent.protocol.events import (
     EVENT_KINDS,
     AnyEvent,
@@ -45,6 +45,8 @@ from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("cobald.runtime.cobald_remote.registry")
 _rejections = RateLimitedLog(log)
+#: one line a minute for the fleet, however many clocks go off at once
+_clocks = RateLimitedLog(log, interval_s=60.0)
 
 #: default time without any event after which a drone counts as lost: three
 #: heartbeats of the agent's default 30 s interval
@@ -67,6 +69,8 @@ class Registry(RecordMerge):
     :param retain_lost_s: seconds after the newest fact about a drone that has not ended
         (lost, or never heard from) before :meth:`due_retirements` offers it; ``0``:
         never. Taken as at least ``lost_after_s``, so that no drone that speaks is offered
+    :param clock_skew_warn_s: an agent whose clock is off the server's by more is warned
+        about and counted in :attr:`clock_skewed` (:meth:`DroneView.clock_skewed`)
     """
 
     def __init__(
@@ -77,8 +81,13 @@ class Registry(RecordMerge):
         max_message_bytes: int = DEFAULT_MAX_SIZE,
         retain_ended_s: float = DEFAULT_RETAIN_ENDED_S,
         retain_lost_s: float = DEFAULT_RETAIN_LOST_S,
+        clock_skew_warn_s: float = DEFAULT_CLOCK_SKEW_WARN_S,
     ) -> None:
-        for name, value in (("lost_after_s", lost_after_s), ("retain_ended_s", retain_ended_s)):
+        for name, value in (
+            ("lost_after_s", lost_after_s),
+            ("retain_ended_s", retain_ended_s),
+            ("clock_skew_warn_s", clock_skew_warn_s),
+        ):
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive number, not {value!r}")
         if not (0 <= retain_lost_s < math.inf):
@@ -87,7 +96,10 @@ class Registry(RecordMerge):
             retain_lost_s = max(retain_lost_s, lost_after_s)
         self.namespace = namespace or Namespace()
         self.lost_after_s = lost_after_s
+        self.clock_skew_warn_s = clock_skew_warn_s
         self.max_message_bytes = max_message_bytes
+        #: drones whose newest heartbeat shows a clock off by more than ``clock_skew_warn_s``
+        self._skewed: set[tuple[str, str]] = set()
         self._views: dict[tuple[str, str], DroneView] = {}
         self._ends = EndTracker(self._views, lost_after_s, retain_ended_s, retain_lost_s)
         self._prefix = self.namespace.prefix
@@ -128,6 +140,7 @@ class Registry(RecordMerge):
             drones=len(views),
             lost=sum(view.lost and not view.ended for view in views.values()),
             ended=sum(bool(view.ended) for view in views.values()),
+            clock_skewed=len(self._skewed),
         )
 
     # ------------------------------------------------------------------ events
@@ -196,14 +209,16 @@ class Registry(RecordMerge):
                     old.heartbeat_stream_seq is None or stream_seq > old.heartbeat_stream_seq
                 ):
                     # the newest heartbeat is a fact of its own, whatever order it came in
-                    self._views[key] = msgspec.structs.replace(
+                    self._views[key] = beaten = msgspec.structs.replace(
                         old,
                         heartbeat_seq=event.seq,
                         heartbeat_stream_seq=stream_seq,
                         heartbeat_time=received_time,
                         heartbeat_interval_s=event.interval_s,  # type: ignore[union-attr]
+                        heartbeat_at=event.at.timestamp(),
                     )
                     self._ends.changed(key)
+                    self._clock_seen(beaten)
                 if stream_seq == known:
                     self.duplicate += 1
                     return Applied.DUPLICATE
@@ -217,11 +232,12 @@ class Registry(RecordMerge):
                 # TARDIS's note stays the newest word, and so does the end it made
                 tardis = (old.tardis_seq, old.tardis_state, old.tardis_time)
                 ended = (old.ended, old.ended_time)
-            beat_seq, beat_stream, beat_time, beat_interval = (
+            beat_seq, beat_stream, beat_time, beat_interval, beat_at = (
                 old.heartbeat_seq,
                 old.heartbeat_stream_seq,
                 old.heartbeat_time,
                 old.heartbeat_interval_s,
+                old.heartbeat_at,
             )
         else:
             if stream_seq is None:
@@ -232,36 +248,59 @@ class Registry(RecordMerge):
             record = None
             tardis = (None, "", None)
             ended = ("", None)
-            beat_seq = beat_stream = beat_time = beat_interval = None
+            beat_seq = beat_stream = beat_time = beat_interval = beat_at = None
         if heartbeat:
             beat_seq, beat_stream, beat_time = event.seq, stream_seq, received_time
             beat_interval = event.interval_s  # type: ignore[union-attr]
-        self._put(
-            key,
-            old,
-            DroneView(
-                site=site,
-                drone=drone,
-                encoded=data,
-                seq=event.seq,
-                kind=EVENT_KINDS[type(event)],
-                state=event.snapshot.state,
-                stream_seq=stream_seq,
-                received_time=received_time,
-                heartbeat_seq=beat_seq,
-                heartbeat_stream_seq=beat_stream,
-                heartbeat_time=beat_time,
-                heartbeat_interval_s=beat_interval,
-                record=record,
-                tardis_seq=tardis[0],
-                tardis_state=tardis[1],
-                tardis_time=tardis[2],
-                ended=ended[0],
-                ended_time=ended[1],
-            ),
+            beat_at = event.at.timestamp()
+        new = DroneView(
+            site=site,
+            drone=drone,
+            encoded=data,
+            seq=event.seq,
+            kind=EVENT_KINDS[type(event)],
+            state=event.snapshot.state,
+            stream_seq=stream_seq,
+            received_time=received_time,
+            heartbeat_seq=beat_seq,
+            heartbeat_stream_seq=beat_stream,
+            heartbeat_time=beat_time,
+            heartbeat_interval_s=beat_interval,
+            heartbeat_at=beat_at,
+            record=record,
+            tardis_seq=tardis[0],
+            tardis_state=tardis[1],
+            tardis_time=tardis[2],
+            ended=ended[0],
+            ended_time=ended[1],
         )
+        self._put(key, old, new)
+        if heartbeat:
+            self._clock_seen(new)
         self.applied += 1
         return Applied.APPLIED
+
+    def _clock_seen(self, view: DroneView) -> None:
+        """Keep :attr:`clock_skewed` for a new heartbeat; warn when a drone's clock goes off"""
+        key = view.key
+        if not view.clock_skewed(self.clock_skew_warn_s):
+            self._skewed.discard(key)
+            return
+        if key in self._skewed:
+            return
+        self._skewed.add(key)
+        offset = view.clock_offset_s or 0.0
+        _clocks.warning(
+            "clock",
+            "the clock of drone %s/%s is %.0fs %s the server's (or its heartbeats reach the"
+            " bus that late); nothing the manager decides reads it, but check the node's time"
+            " service",
+            view.site,
+            view.drone,
+            abs(offset),
+            "ahead of" if offset > 0 else "behind",
+            extra={"site": view.site, "drone": view.drone, "clock_offset_s": offset},
+        )
 
     def _put(self, key: tuple[str, str], old: DroneView | None, new: DroneView) -> None:
         """Replace the view of ``key``: the end of its life is derived again next tick"""
@@ -350,6 +389,7 @@ class Registry(RecordMerge):
         if not self.retirable(view):
             return False
         del self._views[view.key]
+        self._skewed.discard(view.key)
         self._ends.dropped(view)
         return True
 

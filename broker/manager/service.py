@@ -34,6 +34,7 @@ from broker.manager.rebuild import RebuildReport, rebuild
 from broker.manager.records import watch_records
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, Registry
 from broker.manager.retire import Retired, retire_ended
+from broker.manager.views import DEFAULT_CLOCK_SKEW_WARN_S
 from broker.server.durable import DEFAULT_DURABLE, durable_config, ensure_consumer
 from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.names import Namespace, api_prefix
@@ -56,6 +57,8 @@ class ManagerSettings:
     :param retain_ended_s: seconds an ended drone is kept before it is retired
     :param retain_lost_s: seconds a drone not ended is kept after the newest fact about
         it before it is retired (``0``: never)
+    :param clock_skew_warn_s: an agent whose clock is off the server's by more is warned
+        about (the registry's ``clock_skew_warn_s``)
     :param retry_s: wait before reconnecting after the connection or the consumer failed
     :param request_timeout_s: how long commands wait for an agent's answer
     :param issuer: issue bootstrapped drones their identities (``None``: no issuer)
@@ -71,6 +74,7 @@ class ManagerSettings:
     lost_check_s: float = 5.0
     retain_ended_s: float = DEFAULT_RETAIN_ENDED_S
     retain_lost_s: float = DEFAULT_RETAIN_LOST_S
+    clock_skew_warn_s: float = DEFAULT_CLOCK_SKEW_WARN_S
     retry_s: float = 5.0
     request_timeout_s: float = DEFAULT_REQUEST_TIMEOUT_S
     pull: PullSettings = field(default_factory=PullSettings)
@@ -94,6 +98,7 @@ class ManagerService:
                 lost_after_s=settings.lost_after_s,
                 retain_ended_s=settings.retain_ended_s,
                 retain_lost_s=settings.retain_lost_s,
+                clock_skew_warn_s=settings.clock_skew_warn_s,
             )
         self.registry = registry
         self.control: Control | None = None

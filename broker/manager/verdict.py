@@ -4,8 +4,10 @@ The removal verdict: the only place that says a drone's batch job may be removed
 It answers yes in exactly the four safe cases of the design (``docs/architecture.md``,
 "Control API"): the manager released the drone before its agent came up (with the
 manager's proof); the agent recorded ``drained`` and its newest event lists no
-payload; the agent's drain deadline expired; or the agent is lost **and** the local
-batch system says the job is not running.
+payload; the agent's drain deadline expired, and by the manager's own reckoning too
+(:attr:`~broker.manager.views.RecordView.drain_due`); or the agent is lost **and** the
+local batch system says the job is not running. Every time it compares is the manager's
+or the bus's: no drone's clock decides a removal.
 """
 
 from __future__ import annotations
@@ -37,6 +39,7 @@ class Removal(enum.StrEnum):
     UNPROVEN_RELEASE = "unproven_release"
     RECORD_TAMPERED = "record_tampered"
     DRAINED_BUT_BUSY = "drained_but_busy"
+    DEADLINE_NOT_DUE = "deadline_not_due"
 
 
 SAFE_REMOVALS: Final = frozenset(
@@ -88,7 +91,7 @@ def removal_verdict(
     """
     if view is None:
         return _no(Removal.UNKNOWN_DRONE, "nothing is known about this drone: release it first")
-    said = _by_record(view)
+    said = _by_record(view, now)
     if isinstance(said, Verdict):
         return said
     if view.is_lost(now, lost_after_s):
@@ -125,7 +128,7 @@ def up_without_record(view: DroneView | None) -> bool:
     return snapshot is not None and (snapshot.gate_open or bool(snapshot.payloads))
 
 
-def _by_record(view: DroneView) -> Verdict | tuple[Removal, str] | None:
+def _by_record(view: DroneView, now: float) -> Verdict | tuple[Removal, str] | None:
     """A safe case the record proves, a final phase not to be trusted, or nothing"""
     record = view.record
     if record is None:
@@ -146,7 +149,20 @@ def _by_record(view: DroneView) -> Verdict | tuple[Removal, str] | None:
             f"record drained, but the agent's newest event lists {len(view.payloads)} payload(s)",
         )
     if phase is RecordPhase.DEADLINE_EXPIRED and writer == "agent":
-        return _yes(Removal.DEADLINE_EXPIRED, "the agent's drain deadline expired")
+        due = record.drain_due
+        if due is not None and now >= due:
+            return _yes(Removal.DEADLINE_EXPIRED, "the agent's drain deadline expired")
+        if due is None:
+            return (
+                Removal.DEADLINE_NOT_DUE,
+                "the agent says its drain deadline expired, but its record holds no drain"
+                " the manager can count: wait for drained",
+            )
+        return (
+            Removal.DEADLINE_NOT_DUE,
+            f"the agent says its drain deadline expired, but by the manager's clock it is"
+            f" due in {due - now:.0f}s (the drone's clock may be wrong)",
+        )
     if phase in (RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED):
         return (Removal.UNEXPECTED_WRITER, f"record {phase!s} written by the {writer}")
     if phase is None:

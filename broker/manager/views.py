@@ -9,9 +9,11 @@ never changed, so readers on other threads see each one whole.
 
 from __future__ import annotations
 
+import datetime as dt
 import enum
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import Final
 
 import msgspec
 
@@ -24,6 +26,9 @@ from remote_agent.protocol.events import (
     Snapshot,
     decode_event,
 )
+
+#: default seconds an agent's clock may be off the server's before it is warned about
+DEFAULT_CLOCK_SKEW_WARN_S: Final = 60.0
 
 
 class RecordView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -40,10 +45,15 @@ class RecordView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     revision: int
     incarnation: str = ""
     drain: DrainIntent | None = None
-    at: float  #: when the writer wrote it (its clock), epoch seconds
+    #: when the manager learned of it, epoch seconds: the bucket's time, or the manager's
+    #: clock for a record it merged from its own read or write; never the writer's clock
+    at: float
     #: when the bucket stored it, epoch seconds; ``None`` until the KV watch
     #: confirms a record that the manager merged from its own read or write
     stored: float | None = None
+    #: when the drain in :attr:`drain` is due by the manager's reckoning, epoch seconds
+    #: (:func:`broker.manager.recordmerge.drain_due`); ``None`` without a drain
+    drain_due: float | None = None
     note: str = ""
     #: the record carries the manager's valid proof (its phases count only then)
     proven: bool = False
@@ -84,6 +94,8 @@ class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     heartbeat_stream_seq: int | None = None
     heartbeat_time: float | None = None
     heartbeat_interval_s: float | None = None
+    #: the agent's own clock when it made that heartbeat (its ``at``), epoch seconds
+    heartbeat_at: float | None = None
     record: RecordView | None = None
     #: TARDIS's newest state note about the drone, if no agent event is newer: its
     #: stream sequence, the state (a class name, e.g. ``DownState``) and when it was stored
@@ -131,6 +143,30 @@ class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return event.at.timestamp() if event is not None else None
 
     @property
+    def clock_offset_s(self) -> float | None:
+        """
+        How far the agent's clock is ahead of the server's (negative: behind), seconds
+
+        By its newest heartbeat: its ``at`` less when the stream stored it. A heartbeat
+        cannot be stored before it was made, so a clock ahead shows as it is; one that
+        reached the bus late (spooled through an outage) makes the clock look behind by
+        its delay, at most a heartbeat interval for the newest one.
+        """
+        if self.heartbeat_at is None or self.heartbeat_time is None:
+            return None
+        return self.heartbeat_at - self.heartbeat_time
+
+    def clock_skewed(self, warn_s: float) -> bool:
+        """
+        Whether the agent's clock is off the server's by more than ``warn_s`` seconds:
+        ahead by more, or behind by more than that and its heartbeat interval
+        """
+        offset = self.clock_offset_s
+        if offset is None:
+            return False
+        return offset > warn_s or -offset > warn_s + (self.heartbeat_interval_s or 0.0)
+
+    @property
     def payloads(self) -> list[Payload]:
         snapshot = self.snapshot
         return list(snapshot.payloads) if snapshot is not None else []
@@ -173,6 +209,17 @@ class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return not self.ended and self.is_lost(now, lost_after_s)
 
 
+def elapsed_since(then: dt.datetime, event: AnyEvent, received_time: float, now: float) -> float:
+    """
+    Seconds from ``then``, a time on an agent's clock, to ``now``, a time on the manager's
+
+    The agent's clock counts from ``then`` to its ``event``, the bus's from storing that
+    event (``received_time``) to ``now``: each clock only measures a span, so an agent's
+    clock that is off by any amount changes nothing. Never negative.
+    """
+    return max(0.0, (event.at - then).total_seconds() + now - received_time)
+
+
 class Applied(enum.StrEnum):
     """What :meth:`~broker.manager.registry.Registry.apply` did with one event"""
 
@@ -195,6 +242,7 @@ class Metrics:
     drones: int
     lost: int  #: drones lost and not ended
     ended: int = 0  #: drones whose life ended, not yet retired
+    clock_skewed: int = 0  #: drones whose clock is off the server's beyond the threshold
 
     @property
     def rejected_total(self) -> int:

@@ -182,8 +182,8 @@ class RemoteBus:
             return -math.inf
         deadline = view.last_seen + self.config.lost_removal_after_s
         record = view.record
-        if record is not None and record.drain is not None:
-            deadline = max(deadline, record.drain.deadline.timestamp())
+        if record is not None and record.drain_due is not None:
+            deadline = max(deadline, record.drain_due)
         return deadline
 
     def drone_environment(self, site: str) -> dict[str, str]:

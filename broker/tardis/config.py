@@ -24,6 +24,7 @@ from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, DEFAULT_RETAIN_LOST
 from broker.manager.metrics import parse_address
 from broker.manager.registry import DEFAULT_LOST_AFTER_S
 from broker.manager.service import ManagerSettings
+from broker.manager.views import DEFAULT_CLOCK_SKEW_WARN_S
 from broker.server.durable import DEFAULT_DURABLE
 from remote_agent.protocol.environment import URL_SCHEMES, server_url_problem, split_urls
 from remote_agent.protocol.errors import SchemaError
@@ -56,6 +57,7 @@ EXPECTED: Final[Mapping[str, str]] = {
     "lost_removal_after_s": _SECONDS,
     "request_timeout_s": _SECONDS,
     "retain_ended_s": _SECONDS,
+    "clock_skew_warn_s": _SECONDS,
     "retain_lost_s": "0 (never) or a number of seconds at least lost_after_s and "
     "lost_removal_after_s (at most 10 years)",
     "drone_environment": "true or false",
@@ -91,6 +93,8 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         its agent spoke) is kept after the newest fact about it before it is retired;
         ``0``: kept until it ends. Not less than ``lost_after_s`` and
         ``lost_removal_after_s``, so that no drone is forgotten before TARDIS may remove it
+    :param clock_skew_warn_s: a drone whose clock is off the server's by more is warned
+        about (log, metric, ``status``); nothing the manager decides reads a drone's clock
     :param drone_environment: pass ``servers``/site/prefix into each drone job
     :param note_buffer: TARDIS state notes kept while the bus is unreachable
     :param metrics: ``host:port`` to serve Prometheus metrics on (``/metrics``);
@@ -116,6 +120,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     request_timeout_s: Seconds = DEFAULT_REQUEST_TIMEOUT_S
     retain_ended_s: Seconds = DEFAULT_RETAIN_ENDED_S
     retain_lost_s: SecondsOrNever = DEFAULT_RETAIN_LOST_S
+    clock_skew_warn_s: Seconds = DEFAULT_CLOCK_SKEW_WARN_S
     drone_environment: bool = True
     note_buffer: Annotated[int, msgspec.Meta(gt=0)] = 10_000
     metrics: str | None = None
@@ -154,6 +159,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             request_timeout_s=self.request_timeout_s,
             retain_ended_s=self.retain_ended_s,
             retain_lost_s=self.retain_lost_s,
+            clock_skew_warn_s=self.clock_skew_warn_s,
             issuer=self.issuer_settings(),
         )
 

@@ -5,9 +5,11 @@ Its rule (:func:`release_choice`): drones whose agent never announced itself fir
 release is a handshake, nothing runs on them), then idle drones, then drones with payloads
 by the core-seconds that would sit idle while they drain (each free slot waits for the
 payload that ends last), then by the work left on them. A payload's work left is its
-requested runtime minus its runtime so far where known, else the mean remaining runtime
-of the payloads seen to end (:class:`Durations`) that ran at least as long, else as long
-again as it has run so far.
+requested runtime minus its runtime so far where known, else the mean remaining runtime of
+the payloads seen to end (:class:`Durations`) that ran at least as long, else as long again
+as it has run so far. Its runtime so far is counted by the agent's clock from its start to
+the agent's newest event and by the bus's from then on (:func:`elapsed_since`), so a wrong
+drone clock changes nothing.
 """
 
 from __future__ import annotations
@@ -18,8 +20,8 @@ import itertools
 import time
 from typing import NamedTuple
 
-from broker.manager.views import DroneView
-from remote_agent.protocol.events import PayloadFinished, Snapshot
+from broker.manager.views import DroneView, elapsed_since
+from remote_agent.protocol.events import PayloadFinished
 
 #: the registry's event kind of a payload's end
 _FINISHED = "payload_finished"
@@ -111,15 +113,18 @@ def release_choice(
     now: float | None = None,
 ) -> Choice:
     """The release order of one drone by its agent's newest snapshot (``view``)"""
-    snapshot: Snapshot | None = view.snapshot if view is not None else None
-    if snapshot is None:
+    event = view.event if view is not None else None
+    if view is None or event is None or view.received_time is None:
         return Choice(0, 0.0, 0.0, 0, base)
+    snapshot = event.snapshot
     payloads = snapshot.payloads
     if not payloads:
         return Choice(1, 0.0, 0.0, 0, base)
     at = time.time() if now is None else now
+    received = view.received_time
     lefts = [
-        work_left(max(0.0, at - payload.started_at.timestamp()), durations) for payload in payloads
+        work_left(elapsed_since(payload.started_at, event, received, at), durations)
+        for payload in payloads
     ]
     last = max(lefts)
     slots = max(snapshot.slots, len(payloads))

@@ -3,7 +3,9 @@ The drain: close the gate for an intent, wait for the payloads, confirm idle, en
 
 :meth:`Drain.accept` is synchronous: the gate closes in the same step in which
 the drain is accepted, so no payload is let in after it. Only a drain command
-moves the deadline of a drain in progress, and only sooner.
+moves the deadline of a drain in progress, and only sooner. A deadline is counted on
+the monotonic clock, as the intent's duration from when the agent received it
+(:attr:`DrainIntent.duration_s`): the drone's wall clock, often wrong, never decides it.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import time
 from asyncio import FIRST_COMPLETED
 
 import msgspec
@@ -46,6 +49,8 @@ class Drain:
         self._controls = controls
         #: set when a command moved the deadline up, so that the waiting flow looks again
         self._deadline_moved = asyncio.Event()
+        #: when the drain in progress is due, on the monotonic clock
+        self._due = 0.0
 
     def accept(self, intent: DrainIntent, *, command: bool) -> tuple[Outcome, str]:
         """
@@ -66,7 +71,7 @@ class Drain:
             if state is S.DRAINED:
                 return Outcome.DRAINED, "drained; the drone is ending its job"
             if command:
-                self._move_up(intent.deadline)
+                self._move_up(intent)
             if intent.request_id and intent.request_id == status.drain.request_id:
                 return Outcome.DRAIN_ACCEPTED, self.detail()
             return Outcome.ALREADY_DRAINING, (
@@ -81,6 +86,7 @@ class Drain:
             return Outcome.REFUSED, reason
         intent = bounded_intent(intent)
         status.drain = intent
+        self._due = time.monotonic() + intent.duration_s
         was_open = status.seal_gate()
         status.move(S.DRAINING)
         count = len(status.payloads)
@@ -109,35 +115,38 @@ class Drain:
         intent = DrainIntent(deadline=deadline, reason=reason, requested_at=now)
         self.accept(intent, command=False)
 
-    def _move_up(self, deadline: dt.datetime) -> None:
+    def _move_up(self, command: DrainIntent) -> None:
         """
-        Tighten the drain in progress to a command's ``deadline``, if that is sooner
+        Tighten the drain in progress to a command's intent, if that is due sooner
 
         The drain may have come from the record, whose deadline counts no sooner
         than a self-drain's, or from the agent itself; the manager's command
         that follows it sets the deadline TARDIS asked for. A later deadline
         changes nothing: a drain's deadline never moves out. The drain keeps
-        its request and reason; ``draining`` tells the new deadline.
+        its request and reason and takes the command's times; ``draining`` tells
+        the new deadline.
         """
         status = self._parts.status
         drain = status.drain
-        if drain is None or status.state is not S.DRAINING or deadline >= drain.deadline:
+        due = time.monotonic() + command.duration_s
+        if drain is None or status.state is not S.DRAINING or due >= self._due:
             return
         log.info(
-            "drain deadline moved up from %s to %s by a command",
-            drain.deadline.isoformat(),
-            deadline.isoformat(),
+            "drain deadline moved up by a command: due in %.0fs instead of %.0fs",
+            command.duration_s,
+            self._left(),
             extra=self._parts.extra,
         )
-        status.drain = msgspec.structs.replace(drain, deadline=deadline)
+        self._due = due
+        status.drain = msgspec.structs.replace(
+            drain, deadline=command.deadline, requested_at=command.requested_at
+        )
         self._deadline_moved.set()
-        self._parts.emitter.emit(Draining, payloads=len(status.payloads), deadline=deadline)
+        self._parts.emitter.emit(Draining, payloads=len(status.payloads), deadline=command.deadline)
 
-    def _deadline(self) -> dt.datetime:
-        """The deadline of the drain in progress (a command may have moved it up)"""
-        drain = self._parts.status.drain
-        assert drain is not None
-        return drain.deadline
+    def _left(self) -> float:
+        """Seconds until the drain in progress is due (negative once it is)"""
+        return self._due - time.monotonic()
 
     async def _flow(self, intent: DrainIntent, command: bool) -> None:
         parts, controls = self._parts, self._controls
@@ -152,7 +161,7 @@ class Drain:
                 await controls.ledger.done.wait()
             if await controls.startd.confirm_idle():
                 break
-            if not expired and utcnow() >= self._deadline():
+            if not expired and self._left() <= 0:
                 expired = True
                 await self._deadline_expired(intent)
             # the snapshot may be empty (a JOB_EXIT, forged or early) while the startd
@@ -190,7 +199,7 @@ class Drain:
         """
         done = self._controls.ledger.done
         while not done.is_set():
-            remaining = (self._deadline() - utcnow()).total_seconds()
+            remaining = self._left()
             if remaining <= 0:
                 break
             self._deadline_moved.clear()

@@ -4,7 +4,8 @@ The drone's own identity: a key made on the drone, a short-lived JWT from the is
 :class:`BootstrapIdentity` makes the drone's user key (its seed is kept only in the
 private spool directory, mode 0600, so that a restarted agent asks for the same key),
 trades the one-time token for a JWT over the site's bootstrap identity, and renews the
-JWT at half its lifetime; the connection then reconnects with the new one. Its rule: a
+JWT at half its lifetime, counted on the monotonic clock from the issuer's answer (the
+drone's wall clock may be wrong); the connection then reconnects with the new one. Its rule: a
 refusal the issuer calls permanent cuts the drone off (gate shut, self-drain); anything
 else is retried, and the events wait in the spool.
 """
@@ -16,6 +17,7 @@ import base64
 import datetime as dt
 import logging
 import os
+import time
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Final
@@ -112,8 +114,10 @@ class BootstrapIdentity:
         self._namespace = namespace
         self._on_refused = on_refused
         self._jwt: str | None = None
-        #: when the current JWT expires
+        #: when the current JWT expires, by the issuer's clock
         self.expires: dt.datetime | None = None
+        #: when to renew it, on the monotonic clock
+        self._renew_at: float | None = None
         #: set once the first JWT is here
         self.ready = asyncio.Event()
         #: why the issuer refused for good, once it did
@@ -144,10 +148,9 @@ class BootstrapIdentity:
         """
         backoff = Backoff(first=_RETRY_FIRST_S, most=_RETRY_MOST_S)
         while self.refused is None:
-            if self.expires is not None:
-                # at least a second: a clock ahead of the issuer's must not renew in a loop
-                left = (self.expires - dt.datetime.now(dt.UTC)).total_seconds()
-                await asyncio.sleep(max(_RETRY_FIRST_S, left / 2))
+            if self._renew_at is not None:
+                # at least a second: a lifetime of nothing must not renew in a loop
+                await asyncio.sleep(max(_RETRY_FIRST_S, self._renew_at - time.monotonic()))
             while True:
                 outcome = await self._obtain()
                 if outcome is True:
@@ -178,6 +181,7 @@ class BootstrapIdentity:
         if isinstance(reply, Issued):
             first = self._jwt is None
             self._jwt, self.expires = reply.jwt, reply.expires
+            self._renew_at = time.monotonic() + _lifetime(reply) / 2
             if not first:
                 self.renewals += 1
             self._enrolled = True
@@ -244,3 +248,13 @@ class BootstrapIdentity:
         finally:
             await close(nc)
         return decode_bootstrap_reply(msg.data)
+
+
+def _lifetime(issued: Issued) -> float:
+    """
+    Seconds the JWT of ``issued`` is valid from now: the issuer's ``valid_s``; without it
+    (an issuer that does not say), ``expires`` against this drone's clock
+    """
+    if issued.valid_s is not None:
+        return issued.valid_s
+    return (issued.expires - dt.datetime.now(dt.UTC)).total_seconds()

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 
 from remote_agent.agent.bounds import cut
@@ -59,6 +60,9 @@ class PayloadLedger:
         self._finished: dict[str, float] = {}
         self._unknown_seen: set[str] = set()
         self._missing: dict[str, int] = {}
+        #: when each running payload started, on the monotonic clock: its runtime is
+        #: counted there, not by the wall clock of its ``started_at``, which may jump
+        self._started: dict[str, float] = {}
 
     @property
     def capacity(self) -> int:
@@ -85,7 +89,7 @@ class PayloadLedger:
         if len(slot) > MAX_NAME:
             self._counters["strings_cut"] += 1
             slot = cut(slot, MAX_NAME)
-        payloads[job.job_id] = Payload(job_id=job.job_id, slot=slot, started_at=utcnow())
+        self._start(job.job_id, slot)
         self.admitted += 1
         self._changed()
         self._counters["payloads_allowed"] += 1
@@ -131,11 +135,12 @@ class PayloadLedger:
     ) -> None:
         """The payload ``job_id`` ended: it leaves the snapshot"""
         payload = self._status.payloads.pop(job_id, None)
+        started = self._started.pop(job_id, None)
         self._missing.pop(job_id, None)
         _remember(self._finished, job_id)
-        if duration_s is None and payload is not None:
-            duration_s = (utcnow() - payload.started_at).total_seconds()
-        if duration_s is not None and duration_s < 0:
+        if duration_s is None and started is not None:
+            duration_s = time.monotonic() - started
+        if duration_s is not None and not 0 <= duration_s < math.inf:
             duration_s = None
         self._changed()
         self._emitter.emit(
@@ -187,9 +192,14 @@ class PayloadLedger:
             why,
             extra={"drone": self._parts.drone, "job_id": job_id},
         )
-        payloads[job_id] = Payload(job_id=job_id, slot=slot, started_at=utcnow())
+        self._start(job_id, slot)
         self._changed()
         self._emitter.emit(PayloadStarted, job_id=job_id, slot=slot)
+
+    def _start(self, job_id: str, slot: str) -> None:
+        """Enter ``job_id`` into the snapshot's payloads, started now"""
+        self._status.payloads[job_id] = Payload(job_id=job_id, slot=slot, started_at=utcnow())
+        self._started[job_id] = time.monotonic()
 
     def adopt_unknown(self, slots: list[SlotInfo], why: str) -> None:
         """Adopt every job in ``slots`` that is no payload of ours"""
@@ -203,11 +213,11 @@ class PayloadLedger:
             for job_id in [j for j, at in table.items() if now - at > _FORGET_S]:
                 del table[job_id]
         running = {slot.job_id for slot in slots if slot.job_id}
-        for job_id, payload in list(self._status.payloads.items()):
+        for job_id in list(self._status.payloads):
             if job_id in running:
                 self._missing.pop(job_id, None)
                 continue
-            if (utcnow() - payload.started_at).total_seconds() < self._parts.settings.poll_s:
+            if now - self._started.get(job_id, 0.0) < self._parts.settings.poll_s:
                 continue  # too young to be listed yet
             self._missing[job_id] = misses = self._missing.get(job_id, 0) + 1
             if misses >= 2:

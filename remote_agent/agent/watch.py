@@ -30,7 +30,6 @@ from remote_agent.protocol.events import (
     GateOpened,
     RecordPhase,
     Released,
-    utcnow,
 )
 from remote_agent.protocol.phases import CLOSED_PHASES
 
@@ -126,7 +125,7 @@ class RecordWatch:
             status.claimed = True
             self._claimed_incarnation = record.incarnation
             intent = record.drain or DrainIntent(
-                deadline=utcnow(),
+                deadline=record.at,  # due at once: the self-drain's time counts (below)
                 reason=record.note or f"handshake record is {phase}",
                 requested_at=record.at,
             )
@@ -233,7 +232,7 @@ class RecordWatch:
 
     def _record_intent(self, intent: DrainIntent) -> DrainIntent:
         """
-        A drain intent read from the record, with a deadline no sooner than a self-drain's
+        A drain intent read from the record, due no sooner than a self-drain's
 
         The record's value may not be the manager's: the server stores on a
         record's subject what other drones make it send there (a reply subject
@@ -242,7 +241,8 @@ class RecordWatch:
         in the drone's removal, counts at once only when it comes as a command,
         which only the manager can send.
         """
-        earliest = utcnow() + dt.timedelta(seconds=self._parts.settings.self_drain_deadline_s)
-        if intent.deadline >= earliest:
+        least = self._parts.settings.self_drain_deadline_s
+        if intent.duration_s >= least:
             return bounded_intent(intent)
-        return bounded_intent(msgspec.structs.replace(intent, deadline=earliest))
+        deadline = intent.requested_at + dt.timedelta(seconds=least)
+        return bounded_intent(msgspec.structs.replace(intent, deadline=deadline))

@@ -27,14 +27,12 @@ import nkeys
 
 from remote_agent.protocol.codec import Codec
 from remote_agent.protocol.events import Message
-from remote_agent.protocol.fields import Token, UtcTime, check_tokens
+from remote_agent.protocol.fields import Seconds, Token, UtcTime, check_tokens
 
 #: bytes of randomness in a bootstrap token
 TOKEN_BYTES: Final = 32
 #: the largest bootstrap request or reply the issuer or an agent reads
 MAX_BOOTSTRAP_MESSAGE: Final = 8 * 1024
-#: how far a request's ``at`` may lie from the issuer's clock, seconds
-MAX_CLOCK_SKEW_S: Final = 300.0
 #: the environment variable the token reaches the drone in (TARDIS adds ``TardisDrone``)
 TOKEN_ENV_KEY: Final = "CobaldRemoteToken"
 
@@ -70,10 +68,18 @@ class RenewRequest(_Request, frozen=True, kw_only=True, tag="renew"):
 
 
 class Issued(Message, frozen=True, kw_only=True, tag="issued"):
-    """The issuer's answer: a user JWT for the request's key, valid until ``expires``"""
+    """
+    The issuer's answer: a user JWT for the request's key, valid until ``expires``
+
+    ``expires`` is by the issuer's clock; an agent renews by ``valid_s``, counted on its
+    own monotonic clock from the answer, so a drone whose clock is wrong renews in time.
+    """
 
     jwt: Annotated[str, msgspec.Meta(max_length=MAX_BOOTSTRAP_MESSAGE)]
     expires: UtcTime
+    #: seconds the JWT is valid from when it was issued (``None``: not said; the agent
+    #: then takes ``expires`` against its own clock)
+    valid_s: Seconds | None = None
 
 
 class Refusal(enum.StrEnum):
@@ -86,7 +92,9 @@ class Refusal(enum.StrEnum):
     EXPIRED = "expired"  #: the token expired before its first use
     ENDED = "ended"  #: the drone has ended: it gets no new identity
     REVOKED = "revoked"  #: an operator revoked the drone
-    STALE = "stale"  #: the request's ``at`` is too far from the issuer's clock
+    #: reserved: not sent by this project's issuer, which does not judge a drone's clock;
+    #: an agent asks again
+    STALE = "stale"
     THROTTLED = "throttled"  #: too many requests from the site: try again later
     UNAVAILABLE = "unavailable"  #: the issuer cannot decide now: try again later
 

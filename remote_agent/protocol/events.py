@@ -49,12 +49,23 @@ class Payload(msgspec.Struct, frozen=True, kw_only=True, gc=False):
 
 
 class DrainIntent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
-    """A request to drain by an absolute deadline (UTC)"""
+    """
+    A request to drain by a deadline, both times from the clock of its writer
+
+    What counts is :attr:`duration_s`, the difference of the two: the agent counts it on
+    its monotonic clock from when it received the intent, the manager from when the bus
+    stored it, so neither compares its clock with the other's.
+    """
 
     deadline: UtcTime
     reason: str = ""
     request_id: str = ""
     requested_at: UtcTime
+
+    @property
+    def duration_s(self) -> float:
+        """Seconds from the request to the deadline, by the writer's clock (0 if before it)"""
+        return max(0.0, (self.deadline - self.requested_at).total_seconds())
 
 
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):

@@ -88,7 +88,11 @@ def _issued(at: dt.datetime) -> bs.Issued:
     iat = int(at.timestamp())
     signer = nkeys.from_seed(bytearray(SIGNING_SEED.encode()))
     jwt = encode_jwt(drone_jwt_claims(iat), signer)
-    return bs.Issued(jwt=jwt, expires=dt.datetime.fromtimestamp(iat + JWT_VALID_S, dt.UTC))
+    return bs.Issued(
+        jwt=jwt,
+        expires=dt.datetime.fromtimestamp(iat + JWT_VALID_S, dt.UTC),
+        valid_s=float(JWT_VALID_S),
+    )
 
 
 ENROLL = bs.EnrollRequest(**_signed("enroll", ENROLLED_AT), token=TOKEN)

@@ -254,7 +254,8 @@ def test_never_before_the_deadline_of_a_drain_its_record_holds() -> None:
     drone = FakeDrone(SITE, DRONE)
     _lost(registry, drone, 100.0)
     deadline = dt.datetime.fromtimestamp(100.0 + 3 * RETAIN_LOST, dt.UTC)
-    intent = ev.DrainIntent(deadline=deadline, requested_at=deadline, request_id="r1")
+    requested = dt.datetime.fromtimestamp(100.0, dt.UTC)
+    intent = ev.DrainIntent(deadline=deadline, requested_at=requested, request_id="r1")
     record = ev.DroneRecord(
         site=SITE,
         drone=DRONE,

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import datetime as dt
+
 import msgspec
 import pytest
 from support.drones import FakeDrone
@@ -16,6 +18,16 @@ from remote_agent.protocol.proof import record_proof
 _PHASES: list[ev.RecordPhase | None] = [None, *ev.RecordPhase]
 
 
+def _intent(duration_s: float) -> ev.DrainIntent:
+    """A drain intent of ``duration_s``, written by a clock that is a year behind"""
+    requested = dt.datetime(2025, 3, 18, tzinfo=dt.UTC)
+    return ev.DrainIntent(
+        deadline=requested + dt.timedelta(seconds=duration_s),
+        requested_at=requested,
+        request_id="r1",
+    )
+
+
 def _view(phase: ev.RecordPhase | None, writer: str, lost: bool) -> DroneView:
     """A drone last heard from at 1000 s; lost at 2000 s with lost_after 90 s"""
     registry = Registry(NS, lost_after_s=90)
@@ -24,6 +36,9 @@ def _view(phase: ev.RecordPhase | None, writer: str, lost: bool) -> DroneView:
     apply_event(registry, drone.heartbeat(), 1000.0 if lost else 1950.0)
     if phase is not None:
         record = make_record(phase, writer)
+        if phase is ev.RecordPhase.DEADLINE_EXPIRED:
+            # a drain due at once, so that the agent's word is the manager's too
+            record = msgspec.structs.replace(record, drain=_intent(0.0))
         if writer == "manager":
             record = msgspec.structs.replace(record, proof=record_proof(PROOF_KEY, record))
         # an agent's record is a sign of life of its own: keep it as old as the events

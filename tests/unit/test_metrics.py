@@ -110,6 +110,7 @@ def test_render_with_only_a_registry_names_no_other_family() -> None:
         "cobald_remote_drone_records",
         "cobald_remote_drones_lost",
         "cobald_remote_drones_ended",
+        "cobald_remote_drones_clock_skewed",
         "cobald_remote_build_info",
     }
     assert "process_resident_memory_bytes" in names
