@@ -45,8 +45,6 @@ from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("cobald.runtime.cobald_remote.registry")
 _rejections = RateLimitedLog(log)
-#: one line a minute for the fleet, however many clocks go off at once
-_clocks = RateLimitedLog(log, interval_s=60.0)
 
 #: default time without any event after which a drone counts as lost: three
 #: heartbeats of the agent's default 30 s interval
@@ -100,6 +98,8 @@ class Registry(RecordMerge):
         self.max_message_bytes = max_message_bytes
         #: drones whose newest heartbeat shows a clock off by more than ``clock_skew_warn_s``
         self._skewed: set[tuple[str, str]] = set()
+        #: one line a minute for the fleet, however many clocks go off at once
+        self._clocks = RateLimitedLog(log, interval_s=60.0)
         self._views: dict[tuple[str, str], DroneView] = {}
         self._ends = EndTracker(self._views, lost_after_s, retain_ended_s, retain_lost_s)
         self._prefix = self.namespace.prefix
@@ -290,7 +290,7 @@ class Registry(RecordMerge):
             return
         self._skewed.add(key)
         offset = view.clock_offset_s or 0.0
-        _clocks.warning(
+        self._clocks.warning(
             "clock",
             "the clock of drone %s/%s is %.0fs %s the server's (or its heartbeats reach the"
             " bus that late); nothing the manager decides reads it, but check the node's time"

@@ -120,9 +120,14 @@ async def test_drain_outcomes(nc: Client, control: Control, store: RecordStore) 
     await store.finish(SITE, drone.drone, drone.incarnation, ev.RecordPhase.DEADLINE_EXPIRED)
     expired = await control.drain(SITE, drone.drone)
     assert expired.outcome is DrainOutcome.DEADLINE_EXPIRED
+    # the agent's word on its deadline counts once the manager's clock agrees
     assert control.may_remove(SITE, drone.drone, lbs_running=True).reason is (
-        Removal.DEADLINE_EXPIRED
+        Removal.DEADLINE_NOT_DUE
     )
+    assert unanswered.intent is not None
+    due = unanswered.intent.deadline.timestamp()
+    verdict = control.may_remove(SITE, drone.drone, lbs_running=True, now=due)
+    assert verdict.allowed and verdict.reason is Removal.DEADLINE_EXPIRED
     await store.finish(SITE, drone.drone, drone.incarnation, ev.RecordPhase.DRAINED)
     drained = await control.drain(SITE, drone.drone)
     assert drained.outcome is DrainOutcome.ALREADY_DRAINED
