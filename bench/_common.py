@@ -83,6 +83,7 @@ class SecuredBus:
     authority: Authority
     authority_file: Path
     manager_creds: Path
+    namespace: Namespace
     tmp: Path
 
     @property
@@ -111,13 +112,14 @@ async def secured_bus(
         )
         creds = tmp / "manager.creds"
         creds.write_text(manager_credentials(authority))
+        namespace = namespace or Namespace()
         async with EmbeddedServer(tmp / "nats", config_file=config) as server:
             nc = await nats.connect(server.url, user_credentials=str(creds))
             try:
-                await provision(nc.jetstream(), Topology(namespace=namespace or Namespace()))
+                await provision(nc.jetstream(), Topology(namespace=namespace))
             finally:
                 await nc.close()
-            yield SecuredBus(server, authority, authority_file, creds, tmp)
+            yield SecuredBus(server, authority, authority_file, creds, namespace, tmp)
 
 
 def fleet_events(
@@ -191,14 +193,25 @@ def fleet_events(
     return out
 
 
-def agent_settings(bus: Bus, site: str, drone: str, heartbeat_s: float = 3600.0) -> Any:
-    """In-process agent settings: no startd, a sleeping worker, quick to end once drained"""
+def agent_settings(
+    bus: Bus | SecuredBus,
+    site: str,
+    drone: str,
+    heartbeat_s: float = 3600.0,
+    creds: Path | None = None,
+) -> Any:
+    """
+    In-process agent settings: no startd, a sleeping worker, quick to end once drained
+
+    :param creds: the drone's credentials file (a :class:`SecuredBus` wants them)
+    """
     from remote_agent.settings import Settings
 
     settings = Settings(
         site=site,
         drone=drone,
         servers=(bus.url,),
+        creds=creds,
         worker_command=("sleep", "1000"),
         spool_dir=bus.tmp / f"spool-{drone}",
         gate_socket=bus.tmp / f"gate-{drone}.sock",

@@ -3,8 +3,9 @@ The drones of the flood benchmark: the honest ones, and the one flooding
 
 An honest drone publishes what an agent publishes, each event awaiting its PubAck and
 noted by its bytes for the manager's side to find; the flooder (run in a process of its
-own) publishes valid events of its own and invalid ones as fast as its connection takes
-them, never waiting for an ack.
+own) publishes as fast as its connection takes them, never waiting for an ack, either
+valid events that flip its facts (each one wakes its TARDIS drone) or valid events of its
+own mixed with invalid ones.
 """
 
 from __future__ import annotations
@@ -15,8 +16,10 @@ import datetime as dt
 import random
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
 import _common
+import msgspec
 from nats.aio.client import Client
 
 from remote_agent.protocol import events as ev
@@ -64,7 +67,7 @@ class Honest:
     seq: int
     rng: random.Random
     payloads: list[ev.Payload] = field(default_factory=list)
-    #: encoded event -> (its index, perf_counter at publish)
+    #: encoded event -> (its index, time.monotonic() at publish)
     pending: dict[bytes, tuple[int, float]] = field(default_factory=dict)
     published: int = 0
     seen: int = -1
@@ -96,7 +99,7 @@ async def honest_loop(drone: Honest, interval_s: float, stop: asyncio.Event) -> 
     while not stop.is_set():
         message = drone.next_event()
         data = ev.encode(message)
-        drone.pending[data] = (drone.published, time.perf_counter())
+        drone.pending[data] = (drone.published, time.monotonic())
         drone.published += 1
         subject = NS.event(SITE, drone.name, ev.kind_of(type(message)))
         with contextlib.suppress(Exception):  # a lost publish shows as a missing sample
@@ -125,7 +128,44 @@ def flood_messages(drone: str) -> list[tuple[str, bytes, dict[str, str] | None]]
     ]
 
 
-async def flooder(url: str, creds: str, duration_s: float) -> None:
+def flip(drone: str, seq: int) -> ev.Event:
+    """
+    The flooder's valid event ``seq``: each changes a fact TARDIS's answers read
+
+    In turn: a payload starts (busy), the gate closes, the payload ends (idle), the gate
+    opens; every one a lifecycle step with the drone's whole snapshot, never a drain.
+    """
+    step = seq % 4
+    running = [ev.Payload(job_id="1.0", slot="slot1_1", started_at=T0)] if step in (0, 1) else []
+    if step == 0:
+        message = event(ev.PayloadStarted, drone, seq, running, job_id="1.0")
+    elif step == 1:
+        message = event(ev.GateClosed, drone, seq, running)
+    elif step == 2:
+        message = event(
+            ev.PayloadFinished, drone, seq, running, job_id="1.0", how=ev.PayloadEnd.EXIT
+        )
+    else:
+        message = event(ev.GateOpened, drone, seq, running)
+    if step in (1, 2):  # the gate is shut from its closing to its opening
+        message = msgspec.structs.replace(
+            message, snapshot=msgspec.structs.replace(message.snapshot, gate_open=False)
+        )
+    return message
+
+
+#: what the flooder sends: only valid events that flip its facts, or the mix of valid and
+#: invalid ones (:func:`flood_messages`)
+FLOOD_MODES = ("flips", "mix")
+
+
+async def flooder(url: str, creds: str, duration_s: float, mode: str) -> dict[str, Any]:
+    """
+    Publish for ``duration_s`` as fast as the connection takes it, never waiting for an ack
+
+    :param mode: one of :data:`FLOOD_MODES`
+    """
+
     async def quiet(err: Exception) -> None:
         pass
 
@@ -137,23 +177,44 @@ async def flooder(url: str, creds: str, duration_s: float) -> None:
         pending_size=32 * 1024 * 1024,
     )
     invalid = flood_messages(FLOODER)
-    seq, sent = 10**15, 0
-    deadline = time.monotonic() + duration_s
+    seq, sent, valid = 10**15, 0, 0
     payloads = [ev.Payload(job_id=f"{i}.0", slot=f"slot1_{i}", started_at=T0) for i in range(8)]
+    cpu, started = _common.cpu_seconds(), time.monotonic()
+    deadline = started + duration_s
     while time.monotonic() < deadline:
         for _ in range(200):
             seq += 1
-            kind = ev.Heartbeat if seq % 2 else ev.PayloadStarted
-            fields: dict[str, object] = (
-                {"interval_s": 30.0} if kind is ev.Heartbeat else {"job_id": "1.0"}
-            )
-            valid = event(kind, FLOODER, seq, payloads, **fields)
-            subject = NS.event(SITE, FLOODER, ev.kind_of(kind))
-            await nc.publish(subject, ev.encode(valid), headers={"Nats-Msg-Id": valid.id})
-            subject, data, headers = invalid[seq % len(invalid)]
-            await nc.publish(subject, data, headers=headers)
-            sent += 2
-        with contextlib.suppress(Exception):
-            await nc.flush(timeout=5)
+            if mode == "flips":
+                message = flip(FLOODER, seq)
+            else:
+                kind = ev.Heartbeat if seq % 2 else ev.PayloadStarted
+                fields: dict[str, object] = (
+                    {"interval_s": 30.0} if kind is ev.Heartbeat else {"job_id": "1.0"}
+                )
+                message = event(kind, FLOODER, seq, payloads, **fields)
+            subject = NS.event(SITE, FLOODER, ev.kind_of(type(message)))
+            await nc.publish(subject, ev.encode(message), headers={"Nats-Msg-Id": message.id})
+            sent += 1
+            valid += 1
+            if mode == "mix":
+                subject, data, headers = invalid[seq % len(invalid)]
+                await nc.publish(subject, data, headers=headers)
+                sent += 1
+    seconds = time.monotonic() - started
+    with contextlib.suppress(Exception):
+        await nc.flush(timeout=30)
     await nc.close()
-    print(sent)
+    return {"sent": sent, "valid": valid, "seconds": seconds, "cpu_s": _common.cpu_seconds() - cpu}
+
+
+async def announce(url: str, creds: str) -> None:
+    """The flooder's first event, as an agent's: up and idle (its TARDIS drone comes up)"""
+    nc = await connect(url, user_credentials=creds, inbox_prefix=f"_INBOX_{FLOODER}")
+    try:
+        message = flip(FLOODER, 10**15 - 1)  # the gate opens, idle
+        subject = NS.event(SITE, FLOODER, ev.kind_of(type(message)))
+        await nc.jetstream().publish(
+            subject, ev.encode(message), headers={"Nats-Msg-Id": message.id}
+        )
+    finally:
+        await nc.close()

@@ -34,25 +34,19 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import contextlib
-import datetime as dt
 import random
 import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import _common
-from _common import Bus, percentiles
-from nats.js.api import ConsumerConfig, DeliverPolicy
+from _common import percentiles
+from _tardis import ROWS, BenchSite, BlindOverlay, States, lags, read_stream, wait_for
 from tardis.agents.batchsystemagent import BatchSystemAgent
 from tardis.agents.siteagent import SiteAgent
-from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStatus
-from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.resources.drone import Drone
-from tardis.utilities.attributedict import AttributeDict
 
-from broker.jetstream.reads import read_all
 from broker.tardis.drone import EventDrone
 from broker.tardis_adapter import (
     BusConfig,
@@ -61,122 +55,12 @@ from broker.tardis_adapter import (
     RemoteSiteAdapter,
     TardisStateNotes,
 )
-from remote_agent.agent import Agent
-from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 
 SITE_NAME = "Bench"
 SITE = "bench"
 GOAL_P99_MS = 100.0
 GOAL_RATIO = 100.0
-
-#: the lags reported: (row, from the agent's event kind, to TARDIS's first state of these)
-ROWS: Sequence[tuple[str, str, tuple[str, ...]]] = (
-    ("agent up -> Integrating", "up", ("IntegratingState", "AvailableState")),
-    ("agent up -> Available", "up", ("AvailableState",)),
-    ("drained -> Down", "drained", ("DownState",)),
-    ("agent_exiting -> Down", "agent_exiting", ("DownState",)),
-)
-
-
-class BenchSite(SiteAdapter):  # type: ignore[misc]
-    """A site whose jobs are in-process agents, started after a queue delay"""
-
-    def __init__(self, bus: Bus, heartbeat_s: int, rng: random.Random) -> None:
-        self._bus = bus
-        self._heartbeat_s = heartbeat_s
-        self._rng = rng
-        self._machine_type = "m1"
-        self._site_name = SITE_NAME
-        self.agents: dict[str, asyncio.Task[int]] = {}
-        self.started: set[str] = set()
-
-    async def deploy_resource(self, resource_attributes: Any) -> Any:
-        drone = str(resource_attributes["drone_uuid"])
-        self.agents[drone] = asyncio.create_task(self._job(drone, self._rng.uniform(0.2, 1.0)))
-        return AttributeDict(remote_resource_uuid=drone, resource_status=ResourceStatus.Booting)
-
-    async def _job(self, drone: str, queued_s: float) -> int:
-        await asyncio.sleep(queued_s)
-        self.started.add(drone)
-        return await Agent(_common.agent_settings(self._bus, SITE, drone, 30.0)).run()
-
-    async def resource_status(self, resource_attributes: Any) -> Any:
-        drone = str(resource_attributes["drone_uuid"])
-        task = self.agents.get(drone)
-        if task is None or task.done():
-            status = ResourceStatus.Deleted
-        else:
-            status = ResourceStatus.Running if drone in self.started else ResourceStatus.Booting
-        return AttributeDict(resource_status=status)
-
-    async def stop_resource(self, resource_attributes: Any) -> None:
-        return None  # the agent ends its own job once drained
-
-    async def terminate_resource(self, resource_attributes: Any) -> None:
-        task = self.agents.get(str(resource_attributes["drone_uuid"]))
-        if task is not None:
-            task.cancel()
-
-    @contextlib.contextmanager
-    def handle_exceptions(self) -> Iterator[None]:
-        yield
-
-    @property
-    def machine_meta_data(self) -> Any:
-        return AttributeDict(Cores=1, Memory=1, Disk=1)
-
-    @property
-    def drone_heartbeat_interval(self) -> int:
-        return self._heartbeat_s
-
-    @property
-    def drone_minimum_lifetime(self) -> None:
-        return None
-
-
-class BlindOverlay(BatchSystemAdapter):  # type: ignore[misc]
-    """An overlay batch system that knows nothing: every answer comes from the agents"""
-
-    async def integrate_machine(self, drone_uuid: str) -> None:
-        return None
-
-    async def disintegrate_machine(self, drone_uuid: str) -> None:
-        return None
-
-    async def drain_machine(self, drone_uuid: str) -> None:
-        return None
-
-    async def get_machine_status(self, drone_uuid: str) -> MachineStatus:
-        return MachineStatus.NotAvailable
-
-    async def get_allocation(self, drone_uuid: str) -> float:
-        return 0.0
-
-    async def get_utilisation(self, drone_uuid: str) -> float:
-        return 0.0
-
-    @property
-    def machine_meta_data_translation_mapping(self) -> Any:
-        return AttributeDict(Cores=1, Memory=1, Disk=1)
-
-
-class States:
-    """A TARDIS plugin: each drone's latest state, by uuid"""
-
-    def __init__(self) -> None:
-        self.latest: dict[str, str] = {}
-
-    async def notify(self, state: Any, resource_attributes: Any) -> None:
-        self.latest[str(resource_attributes["drone_uuid"])] = str(state)
-
-
-async def wait_for(predicate: Any, timeout_s: float, what: str) -> None:
-    deadline = time.monotonic() + timeout_s
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise TimeoutError(f"timed out waiting for {what}")
-        await asyncio.sleep(0.05)
 
 
 async def drain_all(remote: RemoteBus, drones: Sequence[str], spread_s: float, seed: int) -> None:
@@ -191,41 +75,6 @@ async def drain_all(remote: RemoteBus, drones: Sequence[str], spread_s: float, s
     await asyncio.gather(*(drain(drone) for drone in drones))
 
 
-async def read_stream(bus: Bus) -> list[ev.Event | ev.TardisState]:
-    """Every agent event and TARDIS note of the run, in stream order"""
-    found: list[ev.Event | ev.TardisState] = []
-
-    def collect(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:
-        with contextlib.suppress(Exception):
-            found.append(ev.decode_note(data) if ".mgr." in subject else ev.decode_event(data))
-
-    prefix = f"{bus.namespace.prefix}.{SITE}."
-    config = ConsumerConfig(deliver_policy=DeliverPolicy.ALL, filter_subjects=[f"{prefix}>"])
-    await read_all(bus.nc, bus.js, bus.namespace.event_stream, config, collect, headers=True)
-    return found
-
-
-def lags(messages: Sequence[ev.Event | ev.TardisState], drones: set[str]) -> dict[str, list[float]]:
-    """The lags of :data:`ROWS` (seconds) over ``drones``, from the stream's messages"""
-    out: dict[str, list[float]] = {}
-    for row, start, targets in ROWS:
-        found: list[float] = []
-        begun: dict[str, dt.datetime] = {}
-        taken: set[str] = set()  # each drone's first matching event only
-        for message in messages:
-            drone = message.drone
-            if drone not in drones:
-                continue
-            if isinstance(message, ev.TardisState):
-                if drone in begun and message.state in targets:
-                    found.append((message.at - begun.pop(drone)).total_seconds())
-            elif drone not in taken and start in ("up", ev.kind_of(type(message))):
-                begun[drone] = message.at
-                taken.add(drone)
-        out[row] = found
-    return out
-
-
 async def run(n: int, heartbeat_s: int, seed: int) -> dict[str, Any]:
     namespace = Namespace("benchlag")
     rng = random.Random(seed)
@@ -238,7 +87,12 @@ async def run(n: int, heartbeat_s: int, seed: int) -> dict[str, Any]:
         )
         bus_task = asyncio.create_task(remote.run())
         assert await remote.wait_ready(30), "the bus did not connect"
-        site = BenchSite(bus, heartbeat_s, rng)
+        site = BenchSite(
+            lambda drone: _common.agent_settings(bus, SITE, drone, 30.0),
+            heartbeat_s,
+            rng,
+            SITE_NAME,
+        )
         site_agent = SiteAgent(RemoteSiteAdapter(site, remote))
         batch_agent = BatchSystemAgent(RemoteBatchSystemAdapter(BlindOverlay(), remote))
         states = States()
@@ -279,7 +133,7 @@ async def run(n: int, heartbeat_s: int, seed: int) -> dict[str, Any]:
             remote.stop()
             await asyncio.wait_for(bus_task, 30)
         seconds = time.monotonic() - started
-        messages = await read_stream(bus)
+        messages = await read_stream(bus.nc, namespace, SITE, set(uuids))
     report: dict[str, Any] = {
         "drones_per_mode": n,
         "heartbeat_s": heartbeat_s,
@@ -289,7 +143,10 @@ async def run(n: int, heartbeat_s: int, seed: int) -> dict[str, Any]:
     }
     for mode, drones in modes.items():
         names = {d.resource_attributes.drone_uuid for d in drones}
-        report["modes"][mode] = {row: percentiles(v) for row, v in lags(messages, names).items()}
+        report["modes"][mode] = {
+            row: percentiles([lag for _, lag in found])
+            for row, found in lags(messages, names).items()
+        }
     report["state_runs"] = {
         mode: sum(getattr(d, "state_runs", 0) for d in drones) for mode, drones in modes.items()
     }
