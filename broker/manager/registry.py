@@ -292,12 +292,13 @@ class Registry(RecordMerge):
         offset = view.clock_offset_s or 0.0
         self._clocks.warning(
             "clock",
-            "the clock of drone %s/%s is %.0fs %s the server's (or its heartbeats reach the"
-            " bus that late); nothing the manager decides reads it, but check the node's time"
-            " service",
+            "the clock of drone %s/%s is %.0fs (%.1f h) %s the server's (or its heartbeats"
+            " reach the bus that late); nothing the manager decides reads it, but check the"
+            " node's time service",
             view.site,
             view.drone,
             abs(offset),
+            abs(offset) / 3600,
             "ahead of" if offset > 0 else "behind",
             extra={"site": view.site, "drone": view.drone, "clock_offset_s": offset},
         )

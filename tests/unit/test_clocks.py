@@ -229,7 +229,7 @@ def test_the_flag_follows_the_newest_heartbeat_and_leaves_with_the_drone(
     drone = _drone(DAY)
     apply_event(registry, drone.heartbeat(), NOW, stream_seq=1)
     assert registry.metrics().clock_skewed == 1
-    assert "is 86400s ahead of the server's" in caplog.text
+    assert "is 86400s (24.0 h) ahead of the server's" in caplog.text
     drone.clock = _utc(NOW + 29)  # its time service caught up
     apply_event(registry, drone.heartbeat(), NOW + 30, stream_seq=2)
     assert registry.metrics().clock_skewed == 0
