@@ -67,8 +67,11 @@ class Registry(RecordMerge):
     :param retain_lost_s: seconds after the newest fact about a drone that has not ended
         (lost, or never heard from) before :meth:`due_retirements` offers it; ``0``:
         never. Taken as at least ``lost_after_s``, so that no drone that speaks is offered
-    :param clock_skew_warn_s: an agent whose clock is off the server's by more is warned
-        about and counted in :attr:`clock_skewed` (:meth:`DroneView.clock_skewed`)
+    :param clock_skew_warn_s: an agent whose clock is off the server's by more is counted
+        (:attr:`Metrics.clock_skewed`, :meth:`DroneView.clock_skewed`) and, with
+        ``warn_clocks``, warned about in the log
+    :param warn_clocks: log a line when a drone's clock goes off (the manager does; a tool
+        that shows the offset itself, such as ``status``, does not)
     """
 
     def __init__(
@@ -80,6 +83,7 @@ class Registry(RecordMerge):
         retain_ended_s: float = DEFAULT_RETAIN_ENDED_S,
         retain_lost_s: float = DEFAULT_RETAIN_LOST_S,
         clock_skew_warn_s: float = DEFAULT_CLOCK_SKEW_WARN_S,
+        warn_clocks: bool = True,
     ) -> None:
         for name, value in (
             ("lost_after_s", lost_after_s),
@@ -95,6 +99,7 @@ class Registry(RecordMerge):
         self.namespace = namespace or Namespace()
         self.lost_after_s = lost_after_s
         self.clock_skew_warn_s = clock_skew_warn_s
+        self.warn_clocks = warn_clocks
         self.max_message_bytes = max_message_bytes
         #: drones whose newest heartbeat shows a clock off by more than ``clock_skew_warn_s``
         self._skewed: set[tuple[str, str]] = set()
@@ -289,6 +294,8 @@ class Registry(RecordMerge):
         if key in self._skewed:
             return
         self._skewed.add(key)
+        if not self.warn_clocks:
+            return
         offset = view.clock_offset_s or 0.0
         self._clocks.warning(
             "clock",

@@ -191,7 +191,7 @@ async def read_timeline(
         filter_subjects=[f"{root}.evt.>", f"{root}.mgr.>"],
     )
     messages: list[tuple[int, Message]] = []
-    registry = Registry(namespace, lost_after_s=lost_after_s)
+    registry = Registry(namespace, lost_after_s=lost_after_s, warn_clocks=False)
     apply = event_reader(registry, None)
 
     def collect(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:

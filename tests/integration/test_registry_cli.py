@@ -62,18 +62,21 @@ async def test_status_table_and_json(
         "FACT",
         "LOST/ENDED",
         "RECORD",
+        "CLOCK",
     ]
     rows = {line.split()[0]: line.split() for line in lines[1:]}
     assert done.drone not in rows
     assert rows[busy.drone][1:4] == [SITE, "busy", "1"]
-    assert rows[busy.drone][-2:] == ["-", "up"]
+    assert rows[busy.drone][-3:-1] == ["-", "up"]
+    # the fake drones' clocks stand in March: months behind the server's
+    assert rows[busy.drone][-1].startswith("-") and rows[busy.drone][-1].endswith("d")
     assert rows[idle.drone][1:4] == ["site2", "idle", "0"]
     assert rows["site1-00000000d1"][1:4] == [SITE, "-", "0"]
-    assert rows["site1-00000000d1"][-1] == "released"
+    assert rows["site1-00000000d1"][-2:] == ["released", "-"]  # no heartbeat, no clock
 
     code, out, err = await run_process(*CLI, "status", "--ended", "--server", nats_server.url)
     ended = [line.split() for line in out.splitlines() if line.startswith(done.drone)]
-    assert ended[0][-3:] == ["ended:", "drained", "drained"]
+    assert ended[0][-4:-1] == ["ended:", "drained", "drained"]
     assert err == "4 drones: 0 lost, 1 ended\n"
 
     code, out, err = await run_process(
