@@ -47,7 +47,7 @@ from remote_agent.gate.messages import GateDecisionReply, PrepareJobRequest
 from remote_agent.gate.paths import GATE_ENV, PYTHON_ENV
 from remote_agent.gate.server import GateServer
 from remote_agent.htcondor import GATE_ATTRIBUTE, CondorStartd
-from remote_agent.interfaces import GATE_CLOSED_STATUS, SlotInfo
+from remote_agent.interfaces import GATE_CLOSED_STATUS, JobStart, SlotInfo
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.limits import MAX_JOB_ID
@@ -463,3 +463,38 @@ async def test_a_payload_reporting_ends_that_did_not_happen_changes_nothing(
             assert [p.job_id for p in agent.payloads] == ["22.0"]
     finally:
         await gate.close()
+
+
+async def test_a_flood_of_job_exits_costs_one_listing_of_the_startd(
+    tmp_path: Path, nats_server: EmbeddedServer, store: RecordStore
+) -> None:
+    class Counting(FakeStartd):
+        listings = 0
+
+        async def slots(self) -> list[SlotInfo]:
+            self.listings += 1
+            return await super().slots()
+
+    startd = Counting(slots=2)
+    # polled once, when it is ready: every later listing confirms JOB_EXIT reports
+    agent = Agent(
+        settings(tmp_path, nats_server.url, startd=True, slots=2, poll_s=3600.0), startd=startd
+    )
+    async with running(agent):
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
+        for slot, job_id in enumerate(JOBS):
+            assert agent.prepare_job(JobStart(job_id, f"slot1_{slot}")).allow
+            startd.run_job(slot, job_id)
+        before = startd.listings
+        for _ in range(500):
+            agent.job_exited(JOBS[0], ev.PayloadEnd.EXIT, 0, None)
+        await wait_until(
+            lambda: agent.counters["job_exits_unconfirmed"] == 1, what="the reports confirmed"
+        )
+        assert startd.listings == before + 1
+        assert {p.job_id for p in agent.payloads} == set(JOBS)
+        startd.run_job(0, None)  # it really ends, and its starter reports it
+        agent.job_exited(JOBS[0], ev.PayloadEnd.EXIT, 5, None)
+        await wait_until(lambda: len(agent.payloads) == 1, what="the end confirmed")
+        assert [p.job_id for p in agent.payloads] == [JOBS[1]]
+        assert startd.listings == before + 2
