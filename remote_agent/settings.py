@@ -9,6 +9,7 @@ comes from the environment TARDIS gives each drone job (``TardisDroneUuid``).
 from __future__ import annotations
 
 import hashlib
+import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
@@ -227,12 +228,17 @@ class Settings:
 
     def _check_numbers(self) -> None:
         """:raises SettingsError: if a time, the slots or the spool's size is out of range"""
+        # finite: a heartbeat's interval goes on the wire, where infinity is invalid
         for name in ("heartbeat_s", "poll_s", "publish_timeout_s", "reconnect_wait_s"):
-            if not getattr(self, name) > 0:
-                raise SettingsError(f"{name} must be positive, not {getattr(self, name)}")
+            if not 0 < getattr(self, name) < math.inf:
+                raise SettingsError(
+                    f"{name} must be a finite positive number, not {getattr(self, name)}"
+                )
         for name in ("end_grace_s", "kill_after_s", "exit_flush_s", "self_drain_deadline_s"):
-            if not getattr(self, name) >= 0:
-                raise SettingsError(f"{name} must not be negative, not {getattr(self, name)}")
+            if not 0 <= getattr(self, name) < math.inf:
+                raise SettingsError(
+                    f"{name} must be a finite number >= 0, not {getattr(self, name)}"
+                )
         if self.slots < 0:
             raise SettingsError(f"slots must not be negative, not {self.slots}")
         if self.spool_max_events < 10:

@@ -33,6 +33,7 @@ from remote_agent.protocol.names import (
     PENDING_MESSAGES,
     STATUS,
 )
+from remote_agent.protocol.transient import is_transient
 
 log = logging.getLogger("cobald.runtime.cobald_remote.consumer")
 
@@ -192,8 +193,10 @@ class PullConsumer:
     async def _check_exists(self) -> None:
         try:
             response = await self.nc.request(self._info_api, b"", timeout=2.0)
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError):
-            return  # no answer says nothing; try again later
+        except (nats.errors.Error, TimeoutError) as err:
+            if is_transient(err):
+                return  # no answer says nothing; try again later
+            raise
         try:
             body = json.loads(response.data or b"{}")
         except ValueError:

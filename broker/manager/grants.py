@@ -4,12 +4,17 @@ The bootstrap grants: one per drone TARDIS submitted, in a KV bucket of the mana
 A grant holds the hash of the drone's one-time token, when the token expires, and once
 the drone enrolled, its public key. Its rule: every change is a compare-and-set on the
 revision that was read, so of two uses of one token exactly one wins, whichever manager
-process or restart sees them. Drones and bootstrap identities cannot read the bucket.
+process or restart sees them. Drones and bootstrap identities cannot read the bucket. A read
+or write that fails transiently (:mod:`remote_agent.protocol.transient`) is made again; a
+write is first compared with what the bucket holds then, as it may have been stored.
 """
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
+import logging
+import time
 from typing import Final
 
 import msgspec
@@ -17,12 +22,17 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
+from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.bootstrap import PublicKey, new_token, token_hash
 from remote_agent.protocol.buckets import bind_bucket
 from remote_agent.protocol.codec import Codec
 from remote_agent.protocol.events import Message, encode
 from remote_agent.protocol.fields import Token, UtcTime, check_tokens
 from remote_agent.protocol.names import Namespace, kv_stream, kv_subjects
+from remote_agent.protocol.ratelog import RateLimitedLog
+from remote_agent.protocol.transient import TRANSIENT_BUDGET_S, is_transient, patiently
+
+_failures = RateLimitedLog(logging.getLogger("cobald.runtime.cobald_remote.issuer"))
 
 #: tries of one compare-and-set before it gives up (each loses only to another writer)
 _CAS_TRIES: Final = 8
@@ -74,8 +84,9 @@ class GrantStore:
 
     async def get(self, site: str, drone: str) -> tuple[Grant, int] | None:
         """The drone's grant and its revision, ``None`` if it has none"""
+        key = self._key(site, drone)
         try:
-            entry = await self._kv.get(self._key(site, drone))
+            entry = await patiently(lambda: self._kv.get(key))
         except nats.js.errors.KeyNotFoundError:
             return None
         if entry.value is None or entry.revision is None:
@@ -107,14 +118,8 @@ class GrantStore:
             found = await self.get(site, drone)
             if found is not None and (found[0].public_key is not None or found[0].revoked):
                 return new_token()
-            try:
-                if found is None:
-                    await self._kv.create(self._key(site, drone), encode(grant))
-                else:
-                    await self._kv.update(self._key(site, drone), encode(grant), found[1])
+            if await self._put(grant, None if found is None else found[1]):
                 return token
-            except nats.js.errors.KeyWrongLastSequenceError:
-                continue
         raise GrantError(f"the grant of {site}/{drone} kept changing while minting")
 
     async def enroll(
@@ -152,11 +157,38 @@ class GrantStore:
         raise GrantError(f"the grant of {site}/{drone} kept changing while revoking it")
 
     async def _update(self, grant: Grant, new: Grant, revision: int) -> bool:
-        try:
-            await self._kv.update(self._key(grant.site, grant.drone), encode(new), revision)
-        except nats.js.errors.KeyWrongLastSequenceError:
-            return False
-        return True
+        return await self._put(new, revision)
+
+    async def _put(self, grant: Grant, revision: int | None) -> bool:
+        """
+        Create (``revision is None``) or compare-and-set ``grant``; ``False``: another write won
+
+        :raises: the last transient error once the transient budget has passed
+        """
+        key, value = self._key(grant.site, grant.drone), encode(grant)
+        deadline = time.monotonic() + TRANSIENT_BUDGET_S
+        backoff = Backoff(first=0.05, most=1.0)
+        while True:
+            try:
+                if revision is None:
+                    await self._kv.create(key, value)
+                else:
+                    await self._kv.update(key, value, revision)
+                return True
+            except nats.js.errors.KeyWrongLastSequenceError:
+                return False
+            except Exception as err:
+                if not is_transient(err) or time.monotonic() >= deadline:
+                    raise
+                _failures.warning(
+                    "write failed", "write of grant %s failed, re-reading: %r", key, err
+                )
+            found = await self.get(grant.site, grant.drone)
+            if found is not None and found[0] == grant:
+                return True  # stored before the failure was seen
+            if (None if found is None else found[1]) != revision:
+                return False
+            await asyncio.sleep(min(backoff.delay(), max(0.0, deadline - time.monotonic())))
 
     async def purge(self, site: str, drone: str) -> None:
         """Remove the drone's grant without a marker (its retirement)"""

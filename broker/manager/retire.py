@@ -22,6 +22,7 @@ from broker.manager.grants import GrantStore
 from broker.manager.registry import Registry
 from broker.manager.views import DroneView
 from remote_agent.protocol.ratelog import RateLimitedLog
+from remote_agent.protocol.transient import is_transient
 
 log = logging.getLogger("cobald.runtime.cobald_remote.registry")
 _failures = RateLimitedLog(log)
@@ -84,6 +85,10 @@ async def retire_ended(
                 )
                 purged += 1
             except nats.js.errors.APIError as err:
+                if is_transient(err):  # a bucket between leaders
+                    retried += 1
+                    _retry_later(registry, view, now, "record", err)
+                    continue
                 kept += 1
                 _failures.warning(
                     "purge refused",

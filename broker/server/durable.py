@@ -14,6 +14,7 @@ from nats.js import JetStreamContext
 from nats.js.api import AckPolicy, ConsumerConfig, ConsumerInfo, DeliverPolicy
 
 from broker.errors import ConsumerError
+from remote_agent.protocol.transient import patiently
 
 #: name of the manager's durable consumer on the event stream
 DEFAULT_DURABLE: Final = "cobald-registry"
@@ -86,7 +87,7 @@ async def ensure_consumer(
     """
     name = config.durable_name or config.name or ""
     try:
-        info = await js.consumer_info(stream, name)
+        info = await patiently(lambda: js.consumer_info(stream, name))
     except nats.js.errors.NotFoundError:
         info = None
     except nats.js.errors.APIError as err:
@@ -105,7 +106,8 @@ async def ensure_consumer(
                 "or configure another consumer name"
             )
     try:
-        return await js.add_consumer(stream, config)
+        # the same configuration again is no error: a retry after a transient failure
+        return await patiently(lambda: js.add_consumer(stream, config))
     except nats.js.errors.APIError as err:
         raise ConsumerError(
             f"the server refused consumer {name!r} on stream {stream!r}: {err.description} "

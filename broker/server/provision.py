@@ -23,6 +23,7 @@ from remote_agent.protocol.errors import HandshakeError
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace, kv_stream, kv_subjects
 from remote_agent.protocol.proof import load_proof_key
+from remote_agent.protocol.transient import is_transient, patiently
 
 log = logging.getLogger("cobald.runtime.cobald_remote.provision")
 
@@ -236,10 +237,11 @@ async def ensure_stream(js: JetStreamContext, config: StreamConfig) -> Action:
     assert config.name is not None
     name = config.name
     try:
-        info = await js.stream_info(name)
+        info = await patiently(lambda: js.stream_info(name))
     except nats.js.errors.NotFoundError:
         try:
-            await js.add_stream(config)
+            # repeated after a transient failure it finds the stream made, which is no error
+            await patiently(lambda: js.add_stream(config))
         except nats.js.errors.APIError as err:
             raise ProvisioningError(name, _explain(name, err)) from err
         log.info("created stream %s", name, extra={"stream": name})
@@ -273,7 +275,7 @@ async def _update(
     :returns: the fields changed
     """
     try:
-        await js.update_stream(config)
+        await patiently(lambda: js.update_stream(config))
         return changed
     except nats.js.errors.APIError as err:
         if err.err_code != _CANNOT_CANCEL_DENY_PURGE or not have.deny_purge:
@@ -297,13 +299,29 @@ async def check_jetstream(js: JetStreamContext) -> None:
 
     :raises ProvisioningError: if JetStream does not answer
     """
+    await patiently(lambda: _account_info(js))
+
+
+async def _account_info(js: JetStreamContext) -> None:
+    """
+    Ask for the account's JetStream; a server that answers that it is unavailable for now
+    (a cluster electing its leader) raises the transient error, to be asked again
+
+    :raises ProvisioningError: if nothing answers, or the server refuses
+    """
     no_jetstream = "start nats-server with -js or a jetstream {} block"
     try:
         await js.account_info()
-    except (
-        nats.errors.NoRespondersError,
-        nats.js.errors.ServiceUnavailableError,  # what nats-py makes of "no responders"
-    ) as err:
+    except nats.js.errors.APIError as err:
+        if isinstance(err, nats.js.errors.ServiceUnavailableError) and err.err_code is None:
+            # what nats-py makes of "no responders"
+            raise ProvisioningError(
+                "JetStream", f"the server has no JetStream ({no_jetstream})"
+            ) from err
+        if is_transient(err):  # JetStream is there, not ready yet
+            raise
+        raise ProvisioningError("JetStream", _explain("JetStream", err)) from err
+    except nats.errors.NoRespondersError as err:
         raise ProvisioningError(
             "JetStream", f"the server has no JetStream ({no_jetstream})"
         ) from err
@@ -314,8 +332,6 @@ async def check_jetstream(js: JetStreamContext) -> None:
             f"JetStream did not answer: the credentials may not use its API, or the server "
             f"has none ({no_jetstream})",
         ) from err
-    except nats.js.errors.APIError as err:
-        raise ProvisioningError("JetStream", _explain("JetStream", err)) from err
 
 
 async def provision(js: JetStreamContext, topology: Topology | None = None) -> dict[str, Action]:

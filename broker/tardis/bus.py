@@ -15,7 +15,7 @@ import math
 import time
 import uuid
 
-import nats.errors
+import nats.js.errors
 from cobald.daemon.runners.service import ServiceUnit
 
 from broker.manager.control import Control
@@ -30,6 +30,7 @@ from broker.tardis.wake import Waker
 from remote_agent.protocol.environment import TARDIS_ENV_PREFIX, TARDIS_SETTINGS_ENV, site_of
 from remote_agent.protocol.events import TardisState, encode, utcnow
 from remote_agent.protocol.names import MSG_ID, Namespace
+from remote_agent.protocol.transient import is_transient
 
 log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
 
@@ -273,14 +274,19 @@ class RemoteBus:
             try:
                 js = control.nc.jetstream(domain=self.config.domain)
                 await js.publish(subject, encode(note), timeout=5.0, headers={MSG_ID: note.id})
-            except (nats.errors.Error, TimeoutError, OSError) as err:
-                self.counts["notes_retried"] += 1
-                log.debug("cannot publish a TARDIS note yet: %r", err)
-                await asyncio.sleep(retry_s)
-                continue
-            except Exception:  # a bug must not stop the daemon
+            except Exception as err:
+                if is_transient(err):
+                    self.counts["notes_retried"] += 1
+                    log.debug("cannot publish a TARDIS note yet: %r", err)
+                    await asyncio.sleep(retry_s)
+                    continue
                 self.counts["notes_dropped"] += 1
-                log.exception("dropping TARDIS note for %s", note.drone)
+                if isinstance(err, nats.js.errors.APIError):  # refused: it would block the rest
+                    log.warning(
+                        "the stream refused a TARDIS note for %s, dropping it: %s", note.drone, err
+                    )
+                else:  # a bug must not stop the daemon
+                    log.exception("dropping TARDIS note for %s", note.drone)
             else:
                 self.counts["notes_published"] += 1
             if self._notes and self._notes[0] is note:

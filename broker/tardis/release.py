@@ -9,7 +9,8 @@ requested runtime minus its runtime so far where known, else the mean remaining 
 the payloads seen to end (:class:`Durations`) that ran at least as long, else as long again
 as it has run so far. Its runtime so far is counted by the agent's clock from its start to
 the agent's newest event and by the bus's from then on (:func:`elapsed_since`), so a wrong
-drone clock changes nothing.
+drone clock changes nothing. Every key is a number that sorts: whatever a drone sent, no key
+is NaN, which would leave the order to chance.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import bisect
 import collections
 import itertools
+import math
 import time
 from typing import NamedTuple
 
@@ -30,6 +32,13 @@ _FINISHED = "payload_finished"
 DURATIONS_KEPT = 500
 #: fewer ends than this: the estimate is the runtime so far
 DURATIONS_NEEDED = 5
+#: the longest a payload is taken to have run, in seconds: longer than the whole range of
+#: wire times (the years 1 to 9999), and short enough that every sum and product of the
+#: release order stays finite
+LONGEST_S = 1e12
+
+#: a payload end: site, drone, the agent's incarnation and ``seq`` of its event
+_End = tuple[str, str, str, int]
 
 
 class Durations:
@@ -42,6 +51,11 @@ class Durations:
 
     def __init__(self, kept: int = DURATIONS_KEPT) -> None:
         self._seen: collections.deque[float] = collections.deque(maxlen=kept)
+        #: the ends counted, newest last: the registry tells its watchers of a drone's view
+        #: again when a note or its record changes while its newest event is still that end,
+        #: and an event stored twice is one end
+        self._ends: collections.deque[_End] = collections.deque(maxlen=kept)
+        self._counted: set[_End] = set()
         #: the durations sorted, and the sums of each tail (``tails[i] = sum(sorted[i:])``)
         self._table: tuple[tuple[float, ...], tuple[float, ...]] = ((), (0.0,))
 
@@ -54,10 +68,20 @@ class Durations:
         event = view.event
         if not isinstance(event, PayloadFinished) or event.duration_s is None:
             return
+        end = (event.site, event.drone, event.incarnation, event.seq)
+        if end in self._counted:
+            return
+        if len(self._ends) == self._ends.maxlen:
+            self._counted.discard(self._ends[0])
+        self._ends.append(end)
+        self._counted.add(end)
         self.add(float(event.duration_s))
 
     def add(self, duration_s: float) -> None:
-        self._seen.append(max(0.0, duration_s))
+        """Count one payload's runtime, in seconds; one that is not a finite number is ignored"""
+        if not math.isfinite(duration_s):
+            return
+        self._seen.append(min(max(0.0, duration_s), LONGEST_S))
         ordered = tuple(sorted(self._seen))
         tails = tuple(itertools.accumulate(reversed(ordered), initial=0.0))[::-1]
         self._table = (ordered, tails)
@@ -114,6 +138,7 @@ def release_choice(
 ) -> Choice:
     """The release order of one drone by its agent's newest snapshot (``view``)"""
     event = view.event if view is not None else None
+    base = _sortable(base)
     if view is None or event is None or view.received_time is None:
         return Choice(0, 0.0, 0.0, 0, base)
     snapshot = event.snapshot
@@ -126,7 +151,13 @@ def release_choice(
         work_left(elapsed_since(payload.started_at, event, received, at), durations)
         for payload in payloads
     ]
+    lefts = [min(left, LONGEST_S) for left in lefts]
     last = max(lefts)
     slots = max(snapshot.slots, len(payloads))
     idle = (slots * last - sum(lefts)) * (cores / slots)
-    return Choice(2, idle, last, len(payloads), base)
+    return Choice(2, _sortable(idle), _sortable(last), len(payloads), base)
+
+
+def _sortable(key: float) -> float:
+    """``key``, or infinity (last in the order) for NaN, which compares false with everything"""
+    return math.inf if math.isnan(key) else key

@@ -2,7 +2,9 @@
 The payloads' bookkeeping: admission at the gate, ends, adoption, what is remembered
 
 Every method is synchronous: an admission and a drain never interleave. The
-tables are bounded, so a flood of forged job ids costs no memory.
+tables are bounded, so a flood of forged job ids costs no memory. A payload leaves
+the snapshot when the startd no longer lists it: a ``JOB_EXIT`` report is held until
+the startd's listing confirms it (any process on the drone can send one).
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ import asyncio
 import logging
 import math
 import time
+from collections.abc import Callable
 
 from remote_agent.agent.bounds import cut
 from remote_agent.agent.parts import Parts
@@ -63,6 +66,13 @@ class PayloadLedger:
         #: when each running payload started, on the monotonic clock: its runtime is
         #: counted there, not by the wall clock of its ``started_at``, which may jump
         self._started: dict[str, float] = {}
+        #: JOB_EXIT reports of payloads the startd still listed when last asked, by job id
+        self._exits: dict[str, tuple[PayloadEnd, int | None, float | None]] = {}
+        #: asks the startd soon whether reported payloads still run (then
+        #: :meth:`confirm_exits`); ``None``: no startd to ask, a report is taken at its word
+        self.confirm: Callable[[], None] | None = None
+        #: reported payloads a listing showed running since their newest report (counted once)
+        self._contradicted: set[str] = set()
 
     @property
     def capacity(self) -> int:
@@ -128,7 +138,29 @@ class PayloadLedger:
             )
             _remember(self._finished, job_id)
             return
-        self.finish(job_id, how, exit_code, duration_s)
+        if self.confirm is None:
+            self.finish(job_id, how, exit_code, duration_s)
+            return
+        self._exits[job_id] = (how, exit_code, duration_s)  # the newest report counts
+        self._contradicted.discard(job_id)
+        self.confirm()
+
+    def confirm_exits(self, slots: list[SlotInfo]) -> None:
+        """Finish the reported payloads ``slots`` (the startd's listing) no longer run"""
+        running = {slot.job_id for slot in slots if slot.job_id}
+        for job_id in list(self._exits):
+            if job_id not in self._status.payloads:
+                del self._exits[job_id]
+                self._contradicted.discard(job_id)
+            elif job_id not in running:
+                self.finish(job_id, *self._exits[job_id])
+            elif job_id not in self._contradicted:
+                # a payload in output transfer, or a report that is not true (yet)
+                self._contradicted.add(job_id)
+                self._counters["job_exits_unconfirmed"] += 1
+                log.debug(
+                    "job exit of %s: the startd still runs it", job_id, extra=self._parts.extra
+                )
 
     def finish(
         self, job_id: str, how: PayloadEnd, exit_code: int | None, duration_s: float | None
@@ -137,6 +169,8 @@ class PayloadLedger:
         payload = self._status.payloads.pop(job_id, None)
         started = self._started.pop(job_id, None)
         self._missing.pop(job_id, None)
+        self._exits.pop(job_id, None)
+        self._contradicted.discard(job_id)
         _remember(self._finished, job_id)
         if duration_s is None and started is not None:
             duration_s = time.monotonic() - started
@@ -153,10 +187,10 @@ class PayloadLedger:
         )
 
     def finish_all(self) -> bool:
-        """The worker ended: so did every payload; ``True`` if any was left"""
-        left = list(self._status.payloads)
-        for job_id in left:
-            self.finish(job_id, PayloadEnd.UNKNOWN, None, None)
+        """The worker ended: so did every payload; ``True`` if one was left unreported"""
+        left = [job_id for job_id in self._status.payloads if job_id not in self._exits]
+        for job_id in list(self._status.payloads):
+            self.finish(job_id, *self._exits.get(job_id, (PayloadEnd.UNKNOWN, None, None)))
         return bool(left)
 
     def _changed(self) -> None:
@@ -212,6 +246,7 @@ class PayloadLedger:
         for table in (self._refused, self._finished):
             for job_id in [j for j, at in table.items() if now - at > _FORGET_S]:
                 del table[job_id]
+        self.confirm_exits(slots)
         running = {slot.job_id for slot in slots if slot.job_id}
         for job_id in list(self._status.payloads):
             if job_id in running:

@@ -21,6 +21,7 @@ from remote_agent.protocol.events import (
 )
 from remote_agent.protocol.handshake import RecordStore, Versioned
 from remote_agent.protocol.names import kv_stream, kv_subjects
+from remote_agent.protocol.transient import is_transient
 
 log = logging.getLogger("remote_agent.agent")
 
@@ -58,7 +59,15 @@ class RecordClient:
                 name=bucket, stream=kv_stream(bucket), pre=kv_subjects(bucket), js=js, direct=True
             )
             domain = parts.settings.domain
-            self._store = RecordStore(kv, parts.namespace, js=js, domain=domain)
+            # the agent's own loops retry (and check meanwhile whether the drone was sealed):
+            # the store waits out a blip only
+            self._store = RecordStore(
+                kv,
+                parts.namespace,
+                js=js,
+                domain=domain,
+                transient_s=parts.settings.reconnect_wait_s,
+            )
         return self._store
 
     async def call(
@@ -83,6 +92,9 @@ class RecordClient:
                 log.warning("cannot %s: %s", what, err, extra=self._parts.extra)
                 return None
             except (nats.errors.Error, OSError, TimeoutError) as err:
+                if not is_transient(err):  # refused: asking again gets the same answer
+                    log.warning("cannot %s: %r", what, err, extra=self._parts.extra)
+                    return None
                 log.debug("cannot %s yet: %r", what, err, extra=self._parts.extra)
             await asyncio.sleep(min(backoff.delay(), max(0.0, deadline - time.monotonic())))
 

@@ -27,6 +27,9 @@ S = DroneState
 
 #: seconds between readiness checks of a startd that is up
 _READY_CHECK_S = 30.0
+#: seconds at least between two listings that confirm JOB_EXIT reports: a flood of
+#: reports costs one listing a second
+_CONFIRM_GAP_S = 1.0
 
 
 class StartdObserver:
@@ -55,6 +58,11 @@ class StartdObserver:
         #: the START attribute as last set (``None``: never set)
         self._accepting: bool | None = None
         self._accepting_lock = asyncio.Lock()
+        #: a listing that confirms JOB_EXIT reports runs, and another one is due after it
+        self._confirming = False
+        self._confirm_again = False
+        if startd is not None:
+            ledger.confirm = self.confirm_exits
 
     async def observe(self) -> None:
         """Poll the startd: readiness first, then its slots as a backstop to the hooks"""
@@ -97,6 +105,39 @@ class StartdObserver:
         # moment), so whatever runs now was let in before: an agent that was restarted.
         self._ledger.adopt_unknown(slots, "was running when the agent started")
         self._claimable.set()
+
+    def confirm_exits(self) -> None:
+        """
+        A payload was reported ended: list the slots now, to see whether the startd agrees
+
+        One listing at a time, at most one a :data:`_CONFIRM_GAP_S`; reports that come
+        meanwhile are confirmed by the next one. A listing that fails leaves the reports
+        to the next poll.
+        """
+        if self._parts.status.winding_down:
+            return  # nothing new starts; the worker's end finishes every payload
+        if self._confirming:
+            self._confirm_again = True
+            return
+        self._confirming = True
+        self._parts.tasks.spawn(self._confirm(), "startd-confirm-exits")
+
+    async def _confirm(self) -> None:
+        assert self.startd is not None
+        try:
+            while True:
+                self._confirm_again = False
+                try:
+                    slots = await self.startd.slots()
+                except StartdError as err:
+                    log.debug("cannot confirm job exits now: %s", err, extra=self._parts.extra)
+                    return
+                self._ledger.confirm_exits(slots)
+                if not self._confirm_again:
+                    return
+                await asyncio.sleep(_CONFIRM_GAP_S)
+        finally:
+            self._confirming = False
 
     def _reconcile(self, slots: list[SlotInfo]) -> None:
         self._parts.status.slots = max(len(slots), self._parts.settings.slots)

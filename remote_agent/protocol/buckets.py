@@ -7,6 +7,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from remote_agent.protocol.errors import HandshakeError
+from remote_agent.protocol.transient import patiently
 
 
 async def bind_bucket(js: JetStreamContext, bucket: str, what: str) -> KeyValue:
@@ -17,7 +18,7 @@ async def bind_bucket(js: JetStreamContext, bucket: str, what: str) -> KeyValue:
     :raises HandshakeError: if the bucket does not exist
     """
     try:
-        return await js.key_value(bucket)
+        return await patiently(lambda: js.key_value(bucket))
     except nats.js.errors.BucketNotFoundError as err:
         raise HandshakeError(
             f"{what} bucket {bucket!r} does not exist: run 'cobald-remote broker init'"

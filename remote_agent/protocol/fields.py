@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import datetime as dt
+import sys
 from typing import Annotated
 
 import msgspec
@@ -29,4 +30,7 @@ def check_tokens(message: object, names: tuple[str, ...]) -> None:
 #: a timezone-aware point in time; encoded as the MessagePack timestamp extension (-1)
 UtcTime = Annotated[dt.datetime, msgspec.Meta(tz=True)]
 NonNegative = Annotated[int, msgspec.Meta(ge=0)]
-Seconds = Annotated[float, msgspec.Meta(ge=0)]
+#: a duration: a finite float >= 0. The upper bound rejects infinity (``ge`` alone lets it
+#: pass) and both bounds reject NaN, so no reader ever computes with a non-finite number
+#: a writer sent. Every float of the wire schema is one of these.
+Seconds = Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)]

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import time
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Literal
@@ -33,6 +34,8 @@ from remote_agent.protocol.events import (
 from remote_agent.protocol.names import EXPECTED_LAST, Namespace, kv_write_prefix
 from remote_agent.protocol.phases import FINAL_PHASES, allowed
 from remote_agent.protocol.proof import proven, record_proof
+from remote_agent.protocol.ratelog import RateLimitedLog
+from remote_agent.protocol.transient import TRANSIENT_BUDGET_S, is_transient, patiently
 
 log = logging.getLogger("remote_agent.handshake")
 
@@ -55,9 +58,12 @@ class RecordStore:
     """
     Compare-and-set access to the handshake bucket
 
-    :param attempts: how often a conflicting or timed-out write is retried
-        after re-reading the record; a conflict means someone else wrote in
-        between, which the loop then takes into account
+    :param attempts: how often a conflicting write is retried after re-reading the
+        record; a conflict means someone else wrote in between, which the loop then
+        takes into account
+    :param transient_s: how long a read or a write is retried while it fails
+        transiently (:mod:`remote_agent.protocol.transient`: the server is away, the
+        bucket has no leader for a moment), in seconds
     :param logger: where its lines go (the manager passes one of its own tree)
     """
 
@@ -70,12 +76,15 @@ class RecordStore:
         js: JetStreamContext,
         domain: str | None = None,
         proof_key: bytes | None = None,
+        transient_s: float = TRANSIENT_BUDGET_S,
         logger: logging.Logger = log,
     ) -> None:
         self.kv = kv
         self.log = logger
         self.namespace = namespace
         self.attempts = attempts
+        self.transient_s = transient_s
+        self._failures = RateLimitedLog(logger)
         self.domain = domain
         #: the manager's proof key (:func:`load_proof_key`); ``None`` on the drone
         self.proof_key = proof_key
@@ -120,7 +129,7 @@ class RecordStore:
         :raises HandshakeError: if the stored value is not a valid record
         """
         try:
-            entry = await self.kv.get(self.key(site, drone))
+            entry = await self._get(self.key(site, drone))
         except nats.js.errors.KeyNotFoundError:  # also deleted or purged
             return None
         try:
@@ -135,10 +144,27 @@ class RecordStore:
     async def removed(self, site: str, drone: str) -> bool:
         """Whether the key's newest revision is a delete or purge marker (someone removed it)"""
         try:
-            await self.kv.get(self.key(site, drone))
+            await self._get(self.key(site, drone))
         except nats.js.errors.KeyNotFoundError as gone:
             return gone.entry is not None
         return False
+
+    async def _get(self, key: str) -> KeyValue.Entry:
+        """
+        The key's newest value, read again while reading fails transiently
+
+        :raises KeyNotFoundError: if it has none (``entry`` set: a delete or purge marker)
+        """
+        return await patiently(
+            lambda: self.kv.get(key),
+            self.transient_s,
+            lambda err: self._transient("read", key, err),
+        )
+
+    def _transient(self, what: str, key: str, err: BaseException) -> None:
+        self._failures.warning(
+            f"{what} failed", "%s of %s failed, trying again: %r", what, key, err
+        )
 
     def proven(self, record: DroneRecord) -> bool:
         """Whether ``record`` carries the manager's proof (see :func:`proven`)"""
@@ -157,26 +183,37 @@ class RecordStore:
         """
         Create (``revision is None``) or compare-and-set; ``None`` if someone else won
 
-        A create writes over a delete or purge marker only if ``over_marker``.
-        A write that timed out may still have been stored: the record is then
-        re-read and compared, so a retry never applies a change twice.
+        A create writes over a delete or purge marker only if ``over_marker``. A write
+        that failed transiently may still have been stored: the record is then re-read
+        and compared, so a retry never applies a change twice; while the key is still as
+        it was, the same write is tried again, for :attr:`transient_s`.
+
+        :raises: the last transient error once :attr:`transient_s` has passed
         """
         key = self.key(record.site, record.drone)
         value = encode(record)
-        try:
-            if revision is None:
-                new = await self._publish(key, value, 0)
-                if new is None and over_marker:
-                    new = await self._recreate(key, value)
-            else:
-                new = await self._publish(key, value, revision)
-        except (nats.errors.TimeoutError, nats.errors.NoRespondersError) as err:
-            self.log.warning("write of %s timed out, re-reading: %s", key, err)
+        deadline = time.monotonic() + self.transient_s
+        backoff = Backoff(first=0.05, most=1.0)
+        while True:
+            try:
+                if revision is None:
+                    new = await self._publish(key, value, 0)
+                    if new is None and over_marker:
+                        new = await self._recreate(key, value)
+                else:
+                    new = await self._publish(key, value, revision)
+                return Versioned(record, new) if new is not None else None
+            except Exception as err:
+                if not is_transient(err) or time.monotonic() >= deadline:
+                    raise
+                self._transient("write", key, err)
             current = await self.read(record.site, record.drone)
             if current is not None and current.record == record:
-                return current
-            return None
-        return Versioned(record, new) if new is not None else None
+                return current  # stored before the failure was seen
+            known = None if current is None else current.revision
+            if known != revision:
+                return None  # someone else wrote meanwhile: decide again
+            await asyncio.sleep(min(backoff.delay(), max(0.0, deadline - time.monotonic())))
 
     async def _publish(self, key: str, value: bytes, last: int) -> int | None:
         """Store ``value`` if the key's newest revision is ``last`` (0: none); its revision"""
@@ -198,7 +235,7 @@ class RecordStore:
         over the marker. A live value means someone else created it: ``None``.
         """
         try:
-            await self.kv.get(key)
+            await self._get(key)
         except nats.js.errors.KeyNotFoundError as gone:
             if gone.entry is None:
                 return None

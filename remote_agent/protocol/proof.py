@@ -11,6 +11,7 @@ import contextlib
 import hashlib
 import hmac
 import os
+from functools import partial
 from typing import Final
 
 import msgspec
@@ -21,6 +22,7 @@ from remote_agent.protocol.buckets import bind_bucket
 from remote_agent.protocol.errors import HandshakeError
 from remote_agent.protocol.events import DroneRecord, encode
 from remote_agent.protocol.names import Namespace
+from remote_agent.protocol.transient import patiently
 
 #: key of the record proof key in :attr:`~remote_agent.protocol.events.Namespace.manager_bucket`
 PROOF_KEY: Final = "record-proof-key"
@@ -51,11 +53,12 @@ async def load_proof_key(js: JetStreamContext, namespace: Namespace) -> bytes:
     kv = await bind_bucket(js, namespace.manager_bucket, "manager")
     for _ in range(3):
         try:
-            entry = await kv.get(PROOF_KEY)
+            entry = await patiently(lambda: kv.get(PROOF_KEY))
         except nats.js.errors.KeyNotFoundError:
-            # another manager may make it first: then read that one
+            # another manager may make it first, or a create that failed transiently was
+            # stored after all: then the next read finds that one
             with contextlib.suppress(nats.js.errors.KeyWrongLastSequenceError):
-                await kv.create(PROOF_KEY, os.urandom(_PROOF_KEY_BYTES))
+                await patiently(partial(kv.create, PROOF_KEY, os.urandom(_PROOF_KEY_BYTES)))
             continue
         if entry.value is None or len(entry.value) != _PROOF_KEY_BYTES:
             raise HandshakeError(

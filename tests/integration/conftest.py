@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 import pytest
 from nats.js import JetStreamContext
 from support.gate import FakeAgent, GateFactory
-from support.servers import secured_server
+from support.servers import secured_server, three_nodes
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
@@ -55,6 +55,13 @@ async def secured(tmp_path: Path) -> AsyncIterator[tuple[EmbeddedServer, Path]]:
     """A server in operator mode with JetStream; yields it and the authority file"""
     async with secured_server(tmp_path) as (server, authority_file):
         yield server, authority_file
+
+
+@pytest.fixture
+async def cluster(tmp_path: Path) -> AsyncIterator[dict[str, EmbeddedServer]]:
+    """Three nodes of the shipped cluster.conf (``n1`` to ``n3``), started; stopped at the end"""
+    async with three_nodes(tmp_path) as nodes:
+        yield nodes
 
 
 @pytest.fixture

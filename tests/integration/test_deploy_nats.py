@@ -5,10 +5,8 @@ from __future__ import annotations
 import asyncio
 import json
 import re
-import shutil
 import subprocess
 import urllib.request
-from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
 
@@ -20,7 +18,7 @@ from support.agent import drone_life
 from support.agent import settings as agent_settings
 from support.manager import running_manager
 from support.processes import free_ports
-from support.servers import hub_and_leaf
+from support.servers import ROUTE_USER, cluster_config, hub_and_leaf
 from support.waiting import wait_until
 
 from broker.errors import ProvisioningError
@@ -40,25 +38,6 @@ NODE_ENV = {
     "NATS_LEAF_LISTEN": "127.0.0.1:7422",
     "NATS_HUB": "nats-leaf://127.0.0.1:7422",
 }
-ROUTE_USER = "route"
-
-
-def cluster_config(directory: Path, route_ports: list[int], password: str) -> Path:
-    """
-    The shipped cluster.conf, copied as it is, beside the route credentials file
-
-    ``cluster-routes.conf`` as docs/deployment.md ("Route credentials") has the
-    operator write it: the route authorization and the routes, whose URLs carry it.
-    """
-    directory.mkdir(parents=True, exist_ok=True)
-    config = Path(shutil.copy(DEPLOY / "cluster.conf", directory))
-    routes = ", ".join(
-        f"nats-route://{ROUTE_USER}:{password}@127.0.0.1:{port}" for port in route_ports
-    )
-    (directory / "cluster-routes.conf").write_text(
-        f'authorization {{ user: {ROUTE_USER}, password: "{password}" }}\nroutes: [ {routes} ]\n'
-    )
-    return config
 
 
 def validate(config: Path) -> subprocess.CompletedProcess[str]:
@@ -106,32 +85,6 @@ async def test_single_server_config_runs_and_provisions(tmp_path: Path) -> None:
         finally:
             await nc.close()
     assert (tmp_path / "js" / "jetstream").is_dir()  # the file's store_dir was used
-
-
-@pytest.fixture
-async def cluster(tmp_path: Path) -> AsyncIterator[dict[str, EmbeddedServer]]:
-    # no --cluster_listen: that flag, given without credentials, drops the file's
-    # route authorization (nats-server server/opts.go, overrideCluster)
-    ports = free_ports(6)
-    config = cluster_config(tmp_path / "etc", ports[:3], "s3cret-route-password")
-    nodes = {
-        f"n{i}": EmbeddedServer(
-            tmp_path / f"n{i}",
-            config_file=config,
-            env={
-                "NATS_NODE": f"n{i}",
-                "NATS_STORE": str(tmp_path / f"n{i}"),
-                "NATS_CLUSTER_LISTEN": f"127.0.0.1:{port}",
-                "NATS_LEAF_LISTEN": f"127.0.0.1:{leaf_port}",
-            },
-        )
-        for i, (port, leaf_port) in enumerate(zip(ports[:3], ports[3:], strict=True), start=1)
-    }
-    try:
-        await asyncio.gather(*(node.start() for node in nodes.values()))
-        yield nodes
-    finally:
-        await asyncio.gather(*(node.stop() for node in nodes.values()))
 
 
 def monitor(server: EmbeddedServer, path: str) -> dict[str, Any]:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import os
 import subprocess
 import sys
 from collections.abc import AsyncIterator
@@ -32,14 +33,21 @@ from support.agent import (
     running,
     settings,
 )
+from support.manager import running_manager
+from support.processes import run_process
 from support.waiting import wait_until
 
+from broker.emulation.execution_point import DEPLOY_DIR as EP_DEPLOY_DIR
+from broker.emulation.execution_point import EmulatorControl, install_fake_condor
+from broker.manager.service import ManagerSettings
 from broker.server.embedded import EmbeddedServer
 from remote_agent.agent import Agent
 from remote_agent.gate.client import ask
 from remote_agent.gate.messages import GateDecisionReply, PrepareJobRequest
+from remote_agent.gate.paths import GATE_ENV, PYTHON_ENV
 from remote_agent.gate.server import GateServer
-from remote_agent.interfaces import GATE_CLOSED_STATUS, SlotInfo
+from remote_agent.htcondor import GATE_ATTRIBUTE, CondorStartd
+from remote_agent.interfaces import GATE_CLOSED_STATUS, JobStart, SlotInfo
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.handshake import RecordStore
 from remote_agent.protocol.limits import MAX_JOB_ID
@@ -117,19 +125,28 @@ async def _phase(store: RecordStore) -> ev.RecordPhase | None:
 
 
 async def test_forged_job_exits_do_not_make_a_busy_drone_idle(
-    drone: Drone, nc: Client, store: RecordStore
+    drone: Drone, nc: Client, js: JetStreamContext, store: RecordStore
 ) -> None:
     d = drone
     async with running(d.agent) as run:
         await _start_two(d)
-        await _forge_exits(d.gate.path, *JOBS)
-        await wait_until(lambda: not d.agent.payloads, what="the forged exits to arrive")
+        await _forge_exits(d.gate.path, *JOBS, "999.0")
+        await wait_until(
+            lambda: d.agent.counters["job_exits_unconfirmed"] == len(JOBS),
+            what="the startd asked about the forged exits",
+        )
+        # the startd still runs both: they stay in the snapshot, and no end is published
+        assert {p.job_id for p in d.agent.payloads} == set(JOBS)
+        assert d.agent.state is ev.DroneState.BUSY
+        assert d.agent.counters["job_exit_unknown"] == 1  # a job the gate never saw
+        published = [e for _, e in await read_events(js, DRONE)]
+        assert not [e for e in published if isinstance(e, ev.PayloadFinished)]
 
-        # the hooks say idle, the startd does not: release-if-idle lets nothing go
+        # release-if-idle lets nothing go
         reply = await command(nc, release_if_idle(DRONE))
         assert isinstance(reply, ev.Reply)
         assert reply.outcome is ev.Outcome.BUSY, reply
-        assert "busy slot" in reply.detail
+        assert "2 payload(s) running" in reply.detail
         assert d.agent.state is not ev.DroneState.DRAINED
         assert await _phase(store) is ev.RecordPhase.UP
 
@@ -150,6 +167,8 @@ async def test_forged_job_exits_do_not_make_a_busy_drone_idle(
         d.startd.run_job(1, None)
         assert await run.exit_code(30) == 0
     assert await _phase(store) is ev.RecordPhase.DRAINED
+    ends = [e.job_id for _, e in await read_events(js, DRONE) if isinstance(e, ev.PayloadFinished)]
+    assert sorted(ends) == sorted(JOBS)  # each published once, when the startd let it go
 
 
 async def test_a_claimed_slot_without_a_job_is_busy(
@@ -362,3 +381,120 @@ async def test_a_forged_record_never_moves_a_drain_deadline_up(
         assert intent is not None and intent.deadline == request.deadline
     events = [e for _, e in await read_events(js, DRONE)]
     assert not [e for e in events if isinstance(e, ev.DrainDeadlineExpired)]
+
+
+# --------------------------------------------------------------------------- a lying payload
+
+
+async def _hook_job_exit(gate: Path, job_id: str, exit_code: int = 0) -> None:
+    """The shipped JOB_EXIT hook, run by a payload that reports ``job_id`` ended"""
+    cluster, proc = job_id.split(".")
+    ad = f"ClusterId = {cluster}\nProcId = {proc}\nExitBySignal = false\nExitCode = {exit_code}\n"
+    env = {**os.environ, PYTHON_ENV: sys.executable, GATE_ENV: str(gate)}
+    code, _, err = await run_process(
+        EP_DEPLOY_DIR / "hook-job-exit", "exit", input=ad.encode(), env=env
+    )
+    assert code == 0, err
+
+
+async def test_a_payload_reporting_ends_that_did_not_happen_changes_nothing(
+    tmp_path: Path, nats_server: EmbeddedServer, store: RecordStore
+) -> None:
+    """
+    The real agent, its gate and the shipped hooks on the emulated startd: a payload tells
+    the gate that it and its neighbour ended; the startd runs both, so both stay in the
+    snapshot and the manager's view, until the startd really lets one go
+    """
+    env = install_fake_condor(
+        tmp_path / "bin", tmp_path / "ep", slots=2, extra_config={"SHUTDOWN_GRACEFUL_TIMEOUT": "1"}
+    )
+    agent = Agent(
+        settings(
+            tmp_path,
+            nats_server.url,
+            startd=True,
+            slots=2,
+            command=[str(tmp_path / "bin" / "condor_master"), "-f"],
+            poll_s=1.0,
+        ),
+        startd=CondorStartd(env=env),
+        worker_env=env,
+    )
+    gate = GateServer(agent.settings.gate_socket, agent)
+    await gate.start()
+    agent.worker_env.update(gate.environment())
+    ep = EmulatorControl(tmp_path / "ep")
+    manager = ManagerSettings(servers=[nats_server.url], retry_s=0.2, lost_check_s=0.5)
+    try:
+        async with running_manager(manager) as service, running(agent):
+
+            def seen(*job_ids: str) -> bool:
+                view = service.registry.view(SITE, DRONE)
+                return view is not None and {p.job_id for p in view.payloads} == set(job_ids)
+
+            await wait_until(lambda: agent.gate_open, 60, "the gate to open")
+            for _ in range(600):  # the agent sets the startd's START attribute after the gate
+                if (await ep.status())["extras"].get(GATE_ATTRIBUTE):
+                    break
+                await asyncio.sleep(0.05)
+            assert (await ep.offer("21.0", 15.0, exit_code=3))["outcome"] == "started"
+            assert (await ep.offer("22.0", 600.0))["outcome"] == "started"
+            await wait_until(lambda: seen("21.0", "22.0"), 30, "both payloads at the manager")
+
+            for job_id in ("21.0", "22.0", "99.0"):  # itself, its neighbour, a job never run
+                await _hook_job_exit(agent.settings.gate_socket, job_id)
+            await wait_until(
+                lambda: agent.counters["job_exits_unconfirmed"] == 2,
+                30,
+                "the startd's listing after the reports",
+            )
+            assert {p.job_id for p in agent.payloads} == {"21.0", "22.0"}
+            assert agent.state is ev.DroneState.BUSY and seen("21.0", "22.0")
+            assert agent.counters["job_exit_unknown"] == 1
+
+            # 21.0 really ends: the starter's own JOB_EXIT, and the startd lets it go
+            await ep.wait_for("job_exit", job_id="21.0")
+            await wait_until(lambda: seen("22.0"), 30, "the real end at the manager")
+            view = service.registry.view(SITE, DRONE)
+            assert view is not None
+            finished = view.event
+            assert isinstance(finished, ev.PayloadFinished) and finished.job_id == "21.0"
+            assert (finished.how, finished.exit_code) == (ev.PayloadEnd.EXIT, 3)  # the real one
+            assert [p.job_id for p in agent.payloads] == ["22.0"]
+    finally:
+        await gate.close()
+
+
+async def test_a_flood_of_job_exits_costs_one_listing_of_the_startd(
+    tmp_path: Path, nats_server: EmbeddedServer, store: RecordStore
+) -> None:
+    class Counting(FakeStartd):
+        listings = 0
+
+        async def slots(self) -> list[SlotInfo]:
+            self.listings += 1
+            return await super().slots()
+
+    startd = Counting(slots=2)
+    # polled once, when it is ready: every later listing confirms JOB_EXIT reports
+    agent = Agent(
+        settings(tmp_path, nats_server.url, startd=True, slots=2, poll_s=3600.0), startd=startd
+    )
+    async with running(agent):
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
+        for slot, job_id in enumerate(JOBS):
+            assert agent.prepare_job(JobStart(job_id, f"slot1_{slot}")).allow
+            startd.run_job(slot, job_id)
+        before = startd.listings
+        for _ in range(500):
+            agent.job_exited(JOBS[0], ev.PayloadEnd.EXIT, 0, None)
+        await wait_until(
+            lambda: agent.counters["job_exits_unconfirmed"] == 1, what="the reports confirmed"
+        )
+        assert startd.listings == before + 1
+        assert {p.job_id for p in agent.payloads} == set(JOBS)
+        startd.run_job(0, None)  # it really ends, and its starter reports it
+        agent.job_exited(JOBS[0], ev.PayloadEnd.EXIT, 5, None)
+        await wait_until(lambda: len(agent.payloads) == 1, what="the end confirmed")
+        assert [p.job_id for p in agent.payloads] == [JOBS[1]]
+        assert startd.listings == before + 2

@@ -1,19 +1,23 @@
-"""NATS servers for the tests: secured, hub and leaf, drone credentials, a cuttable proxy"""
+"""NATS servers for the tests: secured, hub and leaf, a cluster, drone credentials, a proxy"""
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
 import re
+import shutil
 from collections.abc import AsyncIterator
 from pathlib import Path
 
 import nats
+import nats.errors
 
+from broker.errors import ProvisioningError
 from broker.server.auth.authority import create_authority, load_authority, save_authority
 from broker.server.auth.credentials import drone_credentials, manager_credentials
 from broker.server.embedded import EmbeddedServer
-from broker.server.provision import provision
+from broker.server.provision import Topology, provision
+from remote_agent.deploy_files import DEPLOY_DIR
 from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.names import Namespace, inbox_prefix
 from support.processes import free_ports
@@ -41,6 +45,71 @@ def hub_and_leaf(
         env={"NATS_NODE": "site1-leaf", "NATS_HUB": f"nats-leaf://127.0.0.1:{leaf_port}"},
     )
     return hub, leaf
+
+
+#: the user of the cluster's routes in :func:`cluster_config`
+ROUTE_USER = "route"
+
+
+def cluster_config(directory: Path, route_ports: list[int], password: str) -> Path:
+    """
+    The shipped cluster.conf, copied as it is, beside the route credentials file
+
+    ``cluster-routes.conf`` as docs/deployment.md ("Route credentials") has the
+    operator write it: the route authorization and the routes, whose URLs carry it.
+    """
+    directory.mkdir(parents=True, exist_ok=True)
+    config = Path(shutil.copy(DEPLOY_DIR / "nats" / "cluster.conf", directory))
+    routes = ", ".join(
+        f"nats-route://{ROUTE_USER}:{password}@127.0.0.1:{port}" for port in route_ports
+    )
+    (directory / "cluster-routes.conf").write_text(
+        f'authorization {{ user: {ROUTE_USER}, password: "{password}" }}\nroutes: [ {routes} ]\n'
+    )
+    return config
+
+
+@contextlib.asynccontextmanager
+async def three_nodes(tmp_path: Path) -> AsyncIterator[dict[str, EmbeddedServer]]:
+    """A cluster of three nodes (``n1`` to ``n3``) with the shipped cluster.conf, started"""
+    # no --cluster_listen: that flag, given without credentials, drops the file's
+    # route authorization (nats-server server/opts.go, overrideCluster)
+    ports = free_ports(6)
+    config = cluster_config(tmp_path / "etc", ports[:3], "s3cret-route-password")
+    nodes = {
+        f"n{i}": EmbeddedServer(
+            tmp_path / f"n{i}",
+            config_file=config,
+            env={
+                "NATS_NODE": f"n{i}",
+                "NATS_STORE": str(tmp_path / f"n{i}"),
+                "NATS_CLUSTER_LISTEN": f"127.0.0.1:{port}",
+                "NATS_LEAF_LISTEN": f"127.0.0.1:{leaf_port}",
+            },
+        )
+        for i, (port, leaf_port) in enumerate(zip(ports[:3], ports[3:], strict=True), start=1)
+    }
+    try:
+        await asyncio.gather(*(node.start() for node in nodes.values()))
+        yield nodes
+    finally:
+        await asyncio.gather(*(node.stop() for node in nodes.values()))
+
+
+async def provision_cluster(urls: list[str]) -> None:
+    """Provision a fresh cluster with three replicas, once its JetStream has a leader"""
+    nc = await connect(urls, max_reconnect_attempts=-1, reconnect_time_wait=0.2)
+    try:
+        js = nc.jetstream(timeout=2)
+        for _ in range(300):  # the meta leader needs a moment after start
+            try:
+                await provision(js, Topology(replicas=3))
+                return
+            except (ProvisioningError, nats.errors.Error):  # "not ready yet"
+                await asyncio.sleep(0.2)
+        raise AssertionError("the cluster never became ready for provisioning")
+    finally:
+        await close(nc)
 
 
 def uncomment(config: str, *keys: str) -> str:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import datetime as dt
 import io
+import math
 import re
 import struct
 import subprocess
@@ -20,11 +21,14 @@ from typing import Any
 
 import msgpack
 import msgspec
+import msgspec.inspect as mi
 import pytest
 from support import vectors
 from support.processes import CLI
 
 from broker import cli
+from remote_agent.gate import messages as gate
+from remote_agent.protocol import bootstrap
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.names import Namespace
@@ -149,10 +153,52 @@ def test_durations_may_be_float32() -> None:
     assert isinstance(beat, ev.Heartbeat) and beat.interval_s == 30.0
 
 
-@pytest.mark.parametrize("value", [-1, -0.5, float("nan"), True, "30"])
+@pytest.mark.parametrize("value", [-1, -0.5, float("nan"), float("inf"), float("-inf"), True, "30"])
 def test_bad_durations_are_rejected(value: object) -> None:
     with pytest.raises(SchemaError, match=r"at `\$\.interval_s`"):
         ev.decode(_pack(_raw(ev.Heartbeat, interval_s=value)))
+    with pytest.raises(SchemaError, match=r"at `\$\.duration_s`"):
+        ev.decode(_pack(_raw(ev.PayloadFinished, duration_s=value)))
+
+
+def test_the_largest_finite_duration_is_accepted() -> None:
+    done = ev.decode(_pack(_raw(ev.PayloadFinished, duration_s=sys.float_info.max)))
+    assert isinstance(done, ev.PayloadFinished) and done.duration_s == sys.float_info.max
+
+
+def _floats(node: mi.Type, path: str) -> list[tuple[str, mi.FloatType]]:
+    """Every float type reachable from ``node`` (struct fields, unions, lists), by path"""
+    if isinstance(node, mi.FloatType):
+        return [(path, node)]
+    if isinstance(node, mi.StructType):
+        return [f for field in node.fields for f in _floats(field.type, f"{path}.{field.name}")]
+    if isinstance(node, mi.UnionType):
+        return [f for t in node.types for f in _floats(t, path)]
+    if isinstance(node, mi.ListType):
+        return _floats(node.item_type, f"{path}[]")
+    return []
+
+
+_MESSAGES = (
+    *ev.MESSAGE_TYPES,
+    *bootstrap.AnyBootstrapRequest.__args__,
+    *bootstrap.AnyBootstrapReply.__args__,
+    *gate.AnyGateRequest.__args__,
+    *gate.AnyGateReply.__args__,
+)
+
+
+def test_every_float_of_every_message_is_finite() -> None:
+    """Each float field is a :data:`~remote_agent.protocol.fields.Seconds`: no inf, no NaN"""
+    floats = [f for t in _MESSAGES for f in _floats(mi.type_info(t), t.__name__)]
+    assert {path for path, _ in floats} >= {
+        "Heartbeat.interval_s",
+        "PayloadFinished.duration_s",
+        "JobExitRequest.duration_s",
+    }
+    for path, number in floats:
+        assert number.le is not None and math.isfinite(number.le), path
+        assert number.ge is not None and math.isfinite(number.ge), path
 
 
 @pytest.mark.parametrize("value", [0, 2**31, 2**32, 2**53 + 1, 2**63, 2**64 - 1])

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import datetime as dt
 import logging
+import math
+import sys
 from typing import Any
 
 import pytest
@@ -21,7 +23,7 @@ from tardis.agents.batchsystemagent import BatchSystemAgent
 from broker.manager.registry import Registry
 from broker.manager.verdict import Removal
 from broker.manager.views import DroneView
-from broker.tardis.release import Durations, release_choice, work_left
+from broker.tardis.release import DURATIONS_NEEDED, Durations, release_choice, work_left
 from broker.tardis_adapter import RemoteBatchSystemAdapter, RemoteFactoryPool
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import dedupe_id
@@ -118,6 +120,77 @@ def test_payload_ends_feed_the_estimate_as_the_registry_applies_them() -> None:
         registry.apply(event, registry.namespace.event(SITE, event.drone, "payload_finished"), 1)
     announce(registry, "site1-0000000001", ev.DroneState.IDLE, seq=10)  # not an end
     assert len(durations) == 3
+
+
+def _finished(drone: str, seq: int, duration_s: float, event_id: str = "") -> ev.PayloadFinished:
+    at = ev.utcnow()
+    return ev.PayloadFinished(
+        site=SITE,
+        drone=drone,
+        incarnation="inc1",
+        seq=seq,
+        at=at,
+        id=event_id or dedupe_id(drone, "inc1", seq),
+        snapshot=ev.Snapshot(state=ev.DroneState.IDLE, since=at, gate_open=True, started_at=at),
+        job_id=f"{seq}.0",
+        how=ev.PayloadEnd.EXIT,
+        duration_s=duration_s,
+    )
+
+
+def test_each_payload_end_counts_once() -> None:
+    """The registry tells its watchers again of a drone whose newest event is an end"""
+    registry = Registry()
+    durations = Durations()
+    registry.watchers.append(durations.seen)
+    drone = "site1-0000000001"
+    ns = registry.namespace
+    told: list[str] = []
+    registry.watchers.append(lambda view: told.append(view.kind))
+    end = _finished(drone, 1, 60.0)
+    registry.apply_message(ev.encode(end), ns.event(SITE, drone, "payload_finished"), 1.0, 1)
+    note = ev.TardisState(site=SITE, drone=drone, state="IntegratingState", at=ev.utcnow(), id="n1")
+    registry.apply_note_message(
+        ev.encode(note), ns.manager_note(SITE, drone, "tardis_state"), 2.0, 2
+    )
+    record = ev.DroneRecord(
+        site=SITE, drone=drone, phase=ev.RecordPhase.UP, writer="agent", at=ev.utcnow()
+    )
+    registry.apply_record(record, 1, 3.0)
+    # the same end stored again under another id (an agent that published it anew)
+    again = _finished(drone, 1, 60.0, event_id=f"{end.id}:0f3c")
+    registry.apply_message(ev.encode(again), ns.event(SITE, drone, "payload_finished"), 4.0, 4)
+    assert told == ["payload_finished"] * 4  # the watchers heard of this end four times
+    assert len(durations) == 1
+    registry.apply(_finished(drone, 2, 120.0), ns.event(SITE, drone, "payload_finished"), 5.0)
+    assert len(durations) == 2
+
+
+def test_no_number_a_drone_sends_makes_the_order_unsortable() -> None:
+    """Ends of any finite length, and infinities given to the table, keep every key a number"""
+    registry = Registry()
+    durations = Durations()
+    for duration_s in (math.inf, -math.inf, math.nan):
+        durations.add(duration_s)
+    assert len(durations) == 0
+    for _ in range(DURATIONS_NEEDED):
+        durations.add(sys.float_info.max)
+    views = {
+        name: busy_view(registry, f"site1-000000000{i}", ages, slots)
+        for i, (name, ages, slots) in enumerate(
+            [("one", [10], 2**64 - 1), ("two", [10, 20], 4), ("old", [1.7e9], 4)]
+        )
+    }
+    for cores in (4.0, math.inf):
+        choices = [release_choice(view, cores, math.nan, durations, NOW) for view in views.values()]
+        for choice in choices:
+            assert not any(
+                math.isnan(key) for key in (choice.idle_core_s, choice.left_s, choice.base)
+            )
+        assert sorted(choices) == sorted(
+            reversed(choices)
+        )  # a total order: the input order is moot
+    assert release_choice(None, 4.0, math.nan).base == math.inf
 
 
 class Child:

@@ -144,3 +144,26 @@ def test_rejected_vectors_are_rejected() -> None:
     for hexdump, _why in rejected:
         with pytest.raises(SchemaError):
             ev.decode(bytes.fromhex(hexdump))
+
+
+#: the non-finite numbers of the rejected vectors, each the last value of its event
+_NON_FINITE = re.compile(r"(cb7ff0000000000000|cbfff0000000000000|cb7ff8000000000000|ca7f800000)\Z")
+_THIRTY = "cb403e000000000000"
+
+
+def test_rejected_numbers_are_the_only_fault_of_their_vectors() -> None:
+    """A non-finite duration is rejected for itself: the same event with ``30.0`` is valid"""
+    numbers = [
+        (hexdump, match)
+        for hexdump, _why in _REJECTED.findall(vectors.DOC.read_text())
+        if (match := _NON_FINITE.search(hexdump)) is not None
+    ]
+    assert {m.group(1) for _, m in numbers} >= {"cb7ff0000000000000", "ca7f800000"}
+    kinds = set()
+    for hexdump, match in numbers:
+        with pytest.raises(SchemaError, match=r"at `\$\.(interval_s|duration_s)`"):
+            ev.decode(bytes.fromhex(hexdump))
+        valid = ev.decode(bytes.fromhex(hexdump[: match.start()] + _THIRTY))
+        assert isinstance(valid, ev.Heartbeat | ev.PayloadFinished)
+        kinds.add(ev.kind_of(type(valid)))
+    assert kinds == {"heartbeat", "payload_finished"}
