@@ -22,6 +22,7 @@ _TIMING = (
     "retain_ended_s",
     "retain_lost_s",
     "clock_skew_warn_s",
+    "scale_down_window_s",
 )
 
 

@@ -195,6 +195,7 @@ def create_composite_pool(
                     interval=interval,
                     bus=remote,
                     site=site_adapter.bus_site,
+                    window_s=remote.config.scale_down_window_s,
                 )
             else:
                 pool = FactoryPool(*restored, factory=drone_factory, interval=interval)

@@ -1,24 +1,76 @@
 """
-:class:`RemoteFactoryPool`: a COBalD FactoryPool that releases the drones that cost least first
+:class:`RemoteFactoryPool`: a COBalD FactoryPool that shrinks only to the highest demand of a
+window, and releases the drones that cost least first
+
+Its rules: growing follows demand at once; shrinking goes no lower than the highest demand
+in effect within the last ``window_s`` seconds (:class:`DemandWindow`, Kubernetes' scale-down
+stabilization window), so a dip shorter than the window releases nothing; what is released
+is chosen by :func:`~broker.tardis.release.release_choice`.
 """
 
 from __future__ import annotations
 
+import collections
 import logging
+import time
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any, Final
 
 from cobald.composite.factory import FactoryPool
 
-from broker.tardis.bus import RemoteBus
 from broker.tardis.release import Choice, release_choice
 
+if TYPE_CHECKING:  # the bus's configuration takes this module's default
+    from broker.tardis.bus import RemoteBus
+
 log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
+
+#: default seconds of the scale-down stabilization window: the default of Kubernetes'
+#: HPA (``behavior.scaleDown.stabilizationWindowSeconds``)
+DEFAULT_SCALE_DOWN_WINDOW_S: Final = 300.0
+
+
+class DemandWindow:
+    """
+    The highest demand in effect within the last ``window_s`` seconds (``0``: the demand now)
+
+    Keeps each change of demand within the window, and the one in effect when it began:
+    at most one entry per change (COBalD's controllers set demand every few seconds).
+
+    :param clock: monotonic seconds (tests pass their own)
+    """
+
+    def __init__(self, window_s: float, clock: Callable[[], float] = time.monotonic) -> None:
+        self.window_s = window_s
+        self._clock = clock
+        #: ``(when, demand)`` of each change, oldest first
+        self._changes: collections.deque[tuple[float, float]] = collections.deque()
+
+    def seen(self, demand: float) -> None:
+        """``demand`` was set now"""
+        now = self._clock()
+        if not self._changes or self._changes[-1][1] != demand:
+            self._changes.append((now, demand))
+        self._forget(now)
+
+    def highest(self, demand: float) -> float:
+        """The highest of ``demand`` (the demand now) and every demand in effect in the window"""
+        if self.window_s <= 0:
+            return demand
+        self._forget(self._clock())
+        return max([demand, *(value for _, value in self._changes)])
+
+    def _forget(self, now: float) -> None:
+        changes = self._changes
+        # a demand set before the window counts while it was in effect when the window began
+        while len(changes) > 1 and changes[1][0] <= now - self.window_s:
+            changes.popleft()
 
 
 class RemoteFactoryPool(FactoryPool):
     """
-    A FactoryPool whose release order is :func:`~broker.tardis.release.release_choice`
+    A FactoryPool that shrinks only to the highest demand of the last ``window_s`` seconds,
+    and whose release order is :func:`~broker.tardis.release.release_choice`
 
     Drones whose agent never announced itself, then idle drones, then drones
     with payloads by the core-seconds idle while they drain; ties by COBalD's
@@ -28,6 +80,9 @@ class RemoteFactoryPool(FactoryPool):
 
     :meth:`_shrink` runs in COBalD's trio thread: the key reads plain
     attributes and the registry's immutable views only.
+
+    :param window_s: the scale-down stabilization window (:class:`DemandWindow`);
+        ``0``: shrink to the demand now, as COBalD's own pool does
     """
 
     def __init__(
@@ -37,10 +92,23 @@ class RemoteFactoryPool(FactoryPool):
         interval: float = 30,
         bus: RemoteBus | None = None,
         site: str = "",
+        window_s: float = 0.0,
     ) -> None:
+        self.window = DemandWindow(window_s)
         super().__init__(*children, factory=factory, interval=interval)
+        self.window.seen(self._demand)
         self.bus = bus
         self.site = site
+
+    @property
+    def demand(self) -> float:
+        return float(self._demand)
+
+    @demand.setter
+    def demand(self, value: float) -> None:
+        # as FactoryPool's: acknowledge now, act at the next adjustment
+        self._demand = value
+        self.window.seen(value)
 
     def release_key(self, child: Any) -> Choice:
         base = float(child.supply * child.utilisation)
@@ -56,7 +124,9 @@ class RemoteFactoryPool(FactoryPool):
         return release_choice(view, cores, base, bus.durations)
 
     def _shrink(self, target: float) -> None:
-        # cobald 0.14 FactoryPool._shrink, with our order instead of supply x utilisation
+        # cobald 0.14 FactoryPool._shrink (cobald/composite/factory.py), to the window's
+        # highest demand, with our order instead of supply x utilisation
+        target = self.window.highest(target)
         keyed = sorted(((self.release_key(child), child) for child in self._hatchery), key=_first)
         excess_demand = sum(child.demand for _, child in keyed) - target
         for choice, child in keyed:

@@ -10,6 +10,7 @@ from typing import Any
 
 from support.tardis import SITE, announce, offline_bus
 
+from broker.tardis.pool import DemandWindow
 from broker.tardis_adapter import RemoteBus, RemoteFactoryPool
 from remote_agent.protocol import events as ev
 
@@ -116,3 +117,43 @@ def test_without_a_bus_it_is_cobalds_order() -> None:
     children = [Child("site1-0000000001", 2, 0.5), Child("site1-0000000002", 2, 0.1)]
     pool = RemoteFactoryPool(*children, factory=lambda: Child("x-y"), interval=1)
     assert sorted(children, key=pool.release_key)[0] is children[1]
+
+
+def test_a_dip_shorter_than_the_window_releases_nothing_a_lasting_one_the_cheapest() -> None:
+    """Kubernetes' scale-down stabilization: shrink to the highest demand of the window"""
+    bus = offline_bus()
+    children = _fleet(bus)  # five drones of 2 cores: 10 demanded
+    pool = _pool(bus, list(children.values()))
+    now = [0.0]
+    pool.window = DemandWindow(300.0, lambda: now[0])
+    pool.demand = 10.0
+    now[0] = 100.0
+    pool.demand = 4.0  # the controller lowers the demand for a while
+    now[0] = 250.0
+    pool.demand = 8.0  # and raises it again
+    for now[0] in (260.0, 399.0):  # the 10 of before 100 s is still in the window
+        pool._shrink(target=pool.demand)
+        assert _released(list(children.values())) == []
+    now[0] = 420.0  # the window holds 4 (in effect at its start) and 8: one drone goes
+    pool._shrink(target=pool.demand)
+    assert set(_released(list(children.values()))) <= {"site1-000000000b", "site1-000000000c"}
+    assert len(_released(list(children.values()))) == 1
+    now[0] = 600.0
+    pool.demand = 4.0  # a lasting dip: after the window, down to 4, cheapest first
+    now[0] = 899.0
+    pool._shrink(target=pool.demand)
+    assert len(_released(list(children.values()))) == 1
+    now[0] = 900.0
+    pool._shrink(target=pool.demand)
+    assert set(_released(list(children.values()))) == {
+        "site1-000000000b",
+        "site1-000000000c",
+        "site1-000000000a",
+    }
+
+
+def test_without_a_window_it_shrinks_to_the_demand_now() -> None:
+    window = DemandWindow(0.0)
+    window.seen(10.0)
+    window.seen(4.0)
+    assert window.highest(4.0) == 4.0
