@@ -150,8 +150,7 @@ class IssuerThread:
         self._call(self._wake)
         if not self._thread.is_alive():
             return
-        with contextlib.suppress(Exception):
-            await asyncio.wait_for(asyncio.shield(asyncio.wrap_future(self._ended)), _STOP_WAIT_S)
+        await asyncio.to_thread(self._thread.join, _STOP_WAIT_S)
         if self._thread.is_alive():
             log.warning("the issuer's thread did not end within %.0fs", _STOP_WAIT_S)
 
