@@ -27,7 +27,7 @@ from nats.aio.client import Client
 from broker.manager.grants import Grant, GrantStore
 from broker.manager.registry import Registry
 from broker.manager.sitequeues import MAX_SITES
-from broker.server.auth.authority import IssuerKey, load_issuer_key
+from broker.server.auth.authority import IssuerKey
 from broker.server.auth.credentials import drone_jwt
 from remote_agent.protocol.bootstrap import (
     MAX_CLOCK_SKEW_S,
@@ -139,20 +139,6 @@ class Issuer:
         self._rate = _SiteRate(settings.rate_per_s, settings.burst)
         self._say = RateLimitedLog(log)
         self._serve_site = serve_site
-
-    @classmethod
-    def load(
-        cls,
-        settings: IssuerSettings,
-        grants: GrantStore,
-        registry: Registry,
-        *,
-        domain: str | None = None,
-        counts: collections.Counter[str] | None = None,
-    ) -> Issuer:
-        """:raises AuthError: if the issuer's key file cannot be read"""
-        key = load_issuer_key(settings.key)
-        return cls(settings, key, grants, registry, domain=domain, counts=counts)
 
     async def mint(self, site: str, drone: str) -> str:
         """

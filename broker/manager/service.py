@@ -2,10 +2,10 @@
 The manager side as one long-running service
 
 :class:`ManagerService` owns the connection, the durable consumer on the event
-stream, the watch on the handshake bucket, the registry and the periodic pass that
-marks drones ended and lost and retires them. Its rule: :meth:`~ManagerService.run`
-never returns and never raises (COBalD aborts the daemon on either); failures are
-logged and retried.
+stream, the watch on the handshake bucket, the registry, the periodic pass that
+marks drones ended and lost and retires them, and the issuer's thread. Its rule:
+:meth:`~ManagerService.run` never returns and never raises (COBalD aborts the daemon on
+either); failures are logged and retried.
 """
 
 from __future__ import annotations
