@@ -169,7 +169,12 @@ def _auth_bootstrap(args: argparse.Namespace) -> int:
 
     authority = load_authority(Path(args.authority))
     valid_for_s = args.valid_for if args.valid_for > 0 else None
-    _issue(args, bootstrap_credentials(authority, Namespace(args.prefix), args.site, valid_for_s))
+    _issue(
+        args,
+        bootstrap_credentials(
+            authority, Namespace(args.prefix), args.site, valid_for_s, args.source
+        ),
+    )
     return _advise(
         args,
         f"install it where the drones of site {args.site} find it (bus.bootstrap_creds, or "
@@ -331,6 +336,14 @@ def add_commands(auth: argparse.ArgumentParser) -> None:
     add_prefix(bootstrap)
     add_seconds(
         bootstrap, "--valid-for", 0, "seconds until it expires (default 0: never)", metavar="S"
+    )
+    bootstrap.add_argument(
+        "--source",
+        action="append",
+        default=[],
+        metavar="CIDR",
+        help="connect only from this network, e.g. the site's worker nodes' (repeat for more; "
+        "default: from anywhere)",
     )
     bootstrap.add_argument("--out", help="write here (0600) instead of stdout")
     add_json(bootstrap)

@@ -25,6 +25,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from broker.jetstream.messages import ConsumerStats
+from broker.manager.issuer import QUEUE_FULL
 from broker.manager.registry import Registry
 from broker.manager.retire import Retired
 from remote_agent import __version__
@@ -59,7 +60,7 @@ class Sources:
     :param notes_buffered: TARDIS state notes waiting for the bus
     :param issuer_counts: what the bootstrap issuer did (``issued_enroll``,
         ``issued_renew``, ``refused_<reason>``, ``dropped_reply_subject``, ``alarms``,
-        ``clock_skewed``, ``minted``; kept across reconnects)
+        ``clock_skewed``, ``minted``, ``queue_full:<site>``; kept across reconnects)
     :param retired: the drones retired since the manager started, and their records
     """
 
@@ -319,6 +320,18 @@ class ManagerCollector(Collector):
             "Bootstrap requests answered nowhere: their reply subject was not their site's "
             "bootstrap inbox",
             value=counts.get("dropped_reply_subject", 0),
+        )
+        yield _counter(
+            "bootstrap_queue_full",
+            "Bootstrap requests dropped unread because their site's queue was full (a flood "
+            "from the site's bootstrap identity, or more of its drones asking at once than "
+            "the issuer answers), by site",
+            "site",
+            sorted(
+                (name.removeprefix(QUEUE_FULL), count)
+                for name, count in counts.items()
+                if name.startswith(QUEUE_FULL)
+            ),
         )
         yield CounterMetricFamily(
             PREFIX + "bootstrap_alarms",

@@ -96,6 +96,19 @@ class GrantStore:
             raise GrantError(f"the grant under {site}/{drone} names {grant.site}/{grant.drone}")
         return grant, entry.revision
 
+    async def sites(self) -> set[str]:
+        """The sites with at least one grant"""
+        try:
+            keys = await self._kv.keys()
+        except nats.js.errors.NoKeysError:
+            return set()
+        return {key.partition(".")[0] for key in keys}
+
+    @property
+    def subjects(self) -> str:
+        """The subjects every write to the bucket is published on: ``$KV.<bucket>.>``"""
+        return kv_subjects(self._namespace.grant_bucket) + ">"
+
     async def mint(self, site: str, drone: str, valid_for_s: float, now: dt.datetime) -> str:
         """
         A new token for ``drone``, valid for ``valid_for_s``; only its hash is stored

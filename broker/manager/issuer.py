@@ -1,33 +1,33 @@
 """
 The issuer: signs each bootstrapped drone a short-lived user JWT for its own key
 
-It answers :mod:`remote_agent.protocol.bootstrap` requests on ``<prefix>.bootstrap.*``.
-Its rule: a JWT is signed only for a request signed by the key it names, on its own
-site's subject, for a drone with a grant that is not revoked and a drone that has not
-ended; an enrollment needs the drone's unused, unexpired token and wins the grant by
+It answers :mod:`remote_agent.protocol.bootstrap` requests on
+``<prefix>.bootstrap.<site>`` (received by :mod:`broker.manager.issuer_thread`). Its rule:
+a JWT is signed only for a request signed by the key it names, on its own site's subject,
+for a drone with a grant that is not revoked and a drone that has not ended; an
+enrollment needs the drone's unused, unexpired token and wins the grant by
 compare-and-set, a renewal needs the key the grant holds. Every refusal is counted by
 reason and logged (rate-limited) with the drone and the site it came from.
 """
 
 from __future__ import annotations
 
-import asyncio
 import collections
 import datetime as dt
 import logging
 import time
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Final
 
 import nats.errors
 from nats.aio.client import Client
-from nats.aio.msg import Msg
-from nats.aio.subscription import Subscription
 
 from broker.manager.grants import Grant, GrantStore
 from broker.manager.registry import Registry
-from broker.server.auth.authority import IssuerKey, load_issuer_key
+from broker.manager.sitequeues import MAX_SITES
+from broker.server.auth.authority import IssuerKey
 from broker.server.auth.credentials import drone_jwt
 from remote_agent.protocol.bootstrap import (
     AnyBootstrapRequest,
@@ -47,8 +47,10 @@ from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("cobald.runtime.cobald_remote.issuer")
 
-#: the queue group of the issuer's subscription: several managers share the requests
+#: the queue group of the issuer's subscriptions: several managers share the requests
 QUEUE: Final = "cobald-remote-issuer"
+#: the count of one site's requests dropped unread, its queue full: ``queue_full:<site>``
+QUEUE_FULL: Final = "queue_full:"
 #: how long a bootstrap token is valid by default: a little over a long queue time
 DEFAULT_TOKEN_VALID_S: Final = 3 * 24 * 3600.0
 #: how long an issued JWT is valid by default; revocation takes effect within it
@@ -65,7 +67,10 @@ class IssuerSettings:
     :param jwt_valid_s: how long an issued JWT is valid; the agent renews it at half
     :param rate_per_s: requests per second each site may send on average
     :param burst: requests a site may send at once
-    :param in_flight: requests handled at once; more wait in the subscription
+    :param in_flight: requests handled at once (the issuer's workers); more wait in
+        their site's queue
+    :param site_queue: requests of one site that may wait; one more is dropped unread
+        (counted per site): what one site's flood can hold up is its own queue
     """
 
     key: Path
@@ -74,10 +79,7 @@ class IssuerSettings:
     rate_per_s: float = 500.0
     burst: float = 1000.0
     in_flight: int = 64
-
-
-#: sites whose request rate is tracked at most; the longest quiet is forgotten first
-_MAX_SITES: Final = 4096
+    site_queue: int = 256
 
 
 class _SiteRate:
@@ -90,7 +92,7 @@ class _SiteRate:
 
     def allow(self, site: str, now: float) -> bool:
         level, last = self._sites.pop(site, (self._burst, now))  # re-inserted: newest last
-        if len(self._sites) >= _MAX_SITES:
+        if len(self._sites) >= MAX_SITES:  # the longest quiet is forgotten first
             del self._sites[next(iter(self._sites))]
         level = min(self._burst, level + (now - last) * self._rate)
         if level < 1.0:
@@ -102,12 +104,17 @@ class _SiteRate:
 
 class Issuer:
     """
-    Serves the bootstrap requests of every site, signing with the authority's account key
+    Decides and answers bootstrap requests, signing with the authority's account key
+
+    The manager's session holds two: one on its own connection that mints tokens, and
+    the one its :class:`~broker.manager.issuer_thread.IssuerThread` answers with.
 
     :attr:`counts` holds ``minted``, ``issued_enroll``, ``issued_renew``,
     ``refused_<reason>``, ``dropped_reply_subject`` (a request whose reply subject is not
-    its site's bootstrap inbox: answered nowhere) and ``alarms`` (a token used again by
-    another key: stolen, or a second job per drone).
+    its site's bootstrap inbox: answered nowhere), ``alarms`` (a token used again by
+    another key: stolen, or a second job per drone) and, counted by the
+    :class:`~broker.manager.issuer_thread.IssuerThread` that serves it,
+    ``queue_full:<site>`` (requests of the site dropped unread: its queue was full).
     """
 
     def __init__(
@@ -119,6 +126,7 @@ class Issuer:
         *,
         domain: str | None = None,
         counts: collections.Counter[str] | None = None,
+        serve_site: Callable[[str], Awaitable[None]] | None = None,
     ) -> None:
         self.settings = settings
         self.grants = grants
@@ -129,63 +137,28 @@ class Issuer:
         self._domain = domain
         self._rate = _SiteRate(settings.rate_per_s, settings.burst)
         self._say = RateLimitedLog(log)
-        self._slots = asyncio.Semaphore(settings.in_flight)
-        self._tasks: set[asyncio.Task[None]] = set()
-
-    @classmethod
-    def load(
-        cls,
-        settings: IssuerSettings,
-        grants: GrantStore,
-        registry: Registry,
-        *,
-        domain: str | None = None,
-        counts: collections.Counter[str] | None = None,
-    ) -> Issuer:
-        """:raises AuthError: if the issuer's key file cannot be read"""
-        key = load_issuer_key(settings.key)
-        return cls(settings, key, grants, registry, domain=domain, counts=counts)
+        self._serve_site = serve_site
 
     async def mint(self, site: str, drone: str) -> str:
-        """A new one-time token for ``drone`` (:meth:`GrantStore.mint`)"""
+        """
+        A new one-time token for ``drone`` (:meth:`GrantStore.mint`); its site's requests
+        are answered once this returns (``serve_site``)
+        """
         now = dt.datetime.now(dt.UTC)
         token = await self.grants.mint(site, drone, self.settings.token_valid_s, now)
         self.counts["minted"] += 1
+        if self._serve_site is not None:
+            await self._serve_site(site)
         return token
 
-    async def serve(self, nc: Client, stop: asyncio.Event) -> None:
-        """Answer requests until ``stop`` is set"""
+    async def answer(self, nc: Client, site: str, reply: str, data: bytes) -> None:
+        """
+        Decide one request that came on ``site``'s bootstrap subject and answer it on ``nc``
 
-        async def arrived(msg: Msg) -> None:
-            # one subscription delivers in order: a request that waits for the bucket
-            # must not hold up the others, so each runs in a task, a bounded number
-            await self._slots.acquire()
-            task = asyncio.create_task(self._answer(nc, msg))
-            self._tasks.add(task)
-            task.add_done_callback(self._done)
-
-        subscription: Subscription = await nc.subscribe(
-            self._namespace.all_bootstrap, queue=QUEUE, cb=arrived
-        )
-        log.info("issuing drone identities on %s", self._namespace.all_bootstrap)
-        try:
-            await stop.wait()
-        finally:
-            for task in list(self._tasks):
-                task.cancel()
-            await asyncio.gather(*self._tasks, return_exceptions=True)
-            try:
-                await subscription.unsubscribe()
-            except nats.errors.Error as err:
-                log.debug("cannot unsubscribe the issuer: %r", err)
-
-    def _done(self, task: asyncio.Task[None]) -> None:
-        self._tasks.discard(task)
-        self._slots.release()
-
-    async def _answer(self, nc: Client, msg: Msg) -> None:
-        site = msg.subject.rsplit(".", 1)[-1]
-        if not (is_token(site) and msg.reply.startswith(bootstrap_inbox(site) + ".")):
+        Never raises for what the request holds or for the grants bucket: a failure is
+        answered ``unavailable`` (the drone asks again).
+        """
+        if not (is_token(site) and reply.startswith(bootstrap_inbox(site) + ".")):
             # the issuer may publish anywhere: a reply to a subject the requester chose
             # (another drone's event, a record's key) would write where the site may not
             self.counts["dropped_reply_subject"] += 1
@@ -193,18 +166,18 @@ class Issuer:
                 f"reply {site}",
                 "dropped a bootstrap request on %s: its reply subject %r is not the site's"
                 " bootstrap inbox",
-                msg.subject,
-                msg.reply[:200],
+                f"{self._namespace.prefix}.bootstrap.{site[:200]}",
+                reply[:200],
             )
             return
         try:
-            reply = await self._decide(site, msg.data)
+            answer = await self._decide(site, data)
         except Exception as err:  # the bucket or a bug: the drone asks again later
             log.warning("cannot answer a bootstrap request from site %s: %r", site, err)
-            reply = self._refuse(site, "?", Refusal.UNAVAILABLE, "the issuer failed; ask again")
+            answer = self._refuse(site, "?", Refusal.UNAVAILABLE, "the issuer failed; ask again")
         try:
             # not msg.respond(): that would echo the request's headers
-            await nc.publish(msg.reply, encode(reply))
+            await nc.publish(reply, encode(answer))
         except (nats.errors.Error, OSError) as err:
             log.debug("cannot send a bootstrap reply: %r", err)
 

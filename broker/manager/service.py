@@ -2,10 +2,10 @@
 The manager side as one long-running service
 
 :class:`ManagerService` owns the connection, the durable consumer on the event
-stream, the watch on the handshake bucket, the registry and the periodic pass that
-marks drones ended and lost and retires them. Its rule: :meth:`~ManagerService.run`
-never returns and never raises (COBalD aborts the daemon on either); failures are
-logged and retried.
+stream, the watch on the handshake bucket, the registry, the periodic pass that
+marks drones ended and lost and retires them, and the issuer's thread. Its rule:
+:meth:`~ManagerService.run` never returns and never raises (COBalD aborts the daemon on
+either); failures are logged and retried.
 """
 
 from __future__ import annotations
@@ -29,12 +29,14 @@ from broker.manager.control import DEFAULT_REQUEST_TIMEOUT_S, Control
 from broker.manager.grants import GrantStore
 from broker.manager.handler import event_handler, note_handler
 from broker.manager.issuer import Issuer, IssuerSettings
+from broker.manager.issuer_thread import IssuerThread
 from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, DEFAULT_RETAIN_LOST_S
 from broker.manager.rebuild import RebuildReport, rebuild
 from broker.manager.records import watch_records
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, Registry
 from broker.manager.retire import Retired, retire_ended
 from broker.manager.views import DEFAULT_CLOCK_SKEW_WARN_S
+from broker.server.auth.authority import load_issuer_key
 from broker.server.durable import DEFAULT_DURABLE, durable_config, ensure_consumer
 from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.names import Namespace, api_prefix
@@ -182,14 +184,29 @@ class ManagerService:
                 domain=settings.domain,
                 request_timeout_s=settings.request_timeout_s,
             )
-            issuer = None
+            issuer, serving = None, None
             if settings.issuer is not None:
-                issuer = Issuer.load(
+                key = load_issuer_key(settings.issuer.key)
+                # the requests are answered in a thread of its own, on connections of its
+                # own; this connection's issuer mints tokens and purges grants
+                serving = IssuerThread(
                     settings.issuer,
+                    key,
+                    self.registry,
+                    servers=settings.servers,
+                    creds=settings.creds,
+                    domain=settings.domain,
+                    counts=self.issuer_counts,
+                    retry_s=settings.retry_s,
+                )
+                issuer = Issuer(
+                    settings.issuer,
+                    key,
                     await GrantStore.open(js, ns),
                     self.registry,
                     domain=settings.domain,
                     counts=self.issuer_counts,
+                    serve_site=serving.serve_site,
                 )
             report, feed = await rebuild(nc, js, self.registry, api=self._api)
             self.last_rebuild = report
@@ -215,9 +232,11 @@ class ManagerService:
                 stats=self.consumer_stats,
             )
             self._pulls.extend((consumer, notes))
-            self.issuer = issuer
-            self.ready.set()
             try:
+                if serving is not None:
+                    await serving.start()  # after the rebuild: it reads which drones ended
+                self.issuer = issuer
+                self.ready.set()
                 async with asyncio.TaskGroup() as tg:
                     tasks = [
                         tg.create_task(consumer.run(self._stop)),
@@ -229,14 +248,16 @@ class ManagerService:
                         ),
                         tg.create_task(self._liveness(js)),
                     ]
-                    if issuer is not None:
-                        tasks.append(tg.create_task(issuer.serve(nc, self._stop)))
+                    if serving is not None:
+                        tasks.append(tg.create_task(serving.run(self._stop)))
                     await self._stop.wait()
                     for task in tasks:
                         task.cancel()
             finally:
                 self._pulls.clear()
                 self.issuer = None
+                if serving is not None:
+                    await serving.stop()
         finally:
             self._closing = True
             await close(nc)

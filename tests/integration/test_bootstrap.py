@@ -20,10 +20,12 @@ from support.agent import settings as agent_settings
 from support.bootstrap import (
     Asker,
     bootstrapped,
+    issuer_threads,
     manager_settings,
     minted,
     refused,
     site_bootstrap,
+    up,
 )
 from support.manager import running_manager
 from support.servers import refused_for_another
@@ -119,8 +121,12 @@ async def test_a_site_identity_speaks_for_its_own_site_only(
     server, authority = secured
     creds = site_bootstrap(tmp_path, authority)
     async with running_manager(manager_settings(tmp_path, server, authority)) as service:
-        token = await minted(service, "site2-00000000aa", site="site2")
+        # the issuer answers a site once it has a grant: before, nobody would
         asker = Asker(server.url, creds)
+        with pytest.raises(nats.errors.NoRespondersError):
+            await asker.ask(asker.enroll(DRONE, "not-minted"))
+        await minted(service)
+        token = await minted(service, "site2-00000000aa", site="site2")
         # its own subject, naming another site: refused by the issuer
         refused(
             await asker.ask(asker.enroll("site2-00000000aa", token, site="site2")), Refusal.FORGED
@@ -195,6 +201,21 @@ async def test_the_agent_renews_its_identity_and_stays_on_the_bus(
             assert await run.stop() == 128 + 15
         view = service.registry.view(SITE, DRONE)
         assert view is not None and view.state is ev.DroneState.EXITING
+
+
+async def test_the_issuer_answers_again_after_the_server_restarts(
+    tmp_path: Path, secured: tuple[EmbeddedServer, Path]
+) -> None:
+    """Its connections reconnect (the manager's session goes on); no thread is left over"""
+    server, authority = secured
+    async with running_manager(manager_settings(tmp_path, server, authority)) as service:
+        token = await minted(service)
+        await server.restart()
+        async with running(bootstrapped(tmp_path, server, authority, token)):
+            await wait_until(lambda: up(service.registry), 60, "the drone up")
+        assert service.issuer_counts["issued_enroll"] == 1
+        assert len(issuer_threads()) == 1
+    assert not issuer_threads()
 
 
 async def test_an_identity_that_expired_while_the_issuer_was_away_is_renewed_after(

@@ -241,3 +241,44 @@ async def test_a_sites_bootstrap_identity_is_revoked_by_name_and_refused_after_a
                 outcome = err
             assert time.monotonic() < deadline, f"not refused after the reload: {outcome!r}"
             await asyncio.sleep(0.2)
+
+
+@pytest.mark.timeout(60)
+async def test_a_sites_bootstrap_identity_connects_only_from_its_networks(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """``auth bootstrap --source``: the user JWT's ``src``, which every server checks"""
+    authority, server_config = tmp_path / "authority.json", tmp_path / "auth.conf"
+    given = ["--authority", str(authority)]
+    assert main(["auth", "init", *given, "--server-config", str(server_config)]) == 0
+    here, elsewhere = tmp_path / "here.creds", tmp_path / "elsewhere.creds"
+    source = ["--source", "192.0.2.0/24", "--source", "2001:db8::/32"]
+    assert main(["auth", "bootstrap", SITE, *given, *source, "--out", str(elsewhere)]) == 0
+    assert (
+        main(["auth", "bootstrap", SITE, *given, "--source", "127.0.0.1/8", "--out", str(here)])
+        == 0
+    )
+    assert creds_claims(here.read_text())["nats"]["src"] == ["127.0.0.0/8"]
+    assert main(["auth", "bootstrap", SITE, *given, "--source", "site1's nodes"]) == 1
+    assert "not a network in CIDR notation" in capsys.readouterr().err
+
+    config = tmp_path / "server.conf"
+    config.write_text(f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\ninclude "auth.conf"\n')
+    async with EmbeddedServer(tmp_path / "nats", config_file=config) as server:
+
+        async def quiet(err: Exception) -> None:
+            pass
+
+        def site(creds: Path) -> Any:
+            return connect(
+                server.url,
+                user_credentials=str(creds),
+                inbox_prefix=f"_BOOTSTRAP_{SITE}",
+                error_cb=quiet,
+                allow_reconnect=False,
+                connect_timeout=2,
+            )
+
+        await close(await site(here))  # the test connects from 127.0.0.1
+        with pytest.raises(nats.errors.Error, match=r"(?i)authorization violation"):
+            await site(elsewhere)

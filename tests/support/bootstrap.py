@@ -5,6 +5,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import sys
+import threading
 from collections.abc import AsyncIterator, Sequence
 from pathlib import Path
 
@@ -12,6 +14,7 @@ import nkeys
 from nats.aio.client import Client
 
 from broker.manager.issuer import IssuerSettings
+from broker.manager.issuer_thread import THREAD_NAME
 from broker.manager.registry import Registry
 from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.auth.authority import (
@@ -44,8 +47,10 @@ from remote_agent.protocol.bootstrap import (
 from remote_agent.protocol.connect import close, connect
 from remote_agent.protocol.events import DroneState
 from remote_agent.protocol.names import Namespace, bootstrap_inbox
+from support import flooder
 from support.agent import SITE
 from support.agent import settings as agent_settings
+from support.processes import start_process
 from support.servers import hub_and_leaf, uncomment
 from support.waiting import wait_until
 
@@ -208,16 +213,56 @@ class Asker:
             await close(nc)
 
     async def ask(
-        self, request: object, subject_site: str | None = None, nc: Client | None = None
+        self,
+        request: object,
+        subject_site: str | None = None,
+        nc: Client | None = None,
+        timeout_s: float = 2.0,
     ) -> Issued | IssueRefused:
         """Send ``request`` (a message, or raw bytes) to the issuer and decode its answer"""
         data = request if isinstance(request, bytes) else ev.encode(request)  # type: ignore[arg-type]
         subject = NS.bootstrap(subject_site or self.site)
         if nc is not None:
-            return decode_bootstrap_reply((await nc.request(subject, data, timeout=2)).data)
+            return decode_bootstrap_reply((await nc.request(subject, data, timeout_s)).data)
         async with self.connected() as own:
-            msg = await own.request(subject, data, timeout=2)
+            msg = await own.request(subject, data, timeout_s)
         return decode_bootstrap_reply(msg.data)
+
+
+@contextlib.asynccontextmanager
+async def flooding(
+    url: str, creds: Path, body: bytes, site: str = SITE
+) -> AsyncIterator[asyncio.subprocess.Process]:
+    """
+    A process on ``site``'s bootstrap identity sending ``body`` to the issuer, as fast as
+    one client can (:mod:`support.flooder`), from once it is flooding until the block ends
+    """
+    body_file = creds.with_name(f"flood-{site}.bin")
+    body_file.write_bytes(body)
+    process = await start_process(
+        sys.executable,
+        Path(flooder.__file__),
+        url,
+        creds,
+        NS.bootstrap(site),
+        f"{bootstrap_inbox(site)}.flood",
+        body_file,
+        stdout=asyncio.subprocess.PIPE,
+    )
+    try:
+        assert process.stdout is not None
+        started = await asyncio.wait_for(process.stdout.readline(), 30)
+        assert started == b"flooding\n", started
+        yield process
+    finally:
+        if process.returncode is None:
+            process.terminate()
+        await process.wait()
+
+
+def issuer_threads() -> list[threading.Thread]:
+    """The issuers' threads that run in this process (one per running manager)"""
+    return [thread for thread in threading.enumerate() if thread.name == THREAD_NAME]
 
 
 def up(registry: Registry, drone: str = DRONE, site: str = SITE) -> bool:

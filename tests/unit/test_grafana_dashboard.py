@@ -22,6 +22,7 @@ import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from broker.jetstream.messages import ConsumerStats
+from broker.manager.issuer import QUEUE_FULL
 from broker.manager.metrics import Sources, render
 from broker.manager.registry import Registry
 from broker.manager.retire import Retired
@@ -101,7 +102,7 @@ def _exported() -> dict[str, set[str]]:
             rebuild_seconds=lambda: 1.0,
             tardis_calls=lambda: {"bus": collections.Counter(notes_published=1)},
             notes_buffered=lambda: 0,
-            issuer_counts=collections.Counter,
+            issuer_counts=lambda: collections.Counter({f"{QUEUE_FULL}site1": 1}),
             retired=Retired,
         )
     )

@@ -18,6 +18,7 @@ from support.metrics import NS, SITE, fleet, parsed
 
 from broker.jetstream.messages import ConsumerStats
 from broker.manager.collector import tardis_labels
+from broker.manager.issuer import QUEUE_FULL
 from broker.manager.metrics import Sources, render
 from broker.manager.registry import Registry
 from broker.manager.retire import Retired
@@ -209,6 +210,8 @@ def test_issuer_families_list_every_refusal_zeros_included() -> None:
         alarms=1,
         minted=9,
     )
+    counts[f"{QUEUE_FULL}site1"] = 1000
+    counts[f"{QUEUE_FULL}site2"] = 6
     samples = parsed(render(Sources(registry=Registry(NS), issuer_counts=lambda: counts)))
     issued = "cobald_remote_bootstrap_issued_total"
     assert samples[(issued, (("kind", "enroll"),))] == 5
@@ -222,6 +225,9 @@ def test_issuer_families_list_every_refusal_zeros_included() -> None:
     assert samples[("cobald_remote_bootstrap_dropped_total", ())] == 4
     assert samples[("cobald_remote_bootstrap_alarms_total", ())] == 1
     assert samples[("cobald_remote_bootstrap_tokens_minted_total", ())] == 9
+    full = "cobald_remote_bootstrap_queue_full_total"
+    assert samples[(full, (("site", "site1"),))] == 1000
+    assert samples[(full, (("site", "site2"),))] == 6
 
 
 def test_an_issuer_that_did_nothing_yet_shows_zeros() -> None:

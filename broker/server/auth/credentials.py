@@ -7,15 +7,18 @@ record (``docs/agent.md``), so the server refuses a drone speaking for another.
 
 from __future__ import annotations
 
+import ipaddress
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any, Final
 
 import nkeys
 
+from broker.errors import AuthError
 from broker.server.auth.authority import Authority, IssuerKey
 from broker.server.auth.jwt import creds_file, encode_jwt, key_of, new_key, public_of, seed_of
+from remote_agent.protocol.bootstrap import MAX_BOOTSTRAP_MESSAGE
 from remote_agent.protocol.events import EVENT_TYPES, kind_of
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import (
@@ -171,13 +174,50 @@ def bootstrap_permissions(namespace: Namespace, site: str) -> dict[str, Any]:
     }
 
 
+def bootstrap_limits(sources: Sequence[str] = ()) -> dict[str, Any]:
+    """
+    What nats-server enforces for a site's bootstrap identity (``docs/deployment.md#limits``)
+
+    A request is at most what the issuer decodes (a larger one closes the connection
+    before it reaches the issuer); four subscriptions (an agent holds one, its request
+    inbox); standard connections only; with ``sources``, connections from those networks
+    only (the user JWT's ``src``).
+
+    :param sources: networks in CIDR notation (``192.0.2.0/24``, ``2001:db8::/32``)
+    :raises AuthError: if a source is not a network
+    """
+    limits = DroneLimits(subscriptions=4, payload_bytes=MAX_BOOTSTRAP_MESSAGE).claims()
+    if sources:
+        networks = []
+        for source in sources:
+            try:
+                networks.append(str(ipaddress.ip_network(source, strict=False)))
+            except ValueError:
+                raise AuthError(
+                    f"{source!r} is not a network in CIDR notation (e.g. 192.0.2.0/24)"
+                ) from None
+        limits["src"] = networks
+    return limits
+
+
 def bootstrap_credentials(
-    authority: Authority, namespace: Namespace, site: str, valid_for_s: float | None = None
+    authority: Authority,
+    namespace: Namespace,
+    site: str,
+    valid_for_s: float | None = None,
+    sources: Sequence[str] = (),
 ) -> str:
-    """A ``.creds`` file (text) of a site's bootstrap identity, shared by its drones"""
-    limits = DroneLimits(subscriptions=4, payload_bytes=16 * 1024).claims()
+    """
+    A ``.creds`` file (text) of a site's bootstrap identity, shared by its drones
+
+    :raises AuthError: if a source is not a network (:func:`bootstrap_limits`)
+    """
     return _user(
-        authority, f"bootstrap-{site}", bootstrap_permissions(namespace, site), valid_for_s, limits
+        authority,
+        f"bootstrap-{site}",
+        bootstrap_permissions(namespace, site),
+        valid_for_s,
+        bootstrap_limits(sources),
     )
 
 
