@@ -471,6 +471,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         enrolling, enrolled_file = await start_enroller(
             bus.url, issuer, creds[ENROLLING_SITE], args.enroll_rate, planned_s, tmp
         )
+        # the flooded site runs drones too: its file is on them, and its site has grants
+        await issuer.mint(FLOODED_SITE, _common.drone_name(FLOODED_SITE, 0))
 
         stop, stop_cycle = asyncio.Event(), asyncio.Event()
         applied: list[tuple[float, float]] = []
