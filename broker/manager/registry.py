@@ -241,6 +241,16 @@ class Registry(RecordMerge):
                     return Applied.DUPLICATE
                 self.stale += 1
                 return Applied.STALE
+        elif stream_seq is None:
+            stream_seq = 1
+        superseded = (
+            self._charge(key, event, data, received_time, stream_seq, now, heartbeat)
+            if charge
+            else None
+        )
+        if isinstance(superseded, Applied):
+            return superseded  # held, or older than the event held
+        if old is not None:
             # the strings of the old view serve on: the event's copies are freed with it
             site, drone, record = old.site, old.drone, old.record
             tardis: tuple[int | None, str, float | None] = (None, "", None)
@@ -256,8 +266,6 @@ class Registry(RecordMerge):
                 old.heartbeat_interval_s,
             )
         else:
-            if stream_seq is None:
-                stream_seq = 1
             site = sys.intern(event.site)  # a site name repeats for thousands of drones
             drone = event.drone
             key = (site, drone)
@@ -265,13 +273,6 @@ class Registry(RecordMerge):
             tardis = (None, "", None)
             ended = ("", None)
             beat_seq = beat_stream = beat_time = beat_interval = None
-        superseded = (
-            self._charge(key, event, data, received_time, stream_seq, now, heartbeat)
-            if charge
-            else None
-        )
-        if isinstance(superseded, Applied):
-            return superseded  # held, or older than the event held
         if heartbeat:
             beat_seq, beat_stream, beat_time = event.seq, stream_seq, received_time
             beat_interval = event.interval_s  # type: ignore[union-attr]

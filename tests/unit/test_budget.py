@@ -3,7 +3,8 @@ A drone's budget of applied events: beyond it only its newest event waits, and n
 
 The registry is fed as the consumer's handler feeds it (``now`` given: events beyond the
 budget are held) and as the rebuild does (``now`` not given); held events are released by
-:meth:`Registry.release_held`. The handler's own timer is tested on a running loop.
+:meth:`Registry.release_held`. The handler's own timer is tested on a running loop; the
+waker's count of TARDIS state runs that waited for their budget last.
 """
 
 from __future__ import annotations
@@ -20,6 +21,7 @@ from support.waiting import wait_until
 from broker.manager.budget import EVENT_BUDGET, NOISY_FOR_S, Accounts, Budget
 from broker.manager.handler import event_handler
 from broker.manager.registry import Applied, Registry
+from broker.tardis.wake import Waker
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.limits import MAX_PAYLOADS
 
@@ -284,3 +286,15 @@ async def test_the_handler_applies_the_held_event_without_a_newer_one() -> None:
     assert registry.next_release is None
     metrics = registry.metrics()
     assert (metrics.applied, metrics.coalesced) == (4, 4)
+
+
+def test_the_waker_counts_state_runs_that_waited_and_their_drones_for_a_minute() -> None:
+    now = [100.0]
+    waker = Waker(lambda drone: True, clock=lambda: now[0])
+    for drone in (DRONE, DRONE, OTHER):
+        waker.delayed(drone, SMALL)
+    assert (waker.counts["state_runs_delayed"], waker.noisy()) == (3, 2)
+    now[0] += NOISY_FOR_S / 2
+    waker.delayed(OTHER, SMALL)
+    now[0] += NOISY_FOR_S / 2
+    assert waker.noisy() == 1  # only the one delayed again since
