@@ -9,8 +9,8 @@ budget, one per drone, and applies it when the budget allows it (within one inte
 ``1 / per_s``) unless a newer event comes first, which supersedes it (*coalesced*). So a
 drone's state is its newest valid event, late by at most one interval, and what it costs the
 manager beyond checking each message is bounded whatever it sends. Events are accounted by
-the bus's time (when the stream stored them), so a rebuild judges a drone as the live registry
-did; a drone is *noisy* for :data:`NOISY_FOR_S` after its last event beyond the budget.
+the bus's time (when the stream stored them), so a rebuild finds the floods the live registry
+found; a drone is *noisy* for :data:`NOISY_FOR_S` after its last event beyond the budget.
 
 The defaults are more than the largest honest drone does (:data:`EVENT_BUDGET`,
 :data:`STATE_RUN_BUDGET`; ``docs/architecture.md``, "A drone's budget").
@@ -27,8 +27,6 @@ from typing import Final, NamedTuple
 from broker.manager.lifecycle import lines
 from broker.manager.schedule import Schedule
 from remote_agent.protocol.limits import MAX_PAYLOADS
-
-log = logging.getLogger("cobald.runtime.cobald_remote.registry")
 
 
 @dataclass(frozen=True, slots=True)
@@ -104,7 +102,7 @@ class Held(NamedTuple):
     data: bytes
     received_time: float
     stream_seq: int
-    #: the newest heartbeat facts it or the events it superseded carried (:data:`Beat`)
+    #: the newest heartbeat facts it or the events it superseded carried (:class:`Beat`)
     beat: Beat | None
 
 
