@@ -158,6 +158,18 @@ class Accounts:
         self._due[key] = (due if due > stored else stored) + self._interval
         return True
 
+    def admit(self, key: tuple[str, str], stored: float) -> bool:
+        """
+        Charge one event of ``key`` if nothing is held for it (:meth:`charge`)
+
+        :returns: whether it is to be applied now: nothing held, within the budget. If not,
+            the caller looks closer (:meth:`holding`); nothing was charged if something is held
+        """
+        held = self._held
+        if held and key in held:
+            return False
+        return self.charge(key, stored)
+
     def holding(self, key: tuple[str, str]) -> Held | None:
         """The event held for ``key``, if any"""
         held = self._held

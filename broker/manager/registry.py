@@ -217,13 +217,11 @@ class Registry(RecordMerge):
         received_time: float,
         stream_seq: int | None,
         now: float | None = None,
-        charge: bool = True,
     ) -> Applied:
         """
         Apply the valid ``event`` decoded from ``data``, which the view keeps
 
         :param now: hold it if it is beyond its drone's budget (see :meth:`apply_message`)
-        :param charge: charge it to its drone's budget (not when the budget let it out)
         """
         key = (event.site, event.drone)
         old = self._views.get(key)
@@ -243,10 +241,11 @@ class Registry(RecordMerge):
                 return Applied.STALE
         elif stream_seq is None:
             stream_seq = 1
+        # None, usually; else the heartbeat facts of the held event this one supersedes
         superseded = (
-            self._charge(key, event, data, received_time, stream_seq, now, heartbeat)
-            if charge
-            else None
+            None
+            if self.accounts.admit(key, received_time)
+            else self._charge(key, event, data, received_time, stream_seq, now, heartbeat)
         )
         if isinstance(superseded, Applied):
             return superseded  # held, or older than the event held
@@ -301,8 +300,8 @@ class Registry(RecordMerge):
             ),
         )
         self.applied += 1
-        if superseded is not None and superseded.beat is not None:
-            self._beat(key, self._views[key], superseded.beat)  # it may carry the newest
+        if superseded is not None:
+            self._beat(key, self._views[key], superseded)  # it may be the newest
         return Applied.APPLIED
 
     def _charge(
@@ -314,30 +313,35 @@ class Registry(RecordMerge):
         stream_seq: int,
         now: float | None,
         heartbeat: bool,
-    ) -> Applied | Held | None:
+    ) -> Applied | Beat | None:
         """
-        Charge an event newer than its drone's view to the drone's budget
+        An event newer than its drone's view that the budget did not admit at once
+
+        Its drone holds an event, or the event is beyond the budget.
 
         :returns: what became of it if it is not to be applied now (older than or the
-            same as the event held for its drone, or held itself), else the held event it
-            supersedes (or ``None``)
+            same as the event held for its drone, or held itself), else the heartbeat
+            facts the held event it supersedes carries (or ``None``)
         """
         accounts = self.accounts
+        beat = _beat(event, stream_seq, received_time) if heartbeat else None
         held = accounts.holding(key)
-        if held is not None and stream_seq <= held.stream_seq:
+        if held is None:  # beyond the budget
+            if now is None:
+                return None  # the rebuild applies every event; the drone is marked noisy
+            over_budget(event.site, event.drone, accounts.budget, "events")
+        elif stream_seq <= held.stream_seq:
             # older than the event held for its drone, which is applied soon
             if stream_seq == held.stream_seq:
                 self.duplicate += 1
                 return Applied.DUPLICATE
-            if heartbeat:
-                accounts.beat(key, _beat(event, stream_seq, received_time))
+            if beat is not None:
+                accounts.beat(key, beat)
             self.stale += 1
             return Applied.STALE
-        if accounts.charge(key, received_time) or now is None:  # the rebuild holds nothing
-            return None if held is None else accounts.take(key)
-        beat = _beat(event, stream_seq, received_time) if heartbeat else None
-        if held is None:
-            over_budget(event.site, event.drone, accounts.budget, "events")
+        elif accounts.charge(key, received_time) or now is None:
+            superseded = accounts.take(key)
+            return superseded.beat if superseded is not None else None
         else:
             beat = newest_beat(held.beat, beat)
         accounts.hold(key, Held(data, received_time, stream_seq, beat), now)
@@ -365,7 +369,8 @@ class Registry(RecordMerge):
         """
         for key, held in self.accounts.due(now):
             event = decode_event(held.data, len(held.data))  # checked in full on arrival
-            self._apply(event, held.data, held.received_time, held.stream_seq, charge=False)
+            # charged by its release, beyond the budget still: applied as the rebuild applies
+            self._apply(event, held.data, held.received_time, held.stream_seq)
             view = self._views.get(key)
             if held.beat is not None and view is not None:
                 self._beat(key, view, held.beat)  # a heartbeat it superseded may be newest
