@@ -157,10 +157,8 @@ async def test_a_noisy_drone_slows_no_other_and_loses_none_of_its_facts(
             assert samples[coalesced] > 0
             assert samples[("cobald_remote_tardis_state_runs_delayed_total", ())] > 0
 
-            code, out, err = await run_process(
-                *CLI, "status", "--ended", "--json", "--server", server.url,
-                "--creds", manager_creds,
-            )  # fmt: skip
+            status = ("status", "--ended", "--json", "--server", server.url)
+            code, out, err = await run_process(*CLI, *status, "--creds", manager_creds)
             assert code == 0, err
             rows = {row["drone"]: row for row in json.loads(out)}
             assert rows[NOISY]["noisy"] is True and rows[NOISY]["noisy_at"] is not None
