@@ -37,7 +37,7 @@ COMMANDS: Final[tuple[tuple[str, Fill, str], ...]] = (
     (
         "status",
         ops.add_status,
-        "table of drones: state, payloads, age of the last fact, lost, record phase",
+        "table of drones: state, payloads, age of the last fact, noisy, lost, record phase",
     ),
     (
         "timeline",

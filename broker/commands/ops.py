@@ -157,7 +157,9 @@ def _age(seconds: float | None) -> str:
     return f"{seconds:.0f}s"
 
 
-def _row(view: DroneView, now: float, lost_after_s: float, skew_warn_s: float) -> dict[str, Any]:
+def _row(
+    view: DroneView, now: float, lost_after_s: float, skew_warn_s: float, noisy_at: float | None
+) -> dict[str, Any]:
     import msgspec
 
     record = view.record
@@ -176,6 +178,9 @@ def _row(view: DroneView, now: float, lost_after_s: float, skew_warn_s: float) -
         "clock_offset_s": view.clock_offset_s,
         "clock_skewed": view.clock_skewed(skew_warn_s),
         "lost": view.counts_lost(now, lost_after_s),
+        "noisy": noisy_at is not None,
+        "noisy_at": _iso(noisy_at),
+        "noisy_age_s": now - noisy_at if noisy_at is not None else None,
         "ended": view.ended or None,
         "ended_at": _iso(view.ended_time),
         "record_phase": record.label if record is not None else None,
@@ -202,7 +207,17 @@ def _iso(epoch: float | None) -> str | None:
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
-    header = ("DRONE", "SITE", "STATE", "PAYLOADS", "LAST FACT", "LOST/ENDED", "RECORD", "CLOCK")
+    header = (
+        "DRONE",
+        "SITE",
+        "STATE",
+        "PAYLOADS",
+        "LAST FACT",
+        "NOISY",
+        "LOST/ENDED",
+        "RECORD",
+        "CLOCK",
+    )
     return format_table(
         header,
         (
@@ -212,6 +227,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
                 row["state"] or "-",
                 str(len(row["payloads"])),
                 _age(row["last_fact_age_s"]),
+                _age(row["noisy_age_s"]),
                 "lost" if row["lost"] else (f"ended: {row['ended']}" if row["ended"] else "-"),
                 row["record_phase"] or "-",
                 _clock(row["clock_offset_s"]) if row["clock_skewed"] else "-",
@@ -256,7 +272,11 @@ async def status(args: argparse.Namespace) -> int:
     ended = sum(bool(v.ended) for v in views)
     if not (args.ended or args.drone):
         views = [v for v in views if not v.ended]
-    rows = [_row(view, now, args.lost_after, args.clock_skew_warn) for view in views]
+    noisy = registry.noisy(now)
+    rows = [
+        _row(view, now, args.lost_after, args.clock_skew_warn, noisy.get(view.key))
+        for view in views
+    ]
     if args.json:
         write_json(rows)
     elif rows:
@@ -265,10 +285,11 @@ async def status(args: argparse.Namespace) -> int:
         print("no drones known", file=sys.stderr)
     if not args.json:
         lost = sum(row["lost"] for row in rows)
+        loud = sum(row["noisy"] for row in rows)
         hidden = "" if args.ended or args.drone or not ended else " (hidden; --ended shows them)"
         print(
             f"{len(rows) + (0 if args.ended or args.drone else ended)} drones: "
-            f"{lost} lost, {ended} ended{hidden}",
+            f"{lost} lost, {loud} noisy, {ended} ended{hidden}",
             file=sys.stderr,
         )
     return 0

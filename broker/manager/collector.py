@@ -62,6 +62,9 @@ class Sources:
         ``issued_renew``, ``refused_<reason>``, ``dropped_reply_subject``, ``alarms``,
         ``clock_skewed``, ``minted``, ``queue_full:<site>``; kept across reconnects)
     :param retired: the drones retired since the manager started, and their records
+    :param state_runs_delayed: TARDIS state runs that waited for their drone's budget so far
+    :param noisy_state_runs: drones whose TARDIS state runs waited for their budget within
+        the last minute (:data:`~broker.manager.budget.NOISY_FOR_S`)
     """
 
     registry: Registry
@@ -73,6 +76,8 @@ class Sources:
     notes_buffered: Callable[[], int] | None = None
     issuer_counts: Callable[[], Mapping[str, int]] | None = None
     retired: Callable[[], Retired] | None = None
+    state_runs_delayed: Callable[[], int] | None = None
+    noisy_state_runs: Callable[[], int] | None = None
 
 
 def tardis_labels(part: str, name: str) -> tuple[str, str, str, str]:
@@ -142,12 +147,14 @@ class ManagerCollector(Collector):
         metrics = self.sources.registry.metrics()
         yield _counter(
             "registry_events",
-            "Events the registry handled, by outcome (rejected: see registry_rejected)",
+            "Events the registry handled, by outcome (rejected: see registry_rejected; "
+            "coalesced: beyond its drone's budget, superseded by a newer one before it applied)",
             "outcome",
             [
                 ("applied", metrics.applied),
                 ("duplicate", metrics.duplicate),
                 ("stale", metrics.stale),
+                ("coalesced", metrics.coalesced),
             ],
         )
         yield _counter(
@@ -206,6 +213,16 @@ class ManagerCollector(Collector):
             "lost_after_s",
             value=lost,
         )
+        noisy = GaugeMetricFamily(
+            PREFIX + "drones_noisy",
+            "Drones over their budget within the last minute, by budget: events (applied "
+            "events a second), state_runs (TARDIS state runs a second)",
+            labels=("budget",),
+        )
+        noisy.add_metric(["events"], len(registry.noisy(now)))
+        if self.sources.noisy_state_runs is not None:
+            noisy.add_metric(["state_runs"], self.sources.noisy_state_runs())
+        yield noisy
 
     def _consumer(self, stats: ConsumerStats) -> Iterator[Metric]:
         yield _counter(
@@ -264,6 +281,13 @@ class ManagerCollector(Collector):
                 PREFIX + "tardis_notes_buffered",
                 "TARDIS state notes waiting to be published",
                 value=sources.notes_buffered(),
+            )
+        if sources.state_runs_delayed is not None:
+            yield CounterMetricFamily(
+                PREFIX + "tardis_state_runs_delayed",
+                "TARDIS state runs that waited for their drone's budget (each saw every fact "
+                "that came meanwhile)",
+                value=sources.state_runs_delayed(),
             )
         if sources.retired is not None:
             retired = sources.retired()

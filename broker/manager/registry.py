@@ -6,8 +6,10 @@ event stream stored last, and its valid heartbeat stored last, ordered by stream
 sequence, which no drone can forge; so lost, repeated, reordered and replayed
 deliveries converge to the same state, and a rebuilt registry equals the lost one.
 Handshake records merge by KV revision (:mod:`broker.manager.recordmerge`). Times are
-epoch seconds from the caller (when the stream stored each message). Readers on other
-threads use :meth:`Registry.view` and :meth:`Registry.views` (``docs/architecture.md``).
+epoch seconds from the caller (when the stream stored each message). The consumer's events
+are applied within each drone's budget (:mod:`broker.manager.budget`): beyond it the newest
+is held and applied when the budget allows. Readers on other threads use
+:meth:`Registry.view` and :meth:`Registry.views` (``docs/architecture.md``).
 """
 
 from __future__ import annotations
@@ -22,6 +24,15 @@ from typing import Final
 import msgspec
 
 from broker.errors import Rejected
+from broker.manager.budget import (
+    EVENT_BUDGET,
+    Accounts,
+    Beat,
+    Budget,
+    Held,
+    newest_beat,
+    over_budget,
+)
 from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, DEFAULT_RETAIN_LOST_S, EndTracker
 from broker.manager.notes import check_note, noted_view
 from broker.manager.recordmerge import RecordMerge
@@ -37,6 +48,7 @@ from remote_agent.protocol.events import (
     AnyEvent,
     Heartbeat,
     TardisState,
+    decode_event,
     encode,
 )
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
@@ -72,6 +84,7 @@ class Registry(RecordMerge):
         ``warn_clocks``, warned about in the log
     :param warn_clocks: log a line when a drone's clock goes off (the manager does; a tool
         that shows the offset itself, such as ``status``, does not)
+    :param budget: each drone's budget of applied events (:mod:`broker.manager.budget`)
     """
 
     def __init__(
@@ -84,6 +97,7 @@ class Registry(RecordMerge):
         retain_lost_s: float = DEFAULT_RETAIN_LOST_S,
         clock_skew_warn_s: float = DEFAULT_CLOCK_SKEW_WARN_S,
         warn_clocks: bool = True,
+        budget: Budget = EVENT_BUDGET,
     ) -> None:
         for name, value in (
             ("lost_after_s", lost_after_s),
@@ -107,6 +121,8 @@ class Registry(RecordMerge):
         self._clocks = RateLimitedLog(log, interval_s=60.0)
         self._views: dict[tuple[str, str], DroneView] = {}
         self._ends = EndTracker(self._views, lost_after_s, retain_ended_s, retain_lost_s)
+        #: every drone's account of applied events, and the events held beyond it
+        self.accounts = Accounts(budget)
         self._prefix = self.namespace.prefix
         self.applied = 0
         self.duplicate = 0
@@ -145,8 +161,17 @@ class Registry(RecordMerge):
             drones=len(views),
             lost=sum(view.lost and not view.ended for view in views.values()),
             ended=sum(bool(view.ended) for view in views.values()),
+            coalesced=self.accounts.coalesced,
             clock_skewed=len(self._skewed),
         )
+
+    def noisy(self, now: float) -> Mapping[tuple[str, str], float]:
+        """
+        The drones over their budget of events in the minute before ``now`` (epoch seconds)
+
+        :returns: the bus time of each one's newest event beyond it, by ``(site, drone)``
+        """
+        return self.accounts.noisy(now)
 
     # ------------------------------------------------------------------ events
 
@@ -165,6 +190,8 @@ class Registry(RecordMerge):
         received_time: float,
         stream_seq: int | None = None,
         headers: Headers = UNSTORED,
+        *,
+        now: float | None = None,
     ) -> Applied:
         """
         Check and apply one event as it came off the stream
@@ -177,12 +204,15 @@ class Registry(RecordMerge):
             takes it for newer than anything known about its drone
         :param headers: the headers it was stored with; :data:`UNSTORED` for an
             event that did not come off a stream (nothing to check)
+        :param now: the caller's clock (any, the same it gives :meth:`release_held`):
+            an event beyond its drone's budget is then held (:attr:`Applied.HELD`) until
+            :meth:`release_held` applies it. ``None`` (the rebuild, tools): applied at once
         """
         try:
             event = check_event(data, subject, self._prefix, self.max_message_bytes, headers)
         except Rejected as err:
             return self.reject(err.reason, subject, err.detail)
-        return self._apply(event, data, received_time, stream_seq)
+        return self._apply(event, data, received_time, stream_seq, now)
 
     def apply(
         self,
@@ -199,9 +229,18 @@ class Registry(RecordMerge):
         return self.apply_message(encode(event), subject, received_time, stream_seq)
 
     def _apply(
-        self, event: AnyEvent, data: bytes, received_time: float, stream_seq: int | None
+        self,
+        event: AnyEvent,
+        data: bytes,
+        received_time: float,
+        stream_seq: int | None,
+        now: float | None = None,
     ) -> Applied:
-        """Apply the valid ``event`` decoded from ``data``, which the view keeps"""
+        """
+        Apply the valid ``event`` decoded from ``data``, which the view keeps
+
+        :param now: hold it if it is beyond its drone's budget (see :meth:`apply_message`)
+        """
         key = (event.site, event.drone)
         old = self._views.get(key)
         heartbeat = isinstance(event, Heartbeat)
@@ -210,25 +249,25 @@ class Registry(RecordMerge):
             if stream_seq is None:
                 stream_seq = max(known or 0, old.heartbeat_stream_seq or 0) + 1
             if known is not None and stream_seq <= known:
-                if heartbeat and (
-                    old.heartbeat_stream_seq is None or stream_seq > old.heartbeat_stream_seq
-                ):
+                if heartbeat:
                     # the newest heartbeat is a fact of its own, whatever order it came in
-                    self._views[key] = beaten = msgspec.structs.replace(
-                        old,
-                        heartbeat_seq=event.seq,
-                        heartbeat_stream_seq=stream_seq,
-                        heartbeat_time=received_time,
-                        heartbeat_interval_s=event.interval_s,  # type: ignore[union-attr]
-                        heartbeat_at=event.at.timestamp(),
-                    )
-                    self._ends.changed(key)
-                    self._clock_seen(beaten)
+                    self._beat(key, old, _beat(event, stream_seq, received_time))
                 if stream_seq == known:
                     self.duplicate += 1
                     return Applied.DUPLICATE
                 self.stale += 1
                 return Applied.STALE
+        elif stream_seq is None:
+            stream_seq = 1
+        # None, usually; else the heartbeat facts of the held event this one supersedes
+        superseded = (
+            None
+            if self.accounts.admit(key, received_time)
+            else self._charge(key, event, data, received_time, stream_seq, now, heartbeat)
+        )
+        if isinstance(superseded, Applied):
+            return superseded  # held, or older than the event held
+        if old is not None:
             # the strings of the old view serve on: the event's copies are freed with it
             site, drone, record = old.site, old.drone, old.record
             tardis: tuple[int | None, str, float | None] = (None, "", None)
@@ -245,8 +284,6 @@ class Registry(RecordMerge):
                 old.heartbeat_at,
             )
         else:
-            if stream_seq is None:
-                stream_seq = 1
             site = sys.intern(event.site)  # a site name repeats for thousands of drones
             drone = event.drone
             key = (site, drone)
@@ -280,10 +317,68 @@ class Registry(RecordMerge):
             ended_time=ended[1],
         )
         self._put(key, old, new)
-        if heartbeat:
-            self._clock_seen(new)
         self.applied += 1
+        if superseded is not None:
+            self._beat(key, self._views[key], superseded)  # it may be the newest
         return Applied.APPLIED
+
+    def _charge(
+        self,
+        key: tuple[str, str],
+        event: AnyEvent,
+        data: bytes,
+        received_time: float,
+        stream_seq: int,
+        now: float | None,
+        heartbeat: bool,
+    ) -> Applied | Beat | None:
+        """
+        An event newer than its drone's view that the budget did not admit at once
+
+        Its drone holds an event, or the event is beyond the budget.
+
+        :returns: what became of it if it is not to be applied now (older than or the
+            same as the event held for its drone, or held itself), else the heartbeat
+            facts the held event it supersedes carries (or ``None``)
+        """
+        accounts = self.accounts
+        beat = _beat(event, stream_seq, received_time) if heartbeat else None
+        held = accounts.holding(key)
+        if held is None:  # beyond the budget
+            if now is None:
+                return None  # the rebuild applies every event; the drone is marked noisy
+            over_budget(event.site, event.drone, accounts.budget, "events")
+        elif stream_seq <= held.stream_seq:
+            # older than the event held for its drone, which is applied soon
+            if stream_seq == held.stream_seq:
+                self.duplicate += 1
+                return Applied.DUPLICATE
+            if beat is not None:
+                accounts.beat(key, beat)
+            self.stale += 1
+            return Applied.STALE
+        elif accounts.charge(key, received_time) or now is None:
+            superseded = accounts.take(key)
+            return superseded.beat if superseded is not None else None
+        else:
+            beat = newest_beat(held.beat, beat)
+        accounts.hold(key, Held(data, received_time, stream_seq, beat), now)
+        return Applied.HELD
+
+    def _beat(self, key: tuple[str, str], old: DroneView, beat: Beat) -> None:
+        """Keep ``beat`` as the drone's newest heartbeat if it is newer than the one known"""
+        if old.heartbeat_stream_seq is not None and beat.stream_seq <= old.heartbeat_stream_seq:
+            return
+        self._views[key] = new = msgspec.structs.replace(
+            old,
+            heartbeat_seq=beat.seq,
+            heartbeat_stream_seq=beat.stream_seq,
+            heartbeat_time=beat.received_time,
+            heartbeat_interval_s=beat.interval_s,
+            heartbeat_at=beat.at,
+        )
+        self._ends.changed(key)
+        self._clock_seen(new)
 
     def _clock_seen(self, view: DroneView) -> None:
         """Keep :attr:`clock_skewed` for a new heartbeat; warn when a drone's clock goes off"""
@@ -310,11 +405,34 @@ class Registry(RecordMerge):
             extra={"site": view.site, "drone": view.drone, "clock_offset_s": offset},
         )
 
+    def release_held(self, now: float) -> float | None:
+        """
+        Apply the held events whose drones' budget allows them at ``now``
+
+        :param now: the clock given to :meth:`apply_message` with them
+        :returns: when the next one is due on that clock (``None``: nothing is held)
+        """
+        for key, held in self.accounts.due(now):
+            event = decode_event(held.data, len(held.data))  # checked in full on arrival
+            # charged by its release, beyond the budget still: applied as the rebuild applies
+            self._apply(event, held.data, held.received_time, held.stream_seq)
+            view = self._views.get(key)
+            if held.beat is not None and view is not None:
+                self._beat(key, view, held.beat)  # a heartbeat it superseded may be newest
+        return self.accounts.next_release
+
+    @property
+    def next_release(self) -> float | None:
+        """When :meth:`release_held` has the next held event to apply (its caller's clock)"""
+        return self.accounts.next_release
+
     def _put(self, key: tuple[str, str], old: DroneView | None, new: DroneView) -> None:
         """Replace the view of ``key``: the end of its life is derived again next tick"""
         self._views[key] = new
         self._ends.changed(key)
         self._ends.noted(old, new)
+        if new.heartbeat_stream_seq != (old.heartbeat_stream_seq if old is not None else None):
+            self._clock_seen(new)
         self._tell(new)
 
     def _tell(self, view: DroneView) -> None:
@@ -384,8 +502,10 @@ class Registry(RecordMerge):
         Whether ``view`` is still the drone's view, and ended or offered for its silence
         (what :meth:`retire` drops)
         """
-        return self._views.get(view.key) is view and (
-            bool(view.ended) or self._ends.forgotten(view)
+        return (
+            self._views.get(view.key) is view
+            and self.accounts.holding(view.key) is None  # it spoke: its event is held
+            and (bool(view.ended) or self._ends.forgotten(view))
         )
 
     def retire(self, view: DroneView) -> bool:
@@ -399,6 +519,7 @@ class Registry(RecordMerge):
         del self._views[view.key]
         self._skewed.discard(view.key)
         self._ends.dropped(view)
+        self.accounts.dropped(view.key)
         return True
 
     def retry_retirement(self, view: DroneView, at: float) -> None:
@@ -421,3 +542,9 @@ class Registry(RecordMerge):
         for view in newly:
             self._tell(view)
         return newly
+
+
+def _beat(event: AnyEvent, stream_seq: int, received_time: float) -> Beat:
+    """The heartbeat facts of ``event``, a heartbeat"""
+    interval_s: float = event.interval_s  # type: ignore[union-attr]
+    return Beat(event.seq, stream_seq, received_time, interval_s, event.at.timestamp())

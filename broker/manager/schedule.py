@@ -1,5 +1,6 @@
 """
-:class:`Schedule`: keys due at a time, for the registry's end and retirement checks
+:class:`Schedule`: keys due at a time, for the registry's end and retirement checks and the
+events it holds back
 
 Its rule: a key is held once, at the earliest time asked for.
 """
@@ -38,6 +39,13 @@ class Schedule:
                 del self._at[key]
                 return key
         return None
+
+    def next_at(self) -> float | None:
+        """When the next key falls due (``None``: none is held)"""
+        heap = self._heap
+        while heap and self._at.get(heap[0][1]) != heap[0][0]:
+            heapq.heappop(heap)  # superseded by an earlier time, or discarded
+        return heap[0][0] if heap else None
 
     def discard(self, key: tuple[str, str]) -> None:
         self._at.pop(key, None)

@@ -227,6 +227,9 @@ class Applied(enum.StrEnum):
     DUPLICATE = "duplicate"  #: same ``seq`` as the newest known event
     STALE = "stale"  #: older ``seq`` than the newest known event
     REJECTED = "rejected"  #: invalid; see the counted reason
+    #: newer than anything known, but beyond its drone's budget: held as the drone's newest
+    #: event and applied when the budget allows, unless a newer one supersedes it
+    HELD = "held"
 
 
 @dataclass(frozen=True, slots=True)
@@ -242,6 +245,8 @@ class Metrics:
     drones: int
     lost: int  #: drones lost and not ended
     ended: int = 0  #: drones whose life ended, not yet retired
+    #: events held beyond their drone's budget and superseded before they were applied
+    coalesced: int = 0
     clock_skewed: int = 0  #: drones whose clock is off the server's beyond the threshold
 
     @property

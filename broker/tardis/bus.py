@@ -99,6 +99,8 @@ class RemoteBus:
                         else None
                     ),
                     retired=lambda: self.manager.retired,
+                    state_runs_delayed=lambda: self.waker.counts["state_runs_delayed"],
+                    noisy_state_runs=self.waker.noisy,
                 ),
                 *address,
             )

@@ -4,19 +4,23 @@
 Its rule: one state run at a time; a wake during a run schedules at most one more, and a
 woken run is followed at once by the next while it moves TARDIS to a state not yet seen since
 the wake (up to :data:`CHAIN_RUNS` runs); with no wake, the drone waits its heartbeat as
-TARDIS's does.
+TARDIS's does. Woken and following runs keep within the drone's budget
+(:data:`~broker.manager.budget.STATE_RUN_BUDGET`): beyond it a run waits until the budget
+allows it, and then sees every fact that came meanwhile.
 """
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 from typing import Any, Final
 
 from tardis.interfaces.siteadapter import ResourceStatus
 from tardis.resources.drone import Drone
 from tardis.resources.dronestates import DownState, RequestState
 
+from broker.manager.budget import STATE_RUN_BUDGET, Budget
 from broker.tardis.wake import Waker
 
 log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
@@ -33,16 +37,25 @@ class EventDrone(Drone):
 
     Everything but the wait between state runs is TARDIS's: states, plugins
     (the SQLite registry among them), adapters, demand and supply.
-    :attr:`state_runs` and :attr:`woken` count for tests and benchmarks.
+    :attr:`state_runs`, :attr:`woken` and :attr:`delayed` count for tests and benchmarks.
+
+    :param waker: wakes it, and is told of runs that waited for the budget
+    :param budget: the state runs its agent's facts may cause
     """
 
-    def __init__(self, *args: Any, waker: Waker, **kwargs: Any) -> None:
+    def __init__(
+        self, *args: Any, waker: Waker, budget: Budget = STATE_RUN_BUDGET, **kwargs: Any
+    ) -> None:
         super().__init__(*args, **kwargs)
         self.waker = waker
+        self.budget = budget
         self.state_runs = 0
         self.woken = 0
+        #: woken or following runs that waited for the budget
+        self.delayed = 0
         self._loop: asyncio.AbstractEventLoop | None = None
         self._flag: asyncio.Event | None = None
+        self._due = -math.inf  # the budget's account (the loop's clock)
 
     @property
     def demand(self) -> float:
@@ -89,6 +102,7 @@ class EventDrone(Drone):
                     self._demand = 0
                     return
                 if chain and self._goes_on(chain, current):
+                    await self._paced()
                     continue
                 chain = [] if not await self._rest() else [type(self.state)]
         finally:
@@ -111,4 +125,17 @@ class EventDrone(Drone):
         except TimeoutError:
             return False
         self.woken += 1
+        await self._paced()
         return True
+
+    async def _paced(self) -> None:
+        """Wait until the budget allows one more run, and charge it"""
+        assert self._loop is not None
+        now = self._loop.time()
+        wait = self.budget.wait_s(self._due, now)
+        if wait > 0.0:
+            self.delayed += 1
+            self.waker.delayed(self.resource_attributes.drone_uuid, self.budget)
+            await asyncio.sleep(wait)
+            now += wait
+        self._due = self.budget.spent(self._due, now)

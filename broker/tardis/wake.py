@@ -3,17 +3,21 @@
 
 Its rule: a drone is woken only if its agent announced itself, and only when a fact TARDIS's
 answers read changed (the agent's state, a lifecycle event, the record, lost or ended); a
-heartbeat that changes nothing and TARDIS's own state notes wake nobody.
+heartbeat that changes nothing and TARDIS's own state notes wake nobody. It also keeps which
+drones' runs waited for their budget (:mod:`broker.manager.budget`): noisy for a minute.
 """
 
 from __future__ import annotations
 
 import collections
 import logging
+import time
 from collections.abc import Callable
 from typing import Protocol
 
+from broker.manager.budget import NOISY_FOR_S, Budget, over_budget
 from broker.manager.views import DroneView
+from remote_agent.protocol.environment import site_of
 
 log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
 
@@ -38,12 +42,19 @@ class Waker:
     inside COBalD); :meth:`Wakeable.wake` may be called from any thread.
 
     :param announced: whether a drone (by uuid) has an agent that announced itself
+    :param clock: monotonic seconds, for :meth:`noisy`
     """
 
-    def __init__(self, announced: Callable[[str], bool]) -> None:
+    def __init__(
+        self, announced: Callable[[str], bool], clock: Callable[[], float] = time.monotonic
+    ) -> None:
         self._announced = announced
+        self._clock = clock
         self._drones: dict[str, Wakeable] = {}
         self._facts: dict[str, _Facts] = {}
+        #: when each drone's state runs last waited for its budget (``clock``)
+        self._noisy: dict[str, float] = {}
+        self._prune_at = 64
         self.counts: collections.Counter[str] = collections.Counter()
 
     def enlist(self, drone_uuid: str, drone: Wakeable) -> None:
@@ -80,6 +91,22 @@ class Waker:
             return
         self.counts["wake_release"] += 1
         self._wake(drone_uuid, drone)
+
+    def delayed(self, drone_uuid: str, budget: Budget) -> None:
+        """A woken state run of ``drone_uuid`` waits for its ``budget``: count and tell"""
+        self.counts["state_runs_delayed"] += 1
+        now = self._clock()
+        if drone_uuid not in self._noisy and len(self._noisy) >= self._prune_at:
+            since = now - NOISY_FOR_S
+            self._noisy = {uuid: at for uuid, at in self._noisy.items() if at > since}
+            self._prune_at = max(64, 2 * len(self._noisy))
+        self._noisy[drone_uuid] = now
+        over_budget(site_of(drone_uuid) or "", drone_uuid, budget, "TARDIS state runs")
+
+    def noisy(self) -> int:
+        """Drones whose state runs waited for their budget within the last minute (any thread)"""
+        since = self._clock() - NOISY_FOR_S
+        return sum(at > since for at in list(self._noisy.values()))
 
     def _wake(self, drone_uuid: str, drone: Wakeable) -> None:
         try:

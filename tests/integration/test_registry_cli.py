@@ -51,7 +51,10 @@ async def test_status_table_and_json(
     await publish(js, NS, done.exiting())
 
     code, out, err = await run_process(*CLI, "status", "--server", nats_server.url)
-    assert (code, err) == (0, "4 drones: 0 lost, 1 ended (hidden; --ended shows them)\n")
+    assert (code, err) == (
+        0,
+        "4 drones: 0 lost, 0 noisy, 1 ended (hidden; --ended shows them)\n",
+    )
     lines = out.splitlines()
     assert lines[0].split() == [
         "DRONE",
@@ -60,6 +63,7 @@ async def test_status_table_and_json(
         "PAYLOADS",
         "LAST",
         "FACT",
+        "NOISY",
         "LOST/ENDED",
         "RECORD",
         "CLOCK",
@@ -77,7 +81,7 @@ async def test_status_table_and_json(
     code, out, err = await run_process(*CLI, "status", "--ended", "--server", nats_server.url)
     ended = [line.split() for line in out.splitlines() if line.startswith(done.drone)]
     assert ended[0][-4:-1] == ["ended:", "drained", "drained"]
-    assert err == "4 drones: 0 lost, 1 ended\n"
+    assert err == "4 drones: 0 lost, 0 noisy, 1 ended\n"
 
     code, out, err = await run_process(
         *CLI, "status", busy.drone, "--json", "--server", nats_server.url
@@ -87,6 +91,7 @@ async def test_status_table_and_json(
     assert row["drone"] == busy.drone and row["state"] == "busy"
     assert [p["job_id"] for p in row["payloads"]] == ["1.0"]
     assert row["lost"] is False and row["record_phase"] == "up" and row["seq"] == busy.seq
+    assert row["noisy"] is False and row["noisy_at"] is None
     assert 0 <= row["last_fact_age_s"] < 60
 
     code, out, err = await run_process(

@@ -16,9 +16,9 @@ from typing import Any
 import nats
 import pytest
 from nats.js import JetStreamContext
-from prometheus_client.parser import text_string_to_metric_families
 from support.buses import BusFactory, Transitions
 from support.drones import FakeDrone, publish
+from support.metrics import scrape
 from support.processes import CLI, pid_exists, start_process
 from support.tardis import SITE, FakeOverlay, FakeSite, attributes
 from support.waiting import wait_until
@@ -307,23 +307,6 @@ async def test_a_lost_agent_whose_job_runs_is_not_removed_before_the_deadline(
         await agent.stop()
 
 
-async def _scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
-    reader, writer = await asyncio.open_connection("127.0.0.1", port)
-    try:
-        writer.write(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
-        await writer.drain()
-        response = await asyncio.wait_for(reader.read(), 10)
-    finally:
-        writer.close()
-    head, _, body = response.partition(b"\r\n\r\n")
-    assert head.split()[1] == b"200", head
-    return {
-        (sample.name, tuple(sorted(sample.labels.items()))): sample.value
-        for family in text_string_to_metric_families(body.decode())
-        for sample in family.samples
-    }
-
-
 async def test_the_bus_serves_metrics_of_what_it_consumed(
     make_bus: BusFactory, js: JetStreamContext
 ) -> None:
@@ -340,7 +323,7 @@ async def test_the_bus_serves_metrics_of_what_it_consumed(
     await js.publish(ns.event("site1", drones[1].drone, "heartbeat"), b"\xc1")  # malformed
     await wait_until(lambda: bus.manager.consumer_stats.acked >= 7, 30, "consumed")
     await wait_until(lambda: bus.manager.consumer_stats.termed >= 1, 30, "rejected")
-    samples = await _scrape(bus.metrics.port)
+    samples = await scrape(bus.metrics.port)
     assert samples[("cobald_remote_connected", ())] == 1
     assert samples[("cobald_remote_registry_events_total", (("outcome", "applied"),))] == 7
     assert samples[("cobald_remote_registry_rejected_total", (("reason", "malformed"),))] == 1

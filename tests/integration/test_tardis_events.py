@@ -7,33 +7,21 @@ agent runs as TARDIS's stock drone does
 from __future__ import annotations
 
 import asyncio
-from dataclasses import dataclass
 from typing import Any
 
 import pytest
 from nats.js import JetStreamContext
-from support.buses import BusFactory, Transitions
-from support.drones import FakeDrone, publish
-from support.tardis import SITE, FakeOverlay, FakeSite, drone_running
+from support.buses import BusFactory
+from support.drones import publish
+from support.tardis import SITE, drone_running, rig
 from support.waiting import wait_until
-from tardis.agents.batchsystemagent import BatchSystemAgent
-from tardis.agents.siteagent import SiteAgent
 from tardis.interfaces.batchsystemadapter import MachineStatus
 from tardis.interfaces.siteadapter import ResourceStatus
 from tardis.resources.drone import Drone
 
 from broker.tardis.drone import EventDrone
-from broker.tardis_adapter import (
-    RemoteBatchSystemAdapter,
-    RemoteBus,
-    RemoteSiteAdapter,
-    TardisStateNotes,
-)
 
 pytestmark = pytest.mark.timeout(120)
-
-#: far longer than any test here: a state run that happens was woken
-LONG_HEARTBEAT_S = 3600
 
 
 class HeldDrone(EventDrone):
@@ -49,36 +37,6 @@ class HeldDrone(EventDrone):
             self.held.set()
             await self.hold.wait()
         await super().set_state(state)
-
-
-@dataclass
-class Rig:
-    """A TARDIS drone on the decorated fake adapters, its recorder, and its fake agent"""
-
-    drone: Any
-    site: FakeSite
-    overlay: FakeOverlay
-    recorder: Transitions
-    agent: FakeDrone
-
-
-def rig(
-    bus: RemoteBus,
-    drone_uuid: str | None = None,
-    *,
-    cls: type[Drone] = EventDrone,
-    heartbeat_s: int = LONG_HEARTBEAT_S,
-    overlay: MachineStatus = MachineStatus.NotAvailable,
-) -> Rig:
-    site, batch, recorder = FakeSite(heartbeat_s=heartbeat_s), FakeOverlay(overlay), Transitions()
-    drone = cls(
-        site_agent=SiteAgent(RemoteSiteAdapter(site, bus)),
-        batch_system_agent=BatchSystemAgent(RemoteBatchSystemAdapter(batch, bus)),
-        plugins=[TardisStateNotes(bus), recorder],
-        drone_uuid=drone_uuid,
-        **({"waker": bus.waker} if issubclass(cls, EventDrone) else {}),
-    )
-    return Rig(drone, site, batch, recorder, FakeDrone(SITE, drone.resource_attributes.drone_uuid))
 
 
 async def test_a_drone_follows_its_agents_events_without_waiting_for_its_heartbeat(

@@ -1,9 +1,11 @@
 """
 What the metrics tests share: a registry holding a drone of every kind, and the samples of a
-text as Prometheus reads them
+text as Prometheus reads them, or of a scrape of a running manager's endpoint
 """
 
 from __future__ import annotations
+
+import asyncio
 
 from prometheus_client.parser import text_string_to_metric_families
 
@@ -23,6 +25,20 @@ def parsed(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
         for sample in family.samples:
             out[(sample.name, tuple(sorted(sample.labels.items())))] = sample.value
     return out
+
+
+async def scrape(port: int) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """``GET /metrics`` of the manager serving on ``port`` (loopback), parsed (:func:`parsed`)"""
+    reader, writer = await asyncio.open_connection("127.0.0.1", port)
+    try:
+        writer.write(b"GET /metrics HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        await writer.drain()
+        response = await asyncio.wait_for(reader.read(), 10)
+    finally:
+        writer.close()
+    head, _, body = response.partition(b"\r\n\r\n")
+    assert head.split()[1] == b"200", head
+    return parsed(body.decode())
 
 
 def _apply(

@@ -3,8 +3,8 @@ Fakes for the TARDIS integration tests: plain adapter classes, no mocks
 
 :class:`FakeSite` and :class:`FakeOverlay` are real subclasses of TARDIS's
 adapter interfaces with scripted answers, so the decorators wrap them as they
-wrap TARDIS's own adapters. :class:`FakeControl` stands in for
-:class:`broker.manager.control.Control` where a test needs no server.
+wrap TARDIS's own adapters; :func:`rig` puts a TARDIS drone on them. :class:`FakeControl`
+stands in for :class:`broker.manager.control.Control` where a test needs no server.
 """
 
 from __future__ import annotations
@@ -13,22 +13,37 @@ import asyncio
 import contextlib
 import time
 from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass
 from typing import Any
 
+from tardis.agents.batchsystemagent import BatchSystemAgent
+from tardis.agents.siteagent import SiteAgent
 from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStatus
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
+from tardis.resources.drone import Drone
 from tardis.utilities.attributedict import AttributeDict
 
 from broker.manager.outcomes import DrainOutcome, DrainResult, ReleaseOutcome, ReleaseResult
 from broker.manager.registry import Registry
 from broker.manager.verdict import Removal, Verdict
-from broker.tardis_adapter import BusConfig, RemoteBus
+from broker.tardis.drone import EventDrone
+from broker.tardis_adapter import (
+    BusConfig,
+    RemoteBatchSystemAdapter,
+    RemoteBus,
+    RemoteSiteAdapter,
+    TardisStateNotes,
+)
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import dedupe_id
+from support.buses import Transitions
+from support.drones import FakeDrone
 
 SITE_NAME = "Site1"
 SITE = "site1"
 DRONE = "site1-0123456789"
+#: far longer than any test: a state run that happens was woken
+LONG_HEARTBEAT_S = 3600
 
 
 @contextlib.asynccontextmanager
@@ -159,6 +174,39 @@ class FakeOverlay(BatchSystemAdapter):  # type: ignore[misc]
     @property
     def machine_meta_data_translation_mapping(self) -> Any:
         return AttributeDict(Cores=1, Memory=1024, Disk=1024 * 1024)
+
+
+@dataclass
+class Rig:
+    """A TARDIS drone on the decorated fake adapters, its recorder, and its fake agent"""
+
+    drone: Any
+    site: FakeSite
+    overlay: FakeOverlay
+    recorder: Transitions
+    agent: FakeDrone
+
+
+def rig(
+    bus: RemoteBus,
+    drone_uuid: str | None = None,
+    *,
+    cls: type[Drone] = EventDrone,
+    heartbeat_s: int = LONG_HEARTBEAT_S,
+    overlay: MachineStatus = MachineStatus.NotAvailable,
+    **options: Any,
+) -> Rig:
+    """A TARDIS drone of ``cls`` (``options`` go to it) on fake adapters the bus decorates"""
+    site, batch, recorder = FakeSite(heartbeat_s=heartbeat_s), FakeOverlay(overlay), Transitions()
+    drone = cls(
+        site_agent=SiteAgent(RemoteSiteAdapter(site, bus)),
+        batch_system_agent=BatchSystemAgent(RemoteBatchSystemAdapter(batch, bus)),
+        plugins=[TardisStateNotes(bus), recorder],
+        drone_uuid=drone_uuid,
+        **({"waker": bus.waker} if issubclass(cls, EventDrone) else {}),
+        **options,
+    )
+    return Rig(drone, site, batch, recorder, FakeDrone(SITE, drone.resource_attributes.drone_uuid))
 
 
 class FakeControl:

@@ -104,6 +104,8 @@ def _exported() -> dict[str, set[str]]:
             notes_buffered=lambda: 0,
             issuer_counts=lambda: collections.Counter({f"{QUEUE_FULL}site1": 1}),
             retired=Retired,
+            state_runs_delayed=lambda: 0,
+            noisy_state_runs=lambda: 0,
         )
     )
     labels: dict[str, set[str]] = collections.defaultdict(set)

@@ -14,9 +14,11 @@ import msgspec
 import pytest
 from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
+from support.drones import FakeDrone
 from support.metrics import NS, SITE, fleet, parsed
 
 from broker.jetstream.messages import ConsumerStats
+from broker.manager.budget import NOISY_FOR_S, Budget
 from broker.manager.collector import tardis_labels
 from broker.manager.issuer import QUEUE_FULL
 from broker.manager.metrics import Sources, render
@@ -25,6 +27,7 @@ from broker.manager.retire import Retired
 from broker.manager.views import DroneView
 from broker.tardis_adapter import BusConfig, RemoteBus
 from remote_agent import __version__
+from remote_agent.protocol import events as ev
 from remote_agent.protocol.bootstrap import Refusal
 
 
@@ -110,6 +113,7 @@ def test_render_with_only_a_registry_names_no_other_family() -> None:
         "cobald_remote_drones",
         "cobald_remote_drone_records",
         "cobald_remote_drones_lost",
+        "cobald_remote_drones_noisy",
         "cobald_remote_drones_ended",
         "cobald_remote_drones_clock_skewed",
         "cobald_remote_build_info",
@@ -319,3 +323,23 @@ def test_tardis_labels_split_part_site_call_and_outcome(
     part: str, name: str, labels: tuple[str, str, str, str]
 ) -> None:
     assert tardis_labels(part, name) == labels
+
+
+def test_noisy_drones_and_what_their_budgets_put_off() -> None:
+    """A drone over its budget: counted noisy for a minute, its superseded events coalesced"""
+    now = time.time()
+    registry = Registry(NS, budget=Budget(per_s=10.0, burst=2))
+    drone = FakeDrone(SITE, "site1-00000000aa")
+    for seq in range(1, 6):
+        event = drone.heartbeat()
+        registry.apply_message(ev.encode(event), drone.subject(event, NS), now - 1, seq, now=0.0)
+    registry.release_held(1.0)
+    sources = Sources(registry=registry, state_runs_delayed=lambda: 7, noisy_state_runs=lambda: 3)
+    samples = parsed(render(sources, now=now))
+    assert samples[("cobald_remote_registry_events_total", (("outcome", "coalesced"),))] == 2
+    assert samples[("cobald_remote_registry_events_total", (("outcome", "applied"),))] == 3
+    assert samples[("cobald_remote_drones_noisy", (("budget", "events"),))] == 1
+    assert samples[("cobald_remote_drones_noisy", (("budget", "state_runs"),))] == 3
+    assert samples[("cobald_remote_tardis_state_runs_delayed_total", ())] == 7
+    later = parsed(render(sources, now=now + NOISY_FOR_S))
+    assert later[("cobald_remote_drones_noisy", (("budget", "events"),))] == 0
