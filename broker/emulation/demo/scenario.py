@@ -32,6 +32,8 @@ class Scenario:
     :param first_base_s: length of the first base phase (default: drawn like the others)
     :param vacate_s: seconds between SIGTERM and SIGKILL when the site removes a job
     :param lost_after_s: cobald-remote: silence after which an agent counts as lost
+    :param scale_down_window_s: cobald-remote: the pools' scale-down stabilization window
+        (the default's 300 s at TARDIS's 60 s heartbeat, scaled to the demo's heartbeat)
     :param agent_heartbeat_s: the agents' heartbeat interval
     :param agent_poll_s: how often agents poll their startd (``condor_who``)
     :param tardis_adapters: ``emulated``: the demo's polled adapters
@@ -60,6 +62,7 @@ class Scenario:
     first_base_s: float | None = None
     vacate_s: float = 1.0
     lost_after_s: float = 10.0
+    scale_down_window_s: float = 10.0
     agent_heartbeat_s: float = 2.0
     agent_poll_s: float = 2.0
     tardis_adapters: str = "emulated"

@@ -97,5 +97,6 @@ def bus_section(
         "drain_deadline_s": 600.0,
         "lost_removal_after_s": 600.0,
         "request_timeout_s": 2.0,
+        "scale_down_window_s": scenario.scale_down_window_s,
         **(extra or {}),
     }
