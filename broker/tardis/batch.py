@@ -16,11 +16,13 @@ from broker.manager.views import DroneView
 from broker.tardis.bus import RemoteBus
 from remote_agent.protocol.events import DroneState
 
-#: the overlay batch system's view of a drone, from its agent's state
+#: the overlay batch system's view of a drone, from its agent's state: available once its
+#: startd can take work (its gate opened: idle or busy), never ``NotAvailable`` after that
+#: (docs/tardis.md, "When a drone is supply")
 _MACHINE_STATUS: Final = {
-    DroneState.STARTING: MachineStatus.Available,
-    DroneState.WORKER_UP: MachineStatus.Available,
-    DroneState.STARTD_READY: MachineStatus.Available,
+    DroneState.STARTING: MachineStatus.NotAvailable,
+    DroneState.WORKER_UP: MachineStatus.NotAvailable,
+    DroneState.STARTD_READY: MachineStatus.NotAvailable,
     DroneState.IDLE: MachineStatus.Available,
     DroneState.BUSY: MachineStatus.Available,
     DroneState.DRAINING: MachineStatus.Draining,
@@ -109,11 +111,26 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
         # a lost agent may not act on the recorded intent soon: drain in the OBS too
         return self._bus.fresh(site, drone_uuid) is not None
 
+    def _agent_status(self, view: DroneView) -> MachineStatus:
+        """
+        The status the agent's state says, but never ``NotAvailable`` after another answer
+
+        TARDIS's AvailableState and DrainingState go to ShutDownState on ``NotAvailable``
+        (dronestates.py:156, :209): a drone whose agent restarted (a new incarnation
+        starts again) keeps the answer it had.
+        """
+        assert view.state is not None
+        status = _MACHINE_STATUS[view.state]
+        last = self._last_status.get(view.drone)
+        if status is MachineStatus.NotAvailable and last is not None:
+            return last
+        return status
+
     async def get_machine_status(self, drone_uuid: str) -> MachineStatus:
         view = self._view(drone_uuid)
         if view is not None and view.state is not None:
             self.counts["get_machine_status_from_agent"] += 1
-            status = _MACHINE_STATUS[view.state]
+            status = self._agent_status(view)
         else:
             default = self._last_status.get(drone_uuid, MachineStatus.NotAvailable)
             status = await self._fallback("get_machine_status", drone_uuid, default)
