@@ -12,6 +12,7 @@ from typing import Any, Final
 
 from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStatus
 
+from broker.manager.outcomes import DrainResult
 from broker.manager.views import DroneView
 from broker.tardis.bus import RemoteBus
 from remote_agent.protocol.events import DroneState
@@ -94,6 +95,15 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
             await self._fallback("drain_machine", drone_uuid, None)
 
     async def _self_drain(self, drone_uuid: str) -> bool:
+        """
+        Drain the drone through its record; release it if its agent has not claimed one
+
+        Releasing a drone whose agent has not claimed is its drain: nothing can have
+        started on it, and its claim finds the record released
+        (:meth:`~broker.manager.control.Control.drain_or_release`).
+
+        :returns: whether its agent is heard from and so needs no drain in the overlay pool
+        """
         control = self._bus.control
         if control is None:
             return False
@@ -106,8 +116,12 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
             released = await control.release(site, drone_uuid, note=why, deadline=deadline)
             self.counts[f"drain_release_{released.outcome}"] += 1
             return False
-        drained = await control.drain(site, drone_uuid, deadline, why)
-        self.counts[f"drain_{drained.outcome}"] += 1
+        result = await control.drain_or_release(site, drone_uuid, deadline, why)
+        if isinstance(result, DrainResult):
+            self.counts[f"drain_{result.outcome}"] += 1
+        else:  # announced, not claimed: released, or drained had the claim come first
+            self.counts["drain_not_announced"] += 1
+            self.counts[f"drain_release_{result.outcome}"] += 1
         # a lost agent may not act on the recorded intent soon: drain in the OBS too
         return self._bus.fresh(site, drone_uuid) is not None
 

@@ -9,12 +9,14 @@ from __future__ import annotations
 import asyncio
 import contextlib
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import pytest
 from cobald.composite.factory import FactoryPool
 from cobald.controller.linear import LinearController
 from nats.js import JetStreamContext
+from support.agent import FakeStartd, kinds, running, settings
 from support.buses import BusFactory, Transitions
 from support.drones import FakeDrone, publish
 from support.tardis import SITE, FakeOverlay, FakeSite, drone_running
@@ -24,7 +26,9 @@ from tardis.agents.siteagent import SiteAgent
 from tardis.interfaces.batchsystemadapter import MachineStatus
 from tardis.interfaces.siteadapter import ResourceStatus
 from tardis.resources.drone import Drone
+from tardis.resources.dronestates import DrainState
 
+from broker.server.embedded import EmbeddedServer
 from broker.tardis.drone import EventDrone
 from broker.tardis_adapter import (
     RemoteBatchSystemAdapter,
@@ -32,6 +36,8 @@ from broker.tardis_adapter import (
     RemoteSiteAdapter,
     TardisStateNotes,
 )
+from remote_agent.agent import Agent
+from remote_agent.interfaces import JobStart
 from remote_agent.protocol import events as ev
 
 pytestmark = pytest.mark.timeout(120)
@@ -315,3 +321,46 @@ async def test_a_starting_drone_does_not_pull_cobalds_demand_down(
         demand = pool.demand
         controller.regulate(1.0)
         assert pool.demand >= demand  # 0.9 is not below low_utilisation 0.9
+
+
+async def test_a_drain_before_the_agents_claim_is_honoured_by_its_claim(
+    make_bus: BusFactory, js: JetStreamContext, nats_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """
+    TARDIS drains a drone (restored in DrainState, as its SQLite registry restores one)
+    whose agent is up but has not claimed its record: its startd is not ready yet
+    """
+    bus = await make_bus()
+    startd = FakeStartd()
+    startd.is_ready = False
+    uuid = f"{SITE}-00000000d1"
+    agent = Agent(settings(tmp_path, nats_server.url, uuid, startd=True), startd=startd)
+    async with running(agent) as run:
+        await wait_until(
+            lambda: (
+                (view := bus.registry.view(SITE, uuid)) is not None
+                and view.state is ev.DroneState.WORKER_UP
+            ),
+            30,
+            "the agent up, its startd not ready",
+        )
+        one = rig(bus, uuid, heartbeat_s=1)
+        drone, site, recorder = one.drone, one.site, one.recorder
+        site.status = ResourceStatus.Running
+        await drone.set_state(DrainState())
+        await DrainState.run(drone)  # TARDIS's drain_machine, then DrainingState
+        # the drain is in the record for the claim to find: the drone is released
+        control = bus.control
+        assert control is not None
+        record = await control.store.read(SITE, uuid)
+        assert record is not None and record.record.phase is ev.RecordPhase.RELEASED
+        async with drone_running(drone) as task:
+            startd.is_ready = True  # the startd comes up: the agent claims its record
+            assert await run.exit_code(60) == 0
+            await asyncio.wait_for(task, 60)
+    assert recorder.states[-1] == "DownState"
+    assert one.overlay.called("drain_machine") == 0  # its agent is heard: no OBS drain
+    # the claim found the drone released: its gate never opened, no payload may start
+    events = await kinds(js, uuid)
+    assert "released" in events and "gate_opened" not in events
+    assert not agent.prepare_job(JobStart(job_id="1.0", slot="slot1_1")).allow

@@ -266,14 +266,22 @@ async def test_drain_machine_is_the_self_drain() -> None:
     announce(bus.registry, DRONE, ev.DroneState.BUSY, payloads=1)
     control = FakeControl(no(Removal.AGENT_UP))
     inner = FakeOverlay()
-    agent = BatchSystemAgent(RemoteBatchSystemAdapter(inner, with_control(bus, control)))
+    adapter = RemoteBatchSystemAdapter(inner, with_control(bus, control))
+    agent = BatchSystemAgent(adapter)
     await agent.drain_machine(drone_uuid=DRONE)
-    assert control.calls == ["drain"]
+    assert control.calls == ["drain_or_release"]
     assert inner.called("drain_machine") == 0
+    assert adapter.counts["drain_accepted"] == 1
+    # announced, but its agent has not claimed: released, which its claim finds
+    control.claimed = False
+    await agent.drain_machine(drone_uuid=DRONE)
+    assert control.calls == ["drain_or_release"] * 2
+    assert inner.called("drain_machine") == 0
+    assert adapter.counts["drain_not_announced"] == adapter.counts["drain_release_released"] == 1
     # a drone never heard of is released (or drained if its agent won the race), and
     # drained in the overlay pool in case its startd runs without an agent
     await agent.drain_machine(drone_uuid="site1-aaaaaaaaaa")
-    assert control.calls == ["drain", "release"]
+    assert control.calls == ["drain_or_release", "drain_or_release", "release"]
     assert inner.calls == [("drain_machine", "site1-aaaaaaaaaa")]
 
 
