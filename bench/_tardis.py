@@ -34,8 +34,8 @@ from remote_agent.settings import Settings
 
 #: the lags reported: (row, from the agent's event kind, to TARDIS's first state of these)
 ROWS: Sequence[tuple[str, str, tuple[str, ...]]] = (
-    ("agent up -> Integrating", "up", ("IntegratingState", "AvailableState")),
-    ("agent up -> Available", "up", ("AvailableState",)),
+    ("gate open -> Integrating", "gate_opened", ("IntegratingState", "AvailableState")),
+    ("gate open -> Available", "gate_opened", ("AvailableState",)),
     ("drained -> Down", "drained", ("DownState",)),
     ("agent_exiting -> Down", "agent_exiting", ("DownState",)),
 )
@@ -200,7 +200,7 @@ def lags(
                 if drone in begun and message.state in targets:
                     at = begun.pop(drone)
                     found.append((at, (message.at - at).total_seconds()))
-            elif drone not in taken and start in ("up", ev.kind_of(type(message))):
+            elif drone not in taken and start == ev.kind_of(type(message)):
                 begun[drone] = message.at
                 taken.add(drone)
         out[row] = found

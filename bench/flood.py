@@ -22,7 +22,7 @@ drones on it). The same load runs through every phase:
   ``bus`` section), one started every ``1 / --tardis-rate`` s, each with a real in-process
   agent on its own credentials (``_tardis.BenchSite``); once TARDIS has one Available it is
   drained 0.5-2 s later (``Control.drain``), and its agent drains and exits. The lags
-  agent up -> Available and drained -> Down (and two more) are read from the stream
+  gate open -> Available and drained -> Down (and two more) are read from the stream
   afterwards, as ``bench/lag.py`` reads them;
 * site ``siteb`` enrolls a drone every ``1 / --enroll-rate`` s through the agent's own
   request (a process of its own; the tokens minted by ``ManagerService.issuer.mint``),
@@ -100,7 +100,7 @@ APPLIED, ENROLLED = "honest event applied", "siteb enrollment"
 GOALS: Sequence[tuple[str, str]] = (
     ("bootstrap flood", ENROLLED),
     ("bootstrap flood", APPLIED),
-    ("event flood", "agent up -> Available"),
+    ("event flood", "gate open -> Available"),
     ("event flood", "drained -> Down"),
 )
 

@@ -21,8 +21,8 @@ moment within one heartbeat); it has no payload, so it drains, ends and exits. T
 read afterwards from the stream, agent events beside TARDIS's state notes (the notes the
 manager publishes, :class:`~broker.tardis.notes.TardisStateNotes`):
 
-* agent up (its first event; TARDIS's answers say Running from then on) -> ``IntegratingState``
-  and -> ``AvailableState``;
+* gate open (the agent's ``gate_opened``: its startd can take work, and TARDIS's answers say
+  Running and Available from then on) -> ``IntegratingState`` and -> ``AvailableState``;
 * ``drained`` -> ``DownState`` (includes the agent's own ending) and ``agent_exiting`` ->
   ``DownState``.
 

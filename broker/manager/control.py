@@ -289,6 +289,30 @@ class Control:
             detail=f"the agent had come up ({record.phase}): drain {drained.outcome}",
         )
 
+    async def drain_or_release(
+        self,
+        site: str,
+        drone: str,
+        deadline: dt.datetime | None = None,
+        reason: str = "",
+    ) -> DrainResult | ReleaseResult:
+        """
+        Drain a drone whose agent claimed its record; release one whose agent has not
+
+        A drone without a record has run nothing (its gate opens only with its agent's
+        claim), so a drain of it is its release: its agent's claim then finds the record
+        released and never opens the gate, and its batch job may be removed at once.
+        Had the agent claimed in between, the release drains it through the claimed
+        record (:meth:`release`).
+
+        :param deadline: deadline of the drain; default :data:`DEFAULT_DRAIN_S` from now
+        :raises HandshakeError: if the record cannot be read or written
+        """
+        drained = await self.drain(site, drone, deadline, reason)
+        if drained.outcome is not DrainOutcome.NOT_ANNOUNCED:
+            return drained
+        return await self.release(site, drone, note=reason, deadline=deadline, reason=reason)
+
     async def release_if_idle(self, site: str, drone: str) -> IdleResult:
         """
         End the drone if nothing runs on it; change nothing otherwise

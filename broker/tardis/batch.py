@@ -12,15 +12,18 @@ from typing import Any, Final
 
 from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStatus
 
+from broker.manager.outcomes import DrainResult
 from broker.manager.views import DroneView
 from broker.tardis.bus import RemoteBus
 from remote_agent.protocol.events import DroneState
 
-#: the overlay batch system's view of a drone, from its agent's state
+#: the overlay batch system's view of a drone, from its agent's state: available once its
+#: startd can take work (its gate opened: idle or busy), never ``NotAvailable`` after that
+#: (docs/tardis.md, "When a drone is supply")
 _MACHINE_STATUS: Final = {
-    DroneState.STARTING: MachineStatus.Available,
-    DroneState.WORKER_UP: MachineStatus.Available,
-    DroneState.STARTD_READY: MachineStatus.Available,
+    DroneState.STARTING: MachineStatus.NotAvailable,
+    DroneState.WORKER_UP: MachineStatus.NotAvailable,
+    DroneState.STARTD_READY: MachineStatus.NotAvailable,
     DroneState.IDLE: MachineStatus.Available,
     DroneState.BUSY: MachineStatus.Available,
     DroneState.DRAINING: MachineStatus.Draining,
@@ -92,6 +95,15 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
             await self._fallback("drain_machine", drone_uuid, None)
 
     async def _self_drain(self, drone_uuid: str) -> bool:
+        """
+        Drain the drone through its record; release it if its agent has not claimed one
+
+        Releasing a drone whose agent has not claimed is its drain: nothing can have
+        started on it, and its claim finds the record released
+        (:meth:`~broker.manager.control.Control.drain_or_release`).
+
+        :returns: whether its agent is heard from and so needs no drain in the overlay pool
+        """
         control = self._bus.control
         if control is None:
             return False
@@ -104,16 +116,35 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
             released = await control.release(site, drone_uuid, note=why, deadline=deadline)
             self.counts[f"drain_release_{released.outcome}"] += 1
             return False
-        drained = await control.drain(site, drone_uuid, deadline, why)
-        self.counts[f"drain_{drained.outcome}"] += 1
+        result = await control.drain_or_release(site, drone_uuid, deadline, why)
+        if isinstance(result, DrainResult):
+            self.counts[f"drain_{result.outcome}"] += 1
+        else:  # announced, not claimed: released, or drained had the claim come first
+            self.counts["drain_not_announced"] += 1
+            self.counts[f"drain_release_{result.outcome}"] += 1
         # a lost agent may not act on the recorded intent soon: drain in the OBS too
         return self._bus.fresh(site, drone_uuid) is not None
+
+    def _agent_status(self, view: DroneView) -> MachineStatus:
+        """
+        The status the agent's state says, but never ``NotAvailable`` after another answer
+
+        TARDIS's AvailableState and DrainingState go to ShutDownState on ``NotAvailable``
+        (dronestates.py:156, :209): a drone whose agent restarted (a new incarnation
+        starts again) keeps the answer it had.
+        """
+        assert view.state is not None
+        status = _MACHINE_STATUS[view.state]
+        last = self._last_status.get(view.drone)
+        if status is MachineStatus.NotAvailable and last is not None:
+            return last
+        return status
 
     async def get_machine_status(self, drone_uuid: str) -> MachineStatus:
         view = self._view(drone_uuid)
         if view is not None and view.state is not None:
             self.counts["get_machine_status_from_agent"] += 1
-            status = _MACHINE_STATUS[view.state]
+            status = self._agent_status(view)
         else:
             default = self._last_status.get(drone_uuid, MachineStatus.NotAvailable)
             status = await self._fallback("get_machine_status", drone_uuid, default)

@@ -32,6 +32,7 @@ from broker.tardis.bus import RemoteBus
 from broker.tardis.config import site_token
 from broker.tardis.removal import RemovalPolicy
 from remote_agent.protocol.events import DroneState, RecordPhase
+from remote_agent.protocol.states import STARTING_STATES
 
 log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
 
@@ -58,18 +59,20 @@ _HANDLED: Final[Mapping[str, tuple[type[Exception], ...]]] = {
 #: handles for any site call
 TARDIS_EXCEPTIONS: Final = tuple(dict.fromkeys(exc for excs in _HANDLED.values() for exc in excs))
 
-#: agent states in which a drone counts as running at its site
+#: agent states in which a drone counts as running at its site: its startd took work or can
+#: (its gate opened), or it drains; a drone in STARTING_STATES is answered ``Booting``
+#: (docs/tardis.md, "When a drone is supply")
 _UP_STATES: Final = frozenset(
     {
-        DroneState.STARTING,
-        DroneState.WORKER_UP,
-        DroneState.STARTD_READY,
         DroneState.IDLE,
         DroneState.BUSY,
         DroneState.DRAINING,
         DroneState.DRAINED,
     }
 )
+
+#: agent states in which the agent ends its batch job itself: drained, or released
+_ENDING_STATES: Final = frozenset({DroneState.DRAINED, DroneState.RELEASED})
 
 #: the answers on which TARDIS calls ``stop_resource`` next, by its state
 #: (tardis/resources/dronestates.py: ShutDownState :256-259 on Running)
@@ -100,11 +103,17 @@ def finished(view: DroneView | None, now: float, lost_after_s: float) -> str:
     else:
         return ""
     phase = record.phase
-    if phase is RecordPhase.RELEASED and record.proven:
+    if _released(view):
         return f"released, and {exited}"
     if phase in (RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED) and record.writer == "agent":
         return f"{phase}, and {exited}"
     return ""
+
+
+def _released(view: DroneView) -> bool:
+    """Whether the manager released the drone (with its proof): its gate never opens"""
+    record = view.record
+    return record is not None and record.phase is RecordPhase.RELEASED and record.proven
 
 
 def _forwarded(name: str, convert: Callable[[Any], Any] = lambda value: value) -> Any:
@@ -216,21 +225,24 @@ class RemoteSiteAdapter(SiteAdapter):
         status = answer.get("resource_status") if isinstance(answer, Mapping) else None
         tardis_state = self._bus.tardis_states.get(drone, "")
         action = _REMOVAL_NEXT.get((tardis_state, status)) if status is not None else None
-        if action is not None and self._ends_itself(drone):
-            # its agent drained it and ends its batch job itself (then: Deleted, DownState);
-            # a stop now would suspend a job that is about to end
-            self.counts["stop_deferred_drained"] += 1
-            raise TardisResourceStatusUpdateFailed(f"{drone} is drained: its agent ends its job")
+        ending = self._ending(drone) if action is not None else None
+        if ending is not None:
+            # its agent drained or was released and ends its batch job itself (then:
+            # Deleted, DownState); a stop now would suspend a job that is about to end
+            self.counts[f"stop_deferred_{ending}"] += 1
+            raise TardisResourceStatusUpdateFailed(f"{drone} is {ending}: its agent ends its job")
         if action is not None:
             await self._guarded(
                 "resource_status", drone, lambda: self._removal.check(resource_attributes, action)
             )
         return answer
 
-    def _ends_itself(self, drone: str) -> bool:
-        """Whether the drone's agent, heard from, reports it drained: it ends its own job"""
+    def _ending(self, drone: str) -> DroneState | None:
+        """The drone's state if its agent, heard from, ends its job itself (drained, released)"""
         view = self._bus.fresh(self._site, drone)
-        return view is not None and view.state is DroneState.DRAINED
+        if view is None or view.state not in _ENDING_STATES:
+            return None
+        return view.state
 
     async def _status(self, resource_attributes: AttributeDict) -> Any:
         drone = resource_attributes.drone_uuid
@@ -245,6 +257,12 @@ class RemoteSiteAdapter(SiteAdapter):
             log.debug("%s/%s: its job is over (%s): Deleted", self._site, drone, why)
             return AttributeDict(resource_status=ResourceStatus.Deleted)
         view = self._bus.fresh(self._site, drone, now)
+        if view is not None and view.state in STARTING_STATES and not _released(view):
+            # its job runs, but its startd cannot take work yet: TARDIS's BootingState
+            # waits, and follows COBalD's release (dronestates.py:112), which
+            # IntegratingState would not (:144). Released, it never will: the site answers
+            self.counts["status_from_agent"] += 1
+            return AttributeDict(resource_status=ResourceStatus.Booting)
         if view is not None and view.state in _UP_STATES:
             self.counts["status_from_agent"] += 1
             return AttributeDict(resource_status=ResourceStatus.Running)

@@ -9,6 +9,7 @@ are in :mod:`remote_agent.protocol.events`, which exports them too.
 from __future__ import annotations
 
 import enum
+from typing import Final
 
 
 class DroneState(enum.StrEnum):
@@ -23,6 +24,14 @@ class DroneState(enum.StrEnum):
     DRAINED = "drained"  #: gate closed, no payload; the drone is ending its job
     RELEASED = "released"  #: the manager released the drone before it announced itself
     EXITING = "exiting"  #: the agent is stopping
+
+
+#: the states of a drone that cannot take work yet: its gate has not opened since its agent
+#: started (the gate opens with the handshake claim, which waits for the startd to be ready,
+#: and the drone is idle or busy from then on); no state leads back to them
+STARTING_STATES: Final = frozenset(
+    {DroneState.STARTING, DroneState.WORKER_UP, DroneState.STARTD_READY}
+)
 
 
 class PayloadEnd(enum.StrEnum):

@@ -4,11 +4,12 @@ The proof of the release handshake
 Drives the real agent (``remote_agent.agent.Agent`` with its real gate socket)
 and the real manager (``broker.manager.service.ManagerService`` and its ``Control``)
 against a real nats-server through generated schedules of: agent start (its
-claim), agent crash and restart, manager release, manager drain, payload start
+claim), agent crash and restart, manager release, manager drain, TARDIS's drain (a
+drain, or a release while the agent has not claimed), payload start
 through the gate (the hook's own client code), payload end, manager restart,
 broker restart, and lost command messages (the agent's connection cut while
-commands are sent), plus deliberate races of claim against release and of a
-drain against a payload start.
+commands are sent), plus deliberate races of claim against release, of claim
+against TARDIS's drain and of a drain against a payload start.
 
 After every step it checks:
 
@@ -52,6 +53,7 @@ ACTIONS: dict[str, int] = {  # action: weight
     "release": 3,
     "drain": 3,
     "drain_short": 1,
+    "tardis_drain": 2,
     "payload_start": 5,
     "payload_end": 3,
     "manager_restart": 1,
@@ -60,6 +62,7 @@ ACTIONS: dict[str, int] = {  # action: weight
     "heal_agent": 1,
     "race_claim_release": 2,
     "race_drain_payload": 2,
+    "race_claim_tardis_drain": 2,
 }
 
 
@@ -70,6 +73,7 @@ async def _step(world: World, drone: Drone, action: str) -> None:
         "release": lambda: world.release(drone),
         "drain": lambda: world.drain(drone, LONG_DRAIN_S),
         "drain_short": lambda: world.drain(drone, SHORT_DRAIN_S),
+        "tardis_drain": lambda: world.drain_or_release(drone),
         "payload_start": lambda: world.payload_start(drone),
         "payload_end": lambda: world.payload_end(drone),
         "manager_restart": lambda: _restart_manager(world),
@@ -81,6 +85,9 @@ async def _step(world: World, drone: Drone, action: str) -> None:
         ),
         "race_drain_payload": lambda: asyncio.gather(
             world.drain(drone, LONG_DRAIN_S), world.payload_start(drone)
+        ),
+        "race_claim_tardis_drain": lambda: asyncio.gather(
+            world.start_agent(drone), world.drain_or_release(drone)
         ),
     }
     drone.log.append(action)

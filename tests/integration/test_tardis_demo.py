@@ -88,7 +88,10 @@ async def test_stock_tardis_kills_payloads_and_the_decorators_kill_none(
     # with cobald-remote not one payload died, and TARDIS saw drones up within seconds
     assert remote["payloads"]["killed"] == 0, report
     assert remote["drones"].get("removed by the site with payloads running", 0) == 0, report
-    assert remote["tardis_latency"]["never_seen_running"] == 0, report
+    # TARDIS sees a drone running once its startd can take work: one COBalD let go before
+    # that was released and removed with nothing on it
+    never_running = remote["tardis_latency"]["never_seen_running"]
+    assert never_running <= remote["drones"].get("removed by the site while idle", 0), report
     assert remote["tardis_latency"]["median_s"] < stock["tardis_latency"]["median_s"], report
     assert any("payloads" in line and "killed" in line for line in lines)  # progress shown
 

@@ -7,10 +7,15 @@ agent runs as TARDIS's stock drone does
 from __future__ import annotations
 
 import asyncio
+import contextlib
+from pathlib import Path
 from typing import Any
 
 import pytest
+from cobald.composite.factory import FactoryPool
+from cobald.controller.linear import LinearController
 from nats.js import JetStreamContext
+from support.agent import FakeStartd, kinds, running, settings
 from support.buses import BusFactory
 from support.drones import publish
 from support.tardis import SITE, drone_running, rig
@@ -18,8 +23,13 @@ from support.waiting import wait_until
 from tardis.interfaces.batchsystemadapter import MachineStatus
 from tardis.interfaces.siteadapter import ResourceStatus
 from tardis.resources.drone import Drone
+from tardis.resources.dronestates import DrainState
 
+from broker.server.embedded import EmbeddedServer
 from broker.tardis.drone import EventDrone
+from remote_agent.agent import Agent
+from remote_agent.interfaces import JobStart
+from remote_agent.protocol import events as ev
 
 pytestmark = pytest.mark.timeout(120)
 
@@ -141,3 +151,174 @@ async def test_a_drone_without_an_agent_runs_as_tardis_stock_drone(make_bus: Bus
     assert [c for c, _ in overlays[0].calls] == [c for c, _ in overlays[1].calls]
     assert evented.woken == 0  # the release wrote its record; nobody announced: no wake
     assert bus.waker.counts["wake_event"] == 0
+
+
+async def ran_since_now(drone: Any) -> None:
+    """Wait for a state run that began after this call (it saw the registry as it is now)"""
+    runs = drone.state_runs
+    drone.wake()
+    # the run under way now, if any, may have read older facts; the one after it cannot
+    await wait_until(lambda: drone.state_runs >= runs + 1, 30, "a state run")
+    drone.wake()
+    await wait_until(lambda: drone.state_runs >= runs + 2, 30, "a state run after it")
+
+
+async def test_a_drone_is_supply_only_once_its_startd_can_take_work(
+    make_bus: BusFactory, js: JetStreamContext
+) -> None:
+    bus = await make_bus()
+    one = rig(bus)
+    drone, site, recorder, agent = one.drone, one.site, one.recorder, one.agent
+    uuid = drone.resource_attributes.drone_uuid
+    async with drone_running(drone):
+        await wait_until(lambda: recorder.states == ["RequestState", "BootingState"], 30, "Booting")
+        # the job runs and its agent has announced itself, but the startd takes no work yet
+        for event in (agent.started(), agent.worker_up(), agent.startd_ready()):
+            await publish(js, bus.namespace, event)
+        await wait_until(
+            lambda: (
+                (view := bus.registry.view(SITE, uuid)) is not None
+                and view.state is ev.DroneState.STARTD_READY
+            ),
+            30,
+            "startd_ready at the manager",
+        )
+        await ran_since_now(drone)
+        assert recorder.states == ["RequestState", "BootingState"]
+        assert drone.supply == 0.0  # not counted in COBalD's utilisation and allocation
+        # the claim opened its gate: TARDIS follows at once, without the site
+        await publish(js, bus.namespace, agent.gate_opened())
+        await wait_until(lambda: drone.supply == drone.maximum_demand, 30, "Available's run")
+        assert recorder.states[2:] == ["IntegrateState", "IntegratingState", "AvailableState"]
+        assert site.called("resource_status") == 0
+
+
+async def test_cobald_releases_a_drone_whose_startd_takes_no_work_yet_before_its_gate_opens(
+    make_bus: BusFactory, js: JetStreamContext
+) -> None:
+    """TARDIS's BootingState follows COBalD's release (IntegratingState would not)"""
+    bus = await make_bus()
+    one = rig(bus)
+    drone, site, recorder, agent = one.drone, one.site, one.recorder, one.agent
+    uuid = drone.resource_attributes.drone_uuid
+    async with drone_running(drone) as task:
+        await wait_until(lambda: "BootingState" in recorder.states, 30, "Booting")
+        for event in (agent.started(), agent.worker_up(), agent.startd_ready()):
+            await publish(js, bus.namespace, event)
+        await wait_until(
+            lambda: (
+                (view := bus.registry.view(SITE, uuid)) is not None
+                and view.state is ev.DroneState.STARTD_READY
+            ),
+            30,
+            "startd_ready at the manager",
+        )
+        drone.demand = 0  # COBalD releases it (its release wakes it)
+        await asyncio.wait_for(task, 60)
+    assert recorder.states[1:] == ["BootingState", "CleanupState", "DownState"]
+    # the release won the handshake: its agent's claim finds it released, its gate never
+    # opens; the job was removed, with nothing on it
+    control = bus.control
+    assert control is not None
+    claimed = await control.store.claim(SITE, uuid, agent.incarnation)
+    assert (claimed.record.phase, claimed.record.writer) == (ev.RecordPhase.RELEASED, "manager")
+    assert site.called("terminate_resource") == 1
+
+
+async def test_a_starting_drone_does_not_pull_cobalds_demand_down(
+    make_bus: BusFactory, js: JetStreamContext
+) -> None:
+    """Nine busy drones and one whose startd takes no work yet, under COBalD's own objects"""
+    bus = await make_bus()
+    rigs = [rig(bus) for _ in range(10)]
+    busy, starting = rigs[:9], rigs[9]
+    async with contextlib.AsyncExitStack() as running:
+        for one in rigs:
+            await running.enter_async_context(drone_running(one.drone))
+        for one in busy:
+            for event in (one.agent.started(), one.agent.worker_up(), one.agent.ready()):
+                await publish(js, bus.namespace, event)
+            for job in range(4):  # every slot busy
+                await publish(js, bus.namespace, one.agent.payload_started(f"{job}.0"))
+        await wait_until(
+            lambda: all(o.drone.supply > 0 and o.drone.utilisation == 1.0 for o in busy),
+            60,
+            "nine busy drones Available",
+        )
+        pool = FactoryPool(*(o.drone for o in busy), factory=lambda: rig(bus).drone)
+        controller = LinearController(pool, low_utilisation=0.9, high_allocation=0.9)
+        before = pool.utilisation
+        assert before == pool.allocation == 1.0
+        # the tenth drone's job runs, its agent is up, its startd takes no work yet
+        pool._hatchery.add(starting.drone)
+        for event in (
+            starting.agent.started(),
+            starting.agent.worker_up(),
+            starting.agent.startd_ready(),
+        ):
+            await publish(js, bus.namespace, event)
+        uuid = starting.drone.resource_attributes.drone_uuid
+        await wait_until(
+            lambda: (
+                (view := bus.registry.view(SITE, uuid)) is not None
+                and view.state is ev.DroneState.STARTD_READY
+            ),
+            30,
+            "startd_ready at the manager",
+        )
+        await ran_since_now(starting.drone)
+        assert starting.recorder.states[-1] == "BootingState"
+        assert pool.utilisation >= before and pool.allocation >= before
+        demand = pool.demand
+        controller.regulate(1.0)
+        assert pool.demand > demand  # allocation above 0.9: more, never less
+        # once it can take work it is supply: idle, as stock TARDIS sees a new startd
+        await publish(js, bus.namespace, starting.agent.gate_opened())
+        await wait_until(lambda: starting.drone.supply > 0, 30, "the tenth drone Available")
+        assert pool.utilisation == pytest.approx(0.9)
+        demand = pool.demand
+        controller.regulate(1.0)
+        assert pool.demand >= demand  # 0.9 is not below low_utilisation 0.9
+
+
+async def test_a_drain_before_the_agents_claim_is_honoured_by_its_claim(
+    make_bus: BusFactory, js: JetStreamContext, nats_server: EmbeddedServer, tmp_path: Path
+) -> None:
+    """
+    TARDIS drains a drone (restored in DrainState, as its SQLite registry restores one)
+    whose agent is up but has not claimed its record: its startd is not ready yet
+    """
+    bus = await make_bus()
+    startd = FakeStartd()
+    startd.is_ready = False
+    uuid = f"{SITE}-00000000d1"
+    agent = Agent(settings(tmp_path, nats_server.url, uuid, startd=True), startd=startd)
+    async with running(agent) as run:
+        await wait_until(
+            lambda: (
+                (view := bus.registry.view(SITE, uuid)) is not None
+                and view.state is ev.DroneState.WORKER_UP
+            ),
+            30,
+            "the agent up, its startd not ready",
+        )
+        one = rig(bus, uuid, heartbeat_s=1)
+        drone, site, recorder = one.drone, one.site, one.recorder
+        site.status = ResourceStatus.Running
+        await drone.set_state(DrainState())
+        await DrainState.run(drone)  # TARDIS's drain_machine, then DrainingState
+        # the drain is in the record for the claim to find: the drone is released
+        control = bus.control
+        assert control is not None
+        record = await control.store.read(SITE, uuid)
+        assert record is not None and record.record.phase is ev.RecordPhase.RELEASED
+        async with drone_running(drone) as task:
+            startd.is_ready = True  # the startd comes up: the agent claims its record
+            assert await run.exit_code(60) == 0
+            await asyncio.wait_for(task, 60)
+    assert recorder.states[-1] == "DownState"
+    assert one.overlay.called("drain_machine") == 0  # its agent is heard: no OBS drain
+    # the claim found the drone released: its gate never opened, no payload may start
+    events = await kinds(js, uuid)
+    assert "released" in events and "gate_opened" not in events
+    assert not agent.prepare_job(JobStart(job_id="1.0", slot="slot1_1")).allow

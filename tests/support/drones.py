@@ -71,8 +71,22 @@ class FakeDrone:
         return self._event(ev.AgentStarted, agent_version="test", pid=42)
 
     def ready(self) -> ev.Event:
+        """The startd ready and the gate open at once (``startd_ready``, then ``gate_opened``)"""
         self.state, self.gate_open = ev.DroneState.IDLE, True
         return self._event(ev.StartdReady, slots=4)
+
+    def worker_up(self) -> ev.Event:
+        self.state = ev.DroneState.WORKER_UP
+        return self._event(ev.WorkerStarted, pid=4711, command=["condor_master", "-f"])
+
+    def startd_ready(self) -> ev.Event:
+        """The startd answers; the gate stays shut until the handshake claim"""
+        self.state = ev.DroneState.STARTD_READY
+        return self._event(ev.StartdReady, slots=4)
+
+    def gate_opened(self) -> ev.Event:
+        self.state, self.gate_open = ev.DroneState.IDLE, True
+        return self._event(ev.GateOpened, reason="handshake record claimed")
 
     def heartbeat(self, interval_s: float = 30.0) -> ev.Event:
         return self._event(ev.Heartbeat, interval_s=interval_s)

@@ -20,7 +20,7 @@ from pathlib import Path
 import nats.errors
 
 from broker.manager.control import Control
-from broker.manager.outcomes import DrainOutcome, ReleaseOutcome
+from broker.manager.outcomes import DrainOutcome, ReleaseOutcome, ReleaseResult
 from broker.manager.service import ManagerService, ManagerSettings
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
@@ -219,14 +219,8 @@ class World:
         except TRANSIENT as err:
             drone.log.append(f"release failed: {err!r}")
             return
-        drone.released_or_drained = True
         drone.log.append(f"release: {result.outcome} {result.phase}")
-        if result.outcome is ReleaseOutcome.RELEASED:
-            drone.release_won = True
-            if drone.allowed:
-                raise Violation(f"{drone.name}: manager won a release after payloads started")
-        elif result.drain is not None:
-            self._note_drain(drone, result.drain.outcome)
+        self._note_release(drone, result)
 
     async def drain(self, drone: Drone, seconds: float) -> None:
         control = await self.control()
@@ -242,6 +236,33 @@ class World:
             return  # nothing recorded: the drone must be released instead
         drone.released_or_drained = True
         self._note_drain(drone, result.outcome)
+
+    async def drain_or_release(self, drone: Drone) -> None:
+        """TARDIS's drain: the drone's drain, its release if its agent has not claimed"""
+        control = await self.control()
+        try:
+            result = await control.drain_or_release(
+                SITE, drone.name, deadline=_deadline(drone, LONG_DRAIN_S), reason="proof"
+            )
+        except TRANSIENT as err:
+            drone.log.append(f"drain or release failed: {err!r}")
+            return
+        drone.log.append(f"drain or release: {result.outcome} {result.phase}")
+        if isinstance(result, ReleaseResult):
+            self._note_release(drone, result)
+            return
+        assert result.outcome is not DrainOutcome.NOT_ANNOUNCED, result
+        drone.released_or_drained = True
+        self._note_drain(drone, result.outcome)
+
+    def _note_release(self, drone: Drone, result: ReleaseResult) -> None:
+        drone.released_or_drained = True
+        if result.outcome is ReleaseOutcome.RELEASED:
+            drone.release_won = True
+            if drone.allowed:
+                raise Violation(f"{drone.name}: manager won a release after payloads started")
+        elif result.drain is not None:
+            self._note_drain(drone, result.drain.outcome)
 
     @staticmethod
     def _note_drain(drone: Drone, outcome: DrainOutcome) -> None:

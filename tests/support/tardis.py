@@ -210,12 +210,18 @@ def rig(
 
 
 class FakeControl:
-    """Answers ``may_remove`` from a script; records releases and drains"""
+    """
+    Answers ``may_remove`` from a script; records releases and drains
+
+    :attr:`claimed`: whether the drone's agent claimed its record (``drain_or_release``
+    drains it), else it is released
+    """
 
     def __init__(self, *verdicts: Verdict) -> None:
         self.verdicts = list(verdicts)
         self.calls: list[str] = []
         self.lbs: list[bool | None] = []
+        self.claimed = True
 
     def may_remove(
         self, site: str, drone: str, lbs_running: bool | None, now: float | None = None
@@ -231,6 +237,14 @@ class FakeControl:
     async def drain(self, site: str, drone: str, *args: Any, **kwargs: Any) -> DrainResult:
         self.calls.append("drain")
         return DrainResult(DrainOutcome.ACCEPTED, ev.RecordPhase.DRAINING)
+
+    async def drain_or_release(
+        self, site: str, drone: str, *args: Any, **kwargs: Any
+    ) -> DrainResult | ReleaseResult:
+        self.calls.append("drain_or_release")
+        if self.claimed:
+            return DrainResult(DrainOutcome.ACCEPTED, ev.RecordPhase.DRAINING)
+        return ReleaseResult(ReleaseOutcome.RELEASED, ev.RecordPhase.RELEASED)
 
 
 def yes(reason: Removal = Removal.RELEASED_BY_MANAGER) -> Verdict:

@@ -219,9 +219,9 @@ async def test_a_release_is_logged_with_its_reason_which_the_drain_carries(
     reasons: list[Any] = []
 
     class Control(FakeControl):
-        async def drain(self, site: str, drone: str, *args: Any, **kwargs: Any) -> Any:
+        async def drain_or_release(self, site: str, drone: str, *args: Any, **kwargs: Any) -> Any:
             reasons.append(args[1] if len(args) > 1 else kwargs.get("reason"))
-            return await super().drain(site, drone, *args, **kwargs)
+            return await super().drain_or_release(site, drone, *args, **kwargs)
 
     control = Control(no(Removal.AGENT_UP))
     agent = BatchSystemAgent(RemoteBatchSystemAdapter(FakeOverlay(), with_control(bus, control)))

@@ -44,6 +44,7 @@ from broker.tardis_adapter import (
     site_token,
 )
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.states import STARTING_STATES
 from remote_agent.settings import Settings
 
 #: what TARDIS's drone states handle from each site call (tardis/resources/dronestates.py,
@@ -171,25 +172,34 @@ async def test_status_comes_from_the_agent_while_its_facts_are_fresh() -> None:
     agent = SiteAgent(adapter)
     # never heard of: the wrapped adapter answers
     assert (await agent.resource_status(attributes())).resource_status is ResourceStatus.Booting
-    # announced, still starting: Running although the site's view says Booting
-    announce(bus.registry, DRONE, ev.DroneState.STARTING)
+    # announced, its startd not taking work yet: Booting, whatever the site's view says
+    inner.status = ResourceStatus.Running
+    for seq, state in enumerate(sorted(STARTING_STATES), 1):
+        announce(bus.registry, DRONE, state, seq=seq)
+        answer = await agent.resource_status(attributes())
+        assert answer.resource_status is ResourceStatus.Booting, state
+    # its gate open: Running, without asking the site
+    announce(bus.registry, DRONE, ev.DroneState.IDLE, seq=4)
     assert (await agent.resource_status(attributes())).resource_status is ResourceStatus.Running
     assert inner.called("resource_status") == 1
+    inner.status = ResourceStatus.Booting
     # stale (silent for longer than lost_after_s): the wrapped adapter again
-    announce(bus.registry, DRONE, ev.DroneState.IDLE, seq=2, received=time.time() - 11)
+    announce(bus.registry, DRONE, ev.DroneState.IDLE, seq=5, received=time.time() - 11)
     assert (await agent.resource_status(attributes())).resource_status is ResourceStatus.Booting
     # the agent is exiting: its job ends, the site knows when
-    announce(bus.registry, DRONE, ev.DroneState.EXITING, seq=3)
+    announce(bus.registry, DRONE, ev.DroneState.EXITING, seq=6)
     inner.status = ResourceStatus.Deleted
     assert (await agent.resource_status(attributes())).resource_status is ResourceStatus.Deleted
-    assert adapter.counts["status_from_agent"] == 1
+    assert adapter.counts["status_from_agent"] == 4
     assert adapter.counts["status_from_adapter"] == 3
 
 
 @pytest.mark.parametrize(
     ("state", "status"),
     [
-        (ev.DroneState.STARTING, MachineStatus.Available),
+        (ev.DroneState.STARTING, MachineStatus.NotAvailable),
+        (ev.DroneState.WORKER_UP, MachineStatus.NotAvailable),
+        (ev.DroneState.STARTD_READY, MachineStatus.NotAvailable),
         (ev.DroneState.IDLE, MachineStatus.Available),
         (ev.DroneState.BUSY, MachineStatus.Available),
         (ev.DroneState.DRAINING, MachineStatus.Draining),
@@ -198,7 +208,7 @@ async def test_status_comes_from_the_agent_while_its_facts_are_fresh() -> None:
         (ev.DroneState.EXITING, MachineStatus.Drained),
     ],
 )
-async def test_machine_status_comes_from_the_agent_never_not_available(
+async def test_machine_status_comes_from_the_agent_available_once_its_gate_opened(
     state: ev.DroneState, status: MachineStatus
 ) -> None:
     bus = offline_bus()
@@ -210,6 +220,24 @@ async def test_machine_status_comes_from_the_agent_never_not_available(
     assert await agent.get_utilisation(drone_uuid=DRONE) == busy
     assert await agent.get_allocation(drone_uuid=DRONE) == busy
     assert inner.calls == []
+
+
+async def test_a_drone_answered_available_is_never_answered_not_available_again() -> None:
+    """AvailableState and DrainingState go to ShutDownState on NotAvailable (a kill path)"""
+    bus = offline_bus()
+    agent = BatchSystemAgent(RemoteBatchSystemAdapter(FakeOverlay(), bus))
+    announce(bus.registry, DRONE, ev.DroneState.STARTD_READY)
+    assert await agent.get_machine_status(drone_uuid=DRONE) is MachineStatus.NotAvailable
+    announce(bus.registry, DRONE, ev.DroneState.IDLE, seq=2)
+    assert await agent.get_machine_status(drone_uuid=DRONE) is MachineStatus.Available
+    # its agent restarts: a new incarnation starts again, its gate shut until it claims
+    for seq, state in enumerate(sorted(STARTING_STATES), 3):
+        announce(bus.registry, DRONE, state, seq=seq)
+        assert await agent.get_machine_status(drone_uuid=DRONE) is MachineStatus.Available
+    announce(bus.registry, DRONE, ev.DroneState.DRAINING, seq=6)
+    assert await agent.get_machine_status(drone_uuid=DRONE) is MachineStatus.Draining
+    announce(bus.registry, DRONE, ev.DroneState.STARTING, seq=7)
+    assert await agent.get_machine_status(drone_uuid=DRONE) is MachineStatus.Draining
 
 
 @pytest.mark.parametrize("failure", FAILURES, ids=lambda e: type(e).__name__)
@@ -238,14 +266,22 @@ async def test_drain_machine_is_the_self_drain() -> None:
     announce(bus.registry, DRONE, ev.DroneState.BUSY, payloads=1)
     control = FakeControl(no(Removal.AGENT_UP))
     inner = FakeOverlay()
-    agent = BatchSystemAgent(RemoteBatchSystemAdapter(inner, with_control(bus, control)))
+    adapter = RemoteBatchSystemAdapter(inner, with_control(bus, control))
+    agent = BatchSystemAgent(adapter)
     await agent.drain_machine(drone_uuid=DRONE)
-    assert control.calls == ["drain"]
+    assert control.calls == ["drain_or_release"]
     assert inner.called("drain_machine") == 0
+    assert adapter.counts["drain_accepted"] == 1
+    # announced, but its agent has not claimed: released, which its claim finds
+    control.claimed = False
+    await agent.drain_machine(drone_uuid=DRONE)
+    assert control.calls == ["drain_or_release"] * 2
+    assert inner.called("drain_machine") == 0
+    assert adapter.counts["drain_not_announced"] == adapter.counts["drain_release_released"] == 1
     # a drone never heard of is released (or drained if its agent won the race), and
     # drained in the overlay pool in case its startd runs without an agent
     await agent.drain_machine(drone_uuid="site1-aaaaaaaaaa")
-    assert control.calls == ["drain", "release"]
+    assert control.calls == ["drain_or_release", "drain_or_release", "release"]
     assert inner.calls == [("drain_machine", "site1-aaaaaaaaaa")]
 
 
