@@ -49,6 +49,14 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
         "--drones", type=int, default=5, metavar="N", help="most drones at once (default 5)"
     )
     demo.add_argument(
+        "--demand",
+        choices=("scripted", "controller"),
+        default="scripted",
+        help="who sets COBalD's demand: the scenario's script, with an endless supply of "
+        "payloads (default), or COBalD's LinearController from the pool's utilisation and "
+        "allocation, as at a site, with payloads arriving in seeded swings (docs/tardis.md)",
+    )
+    demo.add_argument(
         "--workdir", metavar="DIR", help="keep every file of the runs here (default: a temp dir)"
     )
     demo.add_argument(

@@ -49,10 +49,12 @@ async def test_the_htcondor_config_is_valid_and_described(tmp_path: Path) -> Non
     ]
 
 
+@pytest.mark.parametrize("demand", ["scripted", "controller"])
 @pytest.mark.parametrize("bus", [True, False], ids=["with-bus", "stock"])
-async def test_the_demo_config_is_valid(tmp_path: Path, bus: bool) -> None:
+async def test_the_demo_config_is_valid(tmp_path: Path, bus: bool, demand: str) -> None:
     section = {"servers": "nats://127.0.0.1:4222", "lost_after_s": 10} if bus else None
-    path = _write(tmp_path, render_config(Scenario(), tmp_path, start=0.0, bus=section))
+    scenario = Scenario(demand=demand)
+    path = _write(tmp_path, render_config(scenario, tmp_path, start=0.0, bus=section))
     code, out, err = await run_process(*CLI, "check-config", str(path), cwd=tmp_path)
     assert code == 0, err
     assert "Demo (" in out

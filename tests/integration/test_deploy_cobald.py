@@ -16,7 +16,9 @@ from typing import Any
 import htcondor2
 import pytest
 from cobald.composite.factory import FactoryPool
+from cobald.controller.linear import LinearController
 from cobald.daemon.core.config import load
+from cobald.decorator.limiter import Limiter
 from nats.js import JetStreamContext
 from support.agent import read_events
 from support.processes import start_process
@@ -27,6 +29,7 @@ from tardis.interfaces.siteadapter import SiteAdapter
 from tardis.plugins.sqliteregistry import SqliteRegistry
 from tardis.utilities.attributedict import AttributeDict
 
+from broker.emulation.demo.demand import DEMAND_RECORD, DemandRecorder
 from broker.emulation.demo.scenario import Scenario
 from broker.emulation.demo.template import render_config
 from broker.emulation.execution_point import install_fake_condor
@@ -175,6 +178,28 @@ async def test_the_demo_config_builds(
         assert _pipeline(config)[0].schedule[0] == [0.0, 4.0]
     with pytest.raises(ValueError, match="tardis_adapters must be emulated, htcondor or slurm"):
         render_config(Scenario(tardis_adapters="moab"), tmp_path, start=0.0, bus=section)
+
+
+async def test_the_demo_config_builds_cobalds_controller(
+    fresh_tardis: None, tmp_path: Path
+) -> None:
+    """``demo --demand controller``: TARDIS's example pipeline, the interval scaled"""
+    path = tmp_path / "demo.yaml"
+    scenario = Scenario(demand="controller")
+    path.write_text(render_config(scenario, tmp_path, start=0.0, bus=None))
+    with load(str(path)) as config:
+        controller, limiter, recorder, top = _pipeline(config)
+        assert isinstance(controller, LinearController)
+        assert (controller.low_utilisation, controller.high_allocation) == (0.9, 0.9)
+        assert (controller.rate, controller.interval) == (1.0, 1 / 30)
+        assert isinstance(limiter, Limiter) and limiter.minimum == 1
+        assert isinstance(recorder, DemandRecorder)
+        assert recorder.path == tmp_path / DEMAND_RECORD
+        [pool] = _pools([top])
+        # the site's quota bounds the controller's demand: the scenario's most drones
+        [site] = top.children
+        assert site.maximum == scenario.max_drones * scenario.slots
+        assert pool.interval == 1.0
 
 
 async def test_the_real_daemon_runs_the_htcondor_config(tmp_path: Path) -> None:

@@ -185,3 +185,79 @@ async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path, adapte
     if adapters == "slurm":  # TARDIS's Slurm adapter against a real Slurm: no running job cancelled
         assert "Slurm: scancel of a running job" in out
         assert document["runs"]["remote"]["slurm"]["scancel of a running job"] == 0
+
+
+@pytest.mark.timeout(420)
+@pytest.mark.parametrize("adapters", ["emulated", "htcondor"])
+async def test_the_controller_demand_runs_and_its_accounting_closes(
+    tmp_path: Path, adapters: str
+) -> None:
+    """
+    ``demo --compare --demand controller``, kept short: COBalD's own LinearController sets
+    the demand, payloads arrive, and every payload submitted is accounted for in both runs
+    """
+    report = tmp_path / "demo.json"
+    code, out, err = await run_process(
+        *CLI,
+        "demo",
+        "--compare",
+        "--demand",
+        "controller",
+        "--seed",
+        "2",
+        "--duration",
+        "12",
+        "--drones",
+        "2",
+        "--json",
+        str(report),
+        "--workdir",
+        str(tmp_path / "work"),
+        "--tardis-adapters",
+        adapters,
+        timeout_s=400,
+    )
+    assert code == 0, err[-2000:]
+    assert "COBalD's LinearController" in err
+    for row in (
+        "queue: payloads queued at the end",
+        "queue: wait from submit to start (s, median/p90/mean)",
+        "controller: demand-lowering steps while payloads were queued",
+        "controller: releases followed by a demand rise within 300 intervals (10 s)",
+        "controller: releases of booting drones while payloads were queued",
+    ):
+        assert row in out
+    document = json.loads(report.read_text())
+    arrivals = document["scenario"]["arrivals"]
+    assert arrivals and document["scenario"]["demand"] == "controller"
+    for mode in ("stock", "remote"):
+        run = document["runs"][mode]
+        queue, payloads, controller = run["queue"], run["payloads"], run["controller"]
+        # both runs got the same payloads: every arrival was submitted before the end
+        assert queue["submitted"] == len(arrivals), mode
+        # the accounting closes: each payload submitted finished, was killed, runs or waits
+        assert queue["submitted"] == (
+            payloads["finished"]
+            + payloads["killed"]
+            + payloads["running at the end"]
+            + queue["queued at the end"]
+        ), run
+        assert 0 <= queue["wait_s"]["median"] <= queue["wait_s"]["p90"], run
+        assert queue["wait_s"]["mean"] >= 0, run
+        # COBalD's controller set the demand (the Limiter's minimum: 1 core), the pool
+        # acted on it, and what it released is no more than it created
+        assert controller["demand (cores, max)"] >= 1, run
+        assert run["drones"]["requested"] >= 1, run
+        assert 0 <= controller["drones released by the pool"] <= run["drones"]["requested"], run
+        assert (
+            controller["demand-lowering steps while payloads were queued"]
+            <= controller["demand-lowering steps"]
+        ), run
+        released = controller["drones released by the pool"]
+        assert 0 <= controller["releases of booting drones while payloads were queued"] <= released
+    assert not [
+        pid
+        for mode in ("stock", "remote")
+        for pid in _pids(tmp_path / "work" / mode)
+        if _running(pid)
+    ]

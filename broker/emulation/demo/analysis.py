@@ -7,12 +7,16 @@ and nothing after the run's end (the teardown).
 
 from __future__ import annotations
 
+import bisect
+import itertools
+import math
 import statistics
 from collections import Counter
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from broker.emulation.demo.demand import DEMAND_RECORD
 from broker.emulation.execution_point.paths import GROUND_TRUTH_FILE
 from broker.emulation.groundtruth import read_ground_truth
 
@@ -57,6 +61,8 @@ class _Tally:
     outcomes: Counter[str] = field(default_factory=Counter)
     gate_refusals: int = 0
     drone_started: dict[str, float] = field(default_factory=dict)
+    #: when each payload first started, by its job id
+    payload_started: dict[str, float] = field(default_factory=dict)
     #: goodput: seconds each drone job was rented, payload seconds done and busy, drains done
     rented_s: float = 0.0
     done_s: float = 0.0
@@ -99,6 +105,7 @@ class _Tally:
             if event == "payload_started":
                 self.payloads["started"] += 1
                 running[entry["job_id"]] = entry["t"]
+                self.payload_started.setdefault(str(entry["job_id"]), entry["t"])
             elif event == "payload_finished":
                 self.payloads["finished"] += 1
                 self.done_s += entry.get("runtime_s", 0.0)
@@ -200,7 +207,126 @@ def _goodput(tally: _Tally, down: dict[str, float], cores: float) -> dict[str, A
     return goodput
 
 
-def analyze(root: Path, end: float, cores_per_drone: float = 1.0) -> dict[str, Any]:
+class Queue:
+    """
+    The overlay pool's queue over time: each payload waits from its submission
+    (``obs.jsonl``'s ``payload_submitted``) until it first started (its startd's record)
+    """
+
+    def __init__(self, submitted: dict[str, float], started: dict[str, float]) -> None:
+        self.submitted, self.started = submitted, started
+        changes = sorted(
+            [(t, 1) for t in submitted.values()]
+            + [(started[job], -1) for job in submitted if job in started]
+        )
+        self._times = [t for t, _ in changes]
+        self._lengths = list(itertools.accumulate(step for _, step in changes))
+
+    def length(self, at: float) -> int:
+        """Payloads submitted and not yet started at ``at`` (epoch seconds)"""
+        index = bisect.bisect_right(self._times, at)
+        return self._lengths[index - 1] if index else 0
+
+    def waits(self, end: float) -> list[float]:
+        """Each payload's wait; one not started by ``end`` counts its wait until then"""
+        return [self.started.get(job, end) - t for job, t in self.submitted.items()]
+
+
+def _submitted(root: Path, end: float) -> dict[str, float]:
+    """When each payload was submitted to the overlay pool, by job id"""
+    return {
+        str(entry["job_id"]): entry["t"]
+        for entry in read_ground_truth(root / "obs.jsonl")
+        if entry["event"] == "payload_submitted" and entry["t"] <= end
+    }
+
+
+def _queue_rows(queue: Queue, end: float) -> dict[str, Any]:
+    """The queue's rows: payloads submitted, still queued at the end, their waits"""
+    waits = queue.waits(end)
+    rows: dict[str, Any] = {
+        "submitted": len(queue.submitted),
+        "queued at the end": sum(1 for job in queue.submitted if job not in queue.started),
+    }
+    if waits:
+        rows["wait_s"] = {
+            "median": round(statistics.median(waits), 2),
+            "p90": round(_percentile(waits, 0.9), 2),
+            "mean": round(statistics.fmean(waits), 2),
+        }
+    return rows
+
+
+#: a release counts as followed by a demand rise within this many controller intervals
+#: (10 s of the demo at its interval of 1/30 s: five minutes at a site's time scale)
+RISE_WINDOW_INTERVALS = 300
+
+#: TARDIS's states before it first sees a drone available: a drone released in one of
+#: them is released while booting (``None``: created, its state machine not yet run)
+BOOTING_STATES = frozenset(
+    {"None", "RequestState", "BootingState", "IntegrateState", "IntegratingState"}
+)
+
+
+def _controller_rows(
+    records: list[dict[str, Any]],
+    queue: Queue,
+    site_started: dict[str, float],
+    interval_s: float,
+) -> dict[str, Any]:
+    """
+    What COBalD's controller and pool did while payloads waited, from the
+    ``DemandRecorder``'s records (``demand.py``)
+
+    :param site_started: when each drone's job started at the site, by drone
+    :param interval_s: the controller's interval
+    """
+    demands = [r for r in records if r["event"] == "demand"]
+    lowering = [r for r in demands if r["value"] < r["was"]]
+    lowered_queued = [r for r in lowering if queue.length(r["t"]) > 0]
+    releases = [r for r in records if r["event"] == "release"]
+    spawns = [r["t"] for r in records if r["event"] == "spawn"]
+    window_s = RISE_WINDOW_INTERVALS * interval_s
+
+    def level(at: float) -> float:
+        before = [r["value"] for r in demands if r["t"] <= at]
+        return float(before[-1]) if before else 0.0
+
+    def rose_after(at: float) -> bool:
+        then = level(at)
+        return any(at < r["t"] <= at + window_s and r["value"] > then for r in demands)
+
+    booting_queued = [
+        r for r in releases if r["state"] in BOOTING_STATES and queue.length(r["t"]) > 0
+    ]
+    window = f"within {RISE_WINDOW_INTERVALS} intervals ({window_s:g} s)"
+    return {
+        "demand-lowering steps": len(lowering),
+        "demand-lowering steps while payloads were queued": len(lowered_queued),
+        "cores of demand lowered while payloads were queued": round(
+            sum(r["was"] - r["value"] for r in lowered_queued), 1
+        ),
+        "demand (cores, max)": round(max((r["value"] for r in demands), default=0.0), 1),
+        "drones released by the pool": len(releases),
+        f"releases followed by a demand rise {window}": sum(
+            1 for r in releases if rose_after(r["t"])
+        ),
+        f"releases followed by a new drone {window}": sum(
+            1 for r in releases if any(r["t"] < t <= r["t"] + window_s for t in spawns)
+        ),
+        "releases of booting drones while payloads were queued": len(booting_queued),
+        "of them already running at the site": sum(
+            1 for r in booting_queued if site_started.get(r["drone"], math.inf) <= r["t"]
+        ),
+    }
+
+
+def analyze(
+    root: Path,
+    end: float,
+    cores_per_drone: float = 1.0,
+    controller_interval_s: float | None = None,
+) -> dict[str, Any]:
     """
     The numbers of one run whose files are under ``root``
 
@@ -213,6 +339,9 @@ def analyze(root: Path, end: float, cores_per_drone: float = 1.0) -> dict[str, A
 
     :param end: epoch seconds when the run ended (later records are teardown)
     :param cores_per_drone: cores each drone job rents (one slot per core)
+    :param controller_interval_s: the interval of COBalD's controller, for a run whose demand
+        it set: adds the rows of the queue (``obs.jsonl``'s submissions) and of the
+        controller (``demand.jsonl``, by ``broker.emulation.demo.demand.DemandRecorder``)
     """
     jobs = _site_jobs(root, end)
     tally = _Tally(end)
@@ -221,7 +350,7 @@ def analyze(root: Path, end: float, cores_per_drone: float = 1.0) -> dict[str, A
     # what TARDIS saw: the first transition taken while it held "Running"
     seen, transitions = _tardis_view(root, end)
     payloads, outcomes = tally.payloads, tally.outcomes
-    return {
+    result: dict[str, Any] = {
         "drones": {
             "requested": sum(1 for job in jobs.values() if "submitted" in job),
             "started": len(tally.drone_started),
@@ -239,3 +368,10 @@ def analyze(root: Path, end: float, cores_per_drone: float = 1.0) -> dict[str, A
         "tardis_latency": _latency(tally.drone_started, seen),
         "tardis_transitions": dict(sorted(transitions.items())),
     }
+    if controller_interval_s is not None:
+        queue = Queue(_submitted(root, end), tally.payload_started)
+        records = [r for r in read_ground_truth(root / DEMAND_RECORD) if r["t"] <= end]
+        site_started = {job["drone"]: job["started"] for job in jobs.values() if "started" in job}
+        result["queue"] = _queue_rows(queue, end)
+        result["controller"] = _controller_rows(records, queue, site_started, controller_interval_s)
+    return result

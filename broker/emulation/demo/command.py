@@ -84,16 +84,30 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         duration_s=args.duration,
         max_drones=args.drones,
+        demand=args.demand,
         tardis_adapters=args.tardis_adapters,
     )
     modes = ["stock", "remote"] if args.compare else ["remote"]
     keep = args.workdir is not None
     root = Path(args.workdir) if keep else Path(tempfile.mkdtemp(prefix="cobald-remote-demo-"))
     root.mkdir(parents=True, exist_ok=True)
+    if scenario.demand == "controller":
+        arrivals = scenario.arrivals()
+        demand = (
+            f"COBalD's LinearController (interval {scenario.controller_interval_s:.3f}s, "
+            f"rate {scenario.controller_rate:g}/s) sets the demand; {len(arrivals)} payloads "
+            f"({sum(d for _, d in arrivals):.0f} core-s) arrive in swings for "
+            f"{scenario.duration_s:.0f}s, then none for {scenario.cooldown_s:.0f}s; "
+            f"swings {scenario.schedule()}"
+        )
+    else:
+        demand = (
+            f"demand swings for {scenario.duration_s:.0f}s then {scenario.cooldown_s:.0f}s "
+            f"at zero; schedule {scenario.schedule()}"
+        )
     to_stderr(
         f"cobald-remote demo: seed {scenario.seed}, up to {scenario.max_drones} drones of "
-        f"{scenario.slots} slots, demand swings for {scenario.duration_s:.0f}s "
-        f"then {scenario.cooldown_s:.0f}s at zero; schedule {scenario.schedule()}"
+        f"{scenario.slots} slots, {demand}"
     )
     try:
         results = asyncio.run(demo(scenario, modes, root, bootstrap=args.bootstrap))

@@ -24,6 +24,15 @@ def _rows(result: Mapping[str, Any]) -> list[tuple[str, str]]:
     rows.append(
         ("TARDIS Booting->Cleanup (demand fell while queued, as TARDIS saw it)", str(cleanup))
     )
+    queue = dict(result.get("queue", {}))
+    wait = queue.pop("wait_s", None)
+    for key, value in queue.items():
+        rows.append((f"queue: payloads {key}", str(value)))
+    if wait is not None:
+        text = f"{wait['median']:.1f} / {wait['p90']:.1f} / {wait['mean']:.1f}"
+        rows.append(("queue: wait from submit to start (s, median/p90/mean)", text))
+    for key, value in result.get("controller", {}).items():
+        rows.append((f"controller: {key}", str(value)))
     for label, value in result.get("slurm", {}).items():
         rows.append((f"Slurm: {label}", str(value)))
     for label, count in result.get("handshake_records", {}).items():

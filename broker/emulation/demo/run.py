@@ -8,7 +8,7 @@ import os
 import signal
 import sys
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import AsyncIterator, Callable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -150,14 +150,62 @@ def daemon_died(daemon: asyncio.subprocess.Process, root: Path) -> RuntimeError:
     )
 
 
+# ---------------------------------------------------------------------- the payloads
+
+
+def overlay_pool(scenario: Scenario, root: Path, truth: GroundTruth) -> OverlayPool:
+    """
+    The run's overlay pool: an endless supply of payloads for the scripted demand, only
+    those :func:`arriving` submits for COBalD's controller
+    """
+    endless = scenario.payload_duration if scenario.demand == "scripted" else None
+    return OverlayPool(root, endless, truth)
+
+
+@contextlib.asynccontextmanager
+async def arriving(overlay: OverlayPool, scenario: Scenario, start: float) -> AsyncIterator[None]:
+    """
+    While in the context, submit each payload of ``scenario.arrivals()`` to ``overlay`` at its
+    time after ``start`` (epoch seconds), as ``1.0``, ``2.0``, ...; nothing for the scripted
+    demand
+    """
+    if scenario.demand == "scripted":
+        yield
+        return
+
+    async def submit() -> None:
+        for index, (at, duration_s) in enumerate(scenario.arrivals()):
+            await asyncio.sleep(max(0.0, start + at - time.time()))
+            overlay.submit(f"{index + 1}.0", duration_s)
+
+    task = asyncio.create_task(submit())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
+
+
+def numbers(scenario: Scenario, root: Path, end: float) -> dict[str, Any]:
+    """The numbers of the run of ``scenario`` under ``root`` that ended at ``end``"""
+    controlled = scenario.demand == "controller"
+    return analyze(
+        root,
+        end,
+        cores_per_drone=scenario.slots,
+        controller_interval_s=scenario.controller_interval_s if controlled else None,
+    )
+
+
 # ---------------------------------------------------------------------- one run
 
 
 class Live:
     """Counts for the progress line, read from the ground truth as it is written"""
 
-    def __init__(self, root: Path, lbs: LocalBatchSystem) -> None:
-        self.root, self.lbs = root, lbs
+    def __init__(self, root: Path, lbs: LocalBatchSystem, overlay: OverlayPool) -> None:
+        self.root, self.lbs, self.overlay = root, lbs, overlay
 
     def line(self) -> str:
         queued = running = 0
@@ -185,9 +233,10 @@ class Live:
                     live.discard(entry["job_id"])
             if job.ended is not None:
                 killed += len(live)
+        waiting = f", {self.overlay.idle} waiting" if self.overlay.payload_duration is None else ""
         return (
             f"drones {running} up, {queued} queued | payloads {started} started, "
-            f"{finished} finished, {killed} killed"
+            f"{finished} finished, {killed} killed{waiting}"
         )
 
 
@@ -227,7 +276,7 @@ async def run_mode(
         )
     os.makedirs(root, exist_ok=True)
     lbs_truth, obs_truth = GroundTruth(root / "lbs.jsonl"), GroundTruth(root / "obs.jsonl")
-    overlay = OverlayPool(root, scenario.payload_duration, obs_truth)
+    overlay = overlay_pool(scenario, root, obs_truth)
     lbs = LocalBatchSystem(
         root,
         launcher(scenario, mode),
@@ -239,7 +288,8 @@ async def run_mode(
     )
     await overlay.start()
     await lbs.start()
-    start = time.time() + 2.0  # room for the daemon to import before the schedule begins
+    # room for the daemon to import before the schedule (or the first arrival) begins
+    start = time.time() + 2.0
     bus = bus_section(scenario, nats_url, bus_keys) if mode == "remote" and nats_url else None
     config = root / "cobald.yaml"
     config.write_text(render_config(scenario, root, start=start, bus=bus))
@@ -252,10 +302,13 @@ async def run_mode(
         env = {**os.environ, "PATH": os.pathsep.join([*map(str, tools), os.environ["PATH"]])}
     daemon = await start_daemon(config, root / "daemon.log", env)
     progress(f"[{mode:6}] COBalD daemon pid {daemon.pid}, files in {root}")
-    live = Live(root, lbs)
+    live = Live(root, lbs, overlay)
     end = start + scenario.total_s
     try:
-        died = await supervise(daemon, mode, (start, end), live.line, progress, progress_every_s)
+        async with arriving(overlay, scenario, start):
+            died = await supervise(
+                daemon, mode, (start, end), live.line, progress, progress_every_s
+            )
     finally:
         await stop_daemon(daemon)
         finished = time.time()
@@ -265,6 +318,6 @@ async def run_mode(
         obs_truth.close()
     if died:
         raise daemon_died(daemon, root)
-    result = analyze(root, min(finished, end), cores_per_drone=scenario.slots)
+    result = numbers(scenario, root, min(finished, end))
     progress(f"[{mode:6} done] {live.line()}")
     return result

@@ -1,15 +1,24 @@
 """
 The demonstration's scenario: everything random about it, drawn from one seed
 
-Its rule: the same seed gives the same demand swings, queue delays and payload durations
-in the stock run and in the run with cobald-remote, so the two can be compared.
+Its rule: the same seed gives the same demand swings, payload arrivals, queue delays and
+payload durations in the stock run and in the run with cobald-remote, so the two can be
+compared.
 """
 
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import random
 from typing import Any
+
+#: how the demo's demand is made (:class:`Scenario`'s ``demand``)
+DEMANDS = ("scripted", "controller")
+
+#: how many times faster than at a site the demo runs: TARDIS's heartbeat 60 s -> 2 s,
+#: COBalD's pool interval 30 s -> 1 s
+TIME_SCALE = 30
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,6 +45,15 @@ class Scenario:
         (the default's 300 s at TARDIS's 60 s heartbeat, scaled to the demo's heartbeat)
     :param agent_heartbeat_s: the agents' heartbeat interval
     :param agent_poll_s: how often agents poll their startd (``condor_who``)
+    :param demand: ``scripted``: COBalD's demand follows :meth:`schedule` and the overlay
+        pool has an endless supply of payloads; ``controller``: COBalD's own
+        ``LinearController`` and ``Limiter`` set the demand from the pool's utilisation and
+        allocation, as at a site, and payloads arrive as :meth:`arrivals` says
+    :param controller_rate: ``controller``: the ``LinearController``'s rate, cores per
+        second: TARDIS's example, 1, unscaled, because the pool is smaller by about as much
+        as time is faster (10 cores against a site's few hundred)
+    :param controller_interval_s: ``controller``: the ``LinearController``'s interval,
+        COBalD's default 1 s divided by :data:`TIME_SCALE`
     :param tardis_adapters: ``emulated``: the demo's polled adapters
         (``tardis_adapters.py``; the site view cached for ``site_max_age_s``);
         ``htcondor``: TARDIS's own HTCondor adapters against fake ``condor_*`` tools
@@ -65,7 +83,14 @@ class Scenario:
     scale_down_window_s: float = 10.0
     agent_heartbeat_s: float = 2.0
     agent_poll_s: float = 2.0
+    demand: str = "scripted"
+    controller_rate: float = 1.0
+    controller_interval_s: float = 1.0 / TIME_SCALE
     tardis_adapters: str = "emulated"
+
+    def __post_init__(self) -> None:
+        if self.demand not in DEMANDS:
+            raise ValueError(f"demand must be one of {', '.join(DEMANDS)}, not {self.demand!r}")
 
     @property
     def total_s(self) -> float:
@@ -104,6 +129,29 @@ class Scenario:
         steps.append((self.duration_s, 0.0))
         return steps
 
+    def arrivals(self) -> list[tuple[float, float]]:
+        """
+        ``[seconds after start, duration]`` of each payload submitted to the overlay pool
+
+        The swings of :meth:`schedule`, as work: during each step payloads arrive as a
+        Poisson process whose rate keeps the step's demand in cores busy on average
+        (the demand divided by the mean payload duration; Little's law), none after
+        ``duration_s``. The ``n``-th payload (from 0) runs :meth:`payload_duration` ``(n)``.
+        """
+        rng = random.Random(f"{self.seed}:arrivals")
+        mean_s = sum(self.payload_s) / 2
+        steps = self.schedule()
+        arrivals: list[tuple[float, float]] = []
+        for (at, cores), (until, _) in itertools.pairwise(steps):
+            rate = cores / mean_s  # payloads per second
+            t = at
+            while rate > 0:
+                t += rng.expovariate(rate)
+                if t >= until:
+                    break
+                arrivals.append((round(t, 2), self.payload_duration(len(arrivals))))
+        return arrivals
+
     def queue_delay(self, index: int) -> float:
         """Seconds the ``index``-th drone job (from 0) waits in the site's queue"""
         return round(random.Random(f"{self.seed}:queue:{index}").uniform(*self.queue_delay_s), 2)
@@ -115,4 +163,6 @@ class Scenario:
     def describe(self) -> dict[str, Any]:
         values = dataclasses.asdict(self)
         values["schedule"] = self.schedule()
+        if self.demand == "controller":
+            values["arrivals"] = self.arrivals()
         return values

@@ -15,13 +15,20 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from broker.emulation.demo.analysis import analyze
-from broker.emulation.demo.run import Progress, daemon_died, start_daemon, stop_daemon, supervise
+from broker.emulation.demo.run import (
+    Progress,
+    arriving,
+    daemon_died,
+    numbers,
+    overlay_pool,
+    start_daemon,
+    stop_daemon,
+    supervise,
+)
 from broker.emulation.demo.scenario import Scenario
 from broker.emulation.demo.template import bus_section, render_config
 from broker.emulation.groundtruth import GroundTruth, read_ground_truth
 from broker.emulation.site.collector import install_fake_collector
-from broker.emulation.site.overlay import OverlayPool
 from broker.emulation.site.slurm import SlurmCluster
 from broker.emulation.site.slurm_site import SlurmSite, slurm_environment
 
@@ -76,7 +83,7 @@ async def run_slurm_mode(
         await asyncio.to_thread(cluster.stop)  # what started before the failure
         raise
     obs_truth = GroundTruth(root / "obs.jsonl")
-    overlay = OverlayPool(root, scenario.payload_duration, obs_truth)
+    overlay = overlay_pool(scenario, root, obs_truth)
     site = SlurmSite(
         cluster,
         root,
@@ -102,9 +109,10 @@ async def run_slurm_mode(
             daemon = await start_daemon(config, root / "daemon.log", env)
             progress(f"[{mode:6}] COBalD daemon pid {daemon.pid}, Slurm in {cluster.root}")
             try:
-                died = await supervise(
-                    daemon, mode, (start, end), lambda: _line(site), progress, every_s
-                )
+                async with arriving(overlay, scenario, start):
+                    died = await supervise(
+                        daemon, mode, (start, end), lambda: _line(site), progress, every_s
+                    )
             finally:
                 await stop_daemon(daemon)
                 finished = time.time()
@@ -115,7 +123,7 @@ async def run_slurm_mode(
         await asyncio.to_thread(cluster.stop)
     if died:
         raise daemon_died(daemon, root)
-    result = analyze(root, min(finished, end), cores_per_drone=scenario.slots)
+    result = numbers(scenario, root, min(finished, end))
     result["slurm"] = slurm_counts(site, min(finished, end))
     progress(f"[{mode:6} done] {_line(site)}")
     return result

@@ -8,6 +8,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from broker.emulation.demo.demand import DEMAND_RECORD
 from broker.emulation.demo.scenario import Scenario
 from broker.emulation.site.slurm_site import startup_command, tardis_site
 from remote_agent.deploy_files import DEPLOY_DIR
@@ -16,6 +17,9 @@ from remote_agent.deploy_files import DEPLOY_DIR
 CONFIG_TEMPLATE = DEPLOY_DIR / "cobald" / "demo.yaml"
 #: the drone job TARDIS's HTCondor site adapter submits (``--tardis-adapters htcondor``)
 DEPLOY_JDL = CONFIG_TEMPLATE.with_name("drone.jdl")
+#: TARDIS's example ``LinearController`` (``docs/source/index.rst:66-81``)
+LOW_UTILISATION = 0.9
+HIGH_ALLOCATION = 0.9
 
 
 def render_config(
@@ -27,17 +31,47 @@ def render_config(
     template: Path = CONFIG_TEMPLATE,
 ) -> str:
     """``remote_agent/deploy/cobald/demo.yaml`` filled in for one run under ``root``"""
+    # the controller's demand is bounded by the site's quota, as at a site; the scripted
+    # demand never reaches a quota of three times its most
+    quota = scenario.max_drones * scenario.slots * (1 if scenario.demand == "controller" else 3)
     values = {
-        "schedule": json.dumps(scenario.schedule()),
-        "start": repr(start),
+        "demand": "\n  ".join(demand_elements(scenario, start)),
+        "demand_record": str(root / DEMAND_RECORD),
         "pool_interval": repr(scenario.pool_interval_s),
         "bus": json.dumps(dict(bus)) if bus is not None else "null",
         "recorder": str(root / "tardis.jsonl"),
-        "quota": str(scenario.max_drones * scenario.slots * 3),
+        "quota": str(quota),
         "heartbeat": str(int(scenario.heartbeat_s)),
         **{key: json.dumps(value) for key, value in _adapters(scenario, root).items()},
     }
     return string.Template(template.read_text()).substitute(values)
+
+
+def demand_elements(scenario: Scenario, start: float) -> list[str]:
+    """
+    The pipeline's first elements, each a line of YAML: the scripted demand, or COBalD's
+    ``LinearController`` and ``Limiter`` with the settings of TARDIS's example configuration
+    (TARDIS's ``docs/source/index.rst:66-81``: low utilisation and high allocation 0.9,
+    rate 1, the ``Limiter``'s minimum 1; the interval COBalD's default), the interval
+    scaled with the demo's time (:class:`Scenario`'s ``controller_interval_s``)
+
+    :param start: epoch seconds when the scripted demand's schedule begins
+    """
+    if scenario.demand == "scripted":
+        scripted = {
+            "__type__": "broker.emulation.demo.demand.ScheduledDemand",
+            "schedule": scenario.schedule(),
+            "start": start,
+            "interval": 1,
+        }
+        return [f"- {json.dumps(scripted)}"]
+    controller = {
+        "low_utilisation": LOW_UTILISATION,
+        "high_allocation": HIGH_ALLOCATION,
+        "rate": scenario.controller_rate,
+        "interval": scenario.controller_interval_s,
+    }
+    return [f"- !LinearController {json.dumps(controller)}", '- !Limiter {"minimum": 1}']
 
 
 def _adapters(scenario: Scenario, root: Path) -> dict[str, Any]:

@@ -54,7 +54,7 @@ class OverlayPool:
     :param workdir: where the socket lives
     :param payload_duration: seconds the ``n``-th payload (from 0) runs, for an endless
         supply of payloads behind the submitted ones; ``None``: only the submitted ones
-    :param truth: the ground-truth file of offers and their outcomes (``None``: none)
+    :param truth: the ground-truth file of submissions, offers and their outcomes (``None``: none)
     :param cycle_s: seconds between negotiation cycles
     """
 
@@ -83,11 +83,18 @@ class OverlayPool:
         self.machines[drone] = Machine(drone, EmulatorControl(state_dir))
 
     def submit(self, job_id: str, duration_s: float, exit_code: int = 0) -> PoolJob:
-        """Queue a payload (behind the idle ones)"""
+        """Queue a payload (behind the idle ones); the ground truth's ``payload_submitted``"""
         job = PoolJob(job_id, duration_s, exit_code)
         self.jobs[job_id] = job
         self._idle.append(job)
+        if self.truth is not None:
+            self.truth.record("payload_submitted", job_id=job_id, duration_s=duration_s)
         return job
+
+    @property
+    def idle(self) -> int:
+        """Payloads waiting in the queue (those being offered not among them)"""
+        return len(self._idle)
 
     def leave(self, drone: str) -> None:
         """A drone job ended: its startd is gone"""
