@@ -57,6 +57,13 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
         "allocation, as at a site, with payloads arriving in seeded swings (docs/tardis.md)",
     )
     demo.add_argument(
+        "--scale-down-window",
+        type=float,
+        metavar="S",
+        help="cobald-remote's bus.scale_down_window_s in the demo's time (default 10: the "
+        "300 s default at TARDIS's 60 s heartbeat, scaled to the demo's 2 s; 0: off)",
+    )
+    demo.add_argument(
         "--workdir", metavar="DIR", help="keep every file of the runs here (default: a temp dir)"
     )
     demo.add_argument(

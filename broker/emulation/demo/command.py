@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import dataclasses
 import json
 import shutil
 import tempfile
@@ -87,6 +88,8 @@ def main(args: argparse.Namespace) -> int:
         demand=args.demand,
         tardis_adapters=args.tardis_adapters,
     )
+    if args.scale_down_window is not None:
+        scenario = dataclasses.replace(scenario, scale_down_window_s=args.scale_down_window)
     modes = ["stock", "remote"] if args.compare else ["remote"]
     keep = args.workdir is not None
     root = Path(args.workdir) if keep else Path(tempfile.mkdtemp(prefix="cobald-remote-demo-"))
