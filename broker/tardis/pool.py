@@ -11,6 +11,7 @@ is chosen by :func:`~broker.tardis.release.release_choice`.
 from __future__ import annotations
 
 import collections
+import datetime as dt
 import logging
 import time
 from collections.abc import Callable
@@ -116,12 +117,12 @@ class RemoteFactoryPool(FactoryPool):
         try:
             drone = child.resource_attributes["drone_uuid"]
         except (AttributeError, KeyError, TypeError):
-            return Choice(1, 0.0, 0.0, 0, base)
+            return Choice(1, 0.0, 0.0, 0.0, 0, base)
         if bus is None:
-            return Choice(1, 0.0, 0.0, 0, base)
+            return Choice(1, 0.0, 0.0, 0.0, 0, base)
         view = bus.registry.view(self.site, drone)
         cores = float(getattr(child, "maximum_demand", child.demand))
-        return release_choice(view, cores, base, bus.durations)
+        return release_choice(view, cores, base, bus.durations, requested=_requested(child))
 
     def _shrink(self, target: float) -> None:
         # cobald 0.14 FactoryPool._shrink (cobald/composite/factory.py), to the window's
@@ -145,6 +146,12 @@ class RemoteFactoryPool(FactoryPool):
         reason = f"chosen for release: {choice.reason}"
         self.bus.release_reasons[drone] = reason
         log.info("%s/%s %s", self.site, drone, reason, extra={"drone": drone})
+
+
+def _requested(child: Any) -> float | None:
+    """When TARDIS requested the drone: its ``created`` (tardis/resources/drone.py), epoch s"""
+    created = child.resource_attributes.get("created")
+    return created.timestamp() if isinstance(created, dt.datetime) else None
 
 
 def _first(item: tuple[Choice, Any]) -> Choice:

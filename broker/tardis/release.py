@@ -112,6 +112,9 @@ class Choice(NamedTuple):
     """A drone's place in the release order (ascending) and why"""
 
     rank: int  #: 0 never announced, 1 idle, 2 running payloads
+    #: a drone never announced: seconds since TARDIS requested it, its place in the site's
+    #: queue that a release gives up (the shortest wait goes first); else 0
+    waited_s: float
     idle_core_s: float  #: core-seconds idle while it drains
     left_s: float  #: seconds until its last payload ends
     payloads: int
@@ -120,7 +123,7 @@ class Choice(NamedTuple):
     @property
     def reason(self) -> str:
         if self.rank == 0:
-            return "its agent never announced itself"
+            return f"its agent never announced itself (queued {self.waited_s:.0f}s)"
         if self.rank == 1:
             return "no payload runs"
         return (
@@ -135,17 +138,23 @@ def release_choice(
     base: float,
     durations: Durations | None = None,
     now: float | None = None,
+    requested: float | None = None,
 ) -> Choice:
-    """The release order of one drone by its agent's newest snapshot (``view``)"""
+    """
+    The release order of one drone by its agent's newest snapshot (``view``)
+
+    :param requested: when TARDIS requested the drone (epoch seconds), if known
+    """
     event = view.event if view is not None else None
     base = _sortable(base)
+    at = time.time() if now is None else now
     if view is None or event is None or view.received_time is None:
-        return Choice(0, 0.0, 0.0, 0, base)
+        waited = max(0.0, at - requested) if requested is not None else 0.0
+        return Choice(0, _sortable(waited), 0.0, 0.0, 0, base)
     snapshot = event.snapshot
     payloads = snapshot.payloads
     if not payloads:
-        return Choice(1, 0.0, 0.0, 0, base)
-    at = time.time() if now is None else now
+        return Choice(1, 0.0, 0.0, 0.0, 0, base)
     received = view.received_time
     lefts = [
         work_left(elapsed_since(payload.started_at, event, received, at), durations)
@@ -155,7 +164,7 @@ def release_choice(
     last = max(lefts)
     slots = max(snapshot.slots, len(payloads))
     idle = (slots * last - sum(lefts)) * (cores / slots)
-    return Choice(2, _sortable(idle), _sortable(last), len(payloads), base)
+    return Choice(2, 0.0, _sortable(idle), _sortable(last), len(payloads), base)
 
 
 def _sortable(key: float) -> float:

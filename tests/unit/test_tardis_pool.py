@@ -5,6 +5,7 @@ The order among drones with payloads: ``tests/unit/test_release_choice.py``.
 
 from __future__ import annotations
 
+import datetime as dt
 import threading
 from typing import Any
 
@@ -157,3 +158,18 @@ def test_without_a_window_it_shrinks_to_the_demand_now() -> None:
     window.seen(10.0)
     window.seen(4.0)
     assert window.highest(4.0) == 4.0
+
+
+def test_of_the_drones_still_queued_the_one_that_waited_least_goes_first() -> None:
+    """A release gives up a queued drone's place in the site's queue: the newest is cheapest"""
+    bus = offline_bus()
+    now = dt.datetime.now()
+    old, new = Child("site1-00000000a1"), Child("site1-00000000a2")
+    old.resource_attributes["created"] = now - dt.timedelta(hours=3)  # type: ignore[assignment]
+    new.resource_attributes["created"] = now - dt.timedelta(minutes=1)  # type: ignore[assignment]
+    pool = _pool(bus, [old, new])
+    assert pool.release_key(new) < pool.release_key(old)
+    waited = pool.release_key(new).waited_s
+    assert 59 <= waited < 120 and pool.release_key(old).waited_s >= 3 * 3600 - 1
+    pool._shrink(target=2.0)
+    assert _released([old, new]) == ["site1-00000000a2"]
