@@ -191,16 +191,21 @@ class BlackHoles:
         if not self.rules.drones:
             return
         key = view.key
-        if key in self._decided:
-            return
+        kind = view.kind
         drone = self._drones.get(key)
         if drone is None:
+            if key in self._decided:
+                # no second verdict, but what it runs still speaks for its site
+                if kind == _STARTED or view.state is DroneState.BUSY:
+                    self._payload_started(view)
+                elif kind == _FINISHED and _ran_well(view.event):
+                    self._payload_ran_well(view)
+                return
             if view.encoded is None and not view.ended:
                 return  # a record alone
             drone = self._drones[key] = _Drone()
             if len(self._drones) > TRACKED:
                 del self._drones[next(iter(self._drones))]
-        kind = view.kind
         if not drone.started and (kind == _STARTED or view.state is DroneState.BUSY):
             drone.started = True
             self._payload_started(view)
@@ -215,6 +220,13 @@ class BlackHoles:
             site.died = 0
             self._update(view.site, site, view)
 
+    def _payload_ran_well(self, view: DroneView) -> None:
+        site = self._site(view.site)
+        site.ran_well = view.received_time
+        if site.died or site.failing:
+            site.died = site.failing = 0
+            self._update(view.site, site, view)
+
     def _payload_finished(self, view: DroneView, drone: _Drone) -> bool:
         """Count one payload end; ``True`` if it made the drone a black hole"""
         event = view.event
@@ -224,15 +236,9 @@ class BlackHoles:
         if drone.last_end == end:
             return False  # the same end told again (a record or a note changed)
         drone.last_end = end
-        duration = event.duration_s
-        ran = duration is not None and math.isfinite(duration) and duration >= FAST_FAILURE_S
-        if ran or (event.how is PayloadEnd.EXIT and event.exit_code == 0):
+        if _ran_well(event):
             drone.failures = 0
-            site = self._site(view.site)
-            site.ran_well = view.received_time
-            if site.died or site.failing:
-                site.died = site.failing = 0
-                self._update(view.site, site, view)
+            self._payload_ran_well(view)
             return False
         if event.how in _NEUTRAL:
             return False
@@ -364,6 +370,16 @@ class BlackHoles:
         if probes is None or flag is None or probes.number != flag.number:
             return None
         return max(0.0, probes.next_at - now)
+
+
+def _ran_well(event: AnyEvent | None) -> bool:
+    """Whether ``event`` is the end of a payload that ran well: a clean exit, or a long run"""
+    if not isinstance(event, PayloadFinished):
+        return False
+    duration = event.duration_s
+    if duration is not None and math.isfinite(duration) and duration >= FAST_FAILURE_S:
+        return True
+    return event.how is PayloadEnd.EXIT and event.exit_code == 0
 
 
 def _asked(view: DroneView, event: AnyEvent | None) -> bool:
