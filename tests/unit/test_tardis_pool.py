@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from support.registry import jobs_gone
 from support.tardis import SITE, announce, offline_bus
 
 from broker.tardis import pool as pool_module
@@ -178,18 +179,6 @@ def test_of_the_drones_still_queued_the_one_that_waited_least_goes_first() -> No
     assert _released([old, new]) == ["site1-00000000a2"]
 
 
-def _flag(bus: RemoteBus, site: str) -> None:
-    """Three drones of ``site`` whose jobs ended before their agents spoke: a black hole"""
-    registry = bus.registry
-    for i in range(3):
-        drone = f"{site}-{i:010x}"
-        note = ev.TardisState(site=site, drone=drone, state="DownState", at=ev.utcnow())
-        subject = registry.namespace.manager_note(site, drone, "tardis_state")
-        registry.apply_note_message(ev.encode(note), subject, float(i), i + 1)
-    registry.mark_ended(10.0)
-    assert site in bus.black_holes.flags
-
-
 def test_a_black_hole_site_grows_by_one_probe_per_period_a_healthy_one_as_it_needs() -> None:
     bus = offline_bus(black_hole_backoff_s=10.0, black_hole_backoff_max_s=40.0)
     made: list[Child] = []
@@ -200,7 +189,8 @@ def test_a_black_hole_site_grows_by_one_probe_per_period_a_healthy_one_as_it_nee
 
     pool = RemoteFactoryPool(factory=factory, interval=1, bus=bus, site=SITE)
     other = RemoteFactoryPool(factory=lambda: Child("site2-ffffffffff"), bus=bus, site="site2")
-    _flag(bus, SITE)
+    jobs_gone(bus.registry, SITE)
+    assert SITE in bus.black_holes.flags
     clock = [1000.0]
     with monkeypatch_clock(clock):
         pool._grow(target=10.0)  # five drones wanted: none before the first period
