@@ -157,10 +157,12 @@ class BlackHoles:
     Black-hole drones per site, the sites flagged, and their probe drones (see the module)
 
     :param rules: the thresholds; ``rules.drones == 0`` turns the detector off
+    :param tell: log its verdicts and flags (the manager does; ``status`` shows them itself)
     """
 
-    def __init__(self, rules: Rules | None = None) -> None:
+    def __init__(self, rules: Rules | None = None, *, tell: bool = True) -> None:
         self.rules = rules or Rules()
+        self.tell = tell
         self._drones: dict[tuple[str, str], _Drone] = {}
         #: the drones that got their verdict (``None``: not a black hole), oldest first
         self._decided: dict[tuple[str, str], Verdict | None] = {}
@@ -180,9 +182,7 @@ class BlackHoles:
 
     def counts(self) -> dict[str, dict[str, int]]:
         """Black-hole drones by site and verdict, since the detector started (any thread)"""
-        return {
-            name: dict(site.counts) for name, site in self._sites.copy().items() if site.counts
-        }
+        return {name: dict(site.counts) for name, site in self._sites.copy().items() if site.counts}
 
     # ------------------------------------------------------------------ the watcher
 
@@ -281,15 +281,16 @@ class BlackHoles:
             site.died += 1
         else:
             site.failing += 1
-        _lines.log(
-            logging.INFO,
-            f"black hole {view.site}",
-            "drone %s/%s is a black hole: it %s",
-            view.site,
-            view.drone,
-            self.rules.meaning(verdict),
-            extra={"site": view.site, "drone": view.drone},
-        )
+        if self.tell:
+            _lines.log(
+                logging.INFO,
+                f"black hole {view.site}",
+                "drone %s/%s is a black hole: it %s",
+                view.site,
+                view.drone,
+                self.rules.meaning(verdict),
+                extra={"site": view.site, "drone": view.drone},
+            )
         self._update(view.site, site, view)
 
     def _site(self, name: str) -> _Site:
@@ -308,29 +309,31 @@ class BlackHoles:
             if flag is None:
                 site.flags += 1
                 number, since = site.flags, view.received_time or view.ended_time or 0.0
-                log.warning(
-                    "site %s is a black hole: %d drones in a row %s (the last %s); the pool "
-                    "asks for one probe drone after %.0fs, the wait doubling up to %.0fs, "
-                    "until a drone of the site runs a payload",
-                    name,
-                    count,
-                    self.rules.meaning(verdict, "their"),
-                    site.last,
-                    self.rules.backoff_s,
-                    self.rules.backoff_max_s,
-                    extra={"site": name, "drone": site.last},
-                )
+                if self.tell:
+                    log.warning(
+                        "site %s is a black hole: %d drones in a row %s (the last %s); the pool "
+                        "asks for one probe drone after %.0fs, the wait doubling up to %.0fs, "
+                        "until a drone of the site runs a payload",
+                        name,
+                        count,
+                        self.rules.meaning(verdict, "their"),
+                        site.last,
+                        self.rules.backoff_s,
+                        self.rules.backoff_max_s,
+                        extra={"site": name, "drone": site.last},
+                    )
             else:
                 number, since = flag.number, flag.since
             self.flags = {**self.flags, name: Flag(verdict, count, site.last, since, number)}
         elif flag is not None:
             self.flags = {k: v for k, v in self.flags.items() if k != name}
-            log.info(
-                "site %s is no black hole any more: drone %s runs payloads; the pool feeds it",
-                name,
-                view.drone,
-                extra={"site": name, "drone": view.drone},
-            )
+            if self.tell:
+                log.info(
+                    "site %s is no black hole any more: drone %s runs payloads; the pool feeds it",
+                    name,
+                    view.drone,
+                    extra={"site": name, "drone": view.drone},
+                )
 
     # ------------------------------------------------------------------ the pool's side
 
