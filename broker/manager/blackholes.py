@@ -71,6 +71,19 @@ _FINISHED: Final = "payload_finished"
 #: payload ends that say nothing of the site: the schedd or a drain took the payload away
 _NEUTRAL: Final = frozenset({PayloadEnd.REMOVE, PayloadEnd.EVICT})
 _ASKED_ENDS: Final = frozenset({Ending.RELEASED, Ending.DEADLINE_EXPIRED})
+
+
+def cleanup_note(action: str) -> str:
+    """
+    The note (a release's, a drain's reason) of TARDIS removing a drone's job on its own:
+    its ``stop`` or ``terminate`` of a job it found failed or gone, while no demand fell
+    (the pool's releases carry its own reason). Such a removal asked the drone nothing.
+    """
+    return f"TARDIS {action}"
+
+
+#: the notes of TARDIS's own removals (:func:`cleanup_note`)
+CLEANUP_NOTES: Final = frozenset(cleanup_note(action) for action in ("stop", "terminate"))
 _ASKED_PHASES: Final = frozenset({RecordPhase.RELEASED, RecordPhase.DEADLINE_EXPIRED})
 
 
@@ -388,12 +401,19 @@ def _ran_well(event: AnyEvent | None) -> bool:
 def _asked(view: DroneView, event: AnyEvent | None) -> bool:
     """
     Whether someone asked the drone to end: a release, a drain intent (the manager's, an
-    operator's or the agent's own: a notice), a drain deadline
+    operator's or the agent's own: a notice), a drain deadline; not TARDIS removing, on its
+    own, a job it found failed or gone (:data:`CLEANUP_NOTES`)
     """
-    if view.ended in _ASKED_ENDS or view.state is DroneState.RELEASED:
-        return True
     record = view.record
-    if record is not None and (record.drain is not None or record.phase in _ASKED_PHASES):
+    if record is not None:
+        cleanup = record.note in CLEANUP_NOTES or (
+            record.drain is not None and record.drain.reason in CLEANUP_NOTES
+        )
+        if cleanup:
+            return False
+        if record.drain is not None or record.phase in _ASKED_PHASES:
+            return True
+    if view.ended in _ASKED_ENDS or view.state is DroneState.RELEASED:
         return True
     return event is not None and event.snapshot.drain is not None
 

@@ -68,6 +68,7 @@ class Fleet:
         phase: ev.RecordPhase,
         writer: str = "agent",
         drain: ev.DrainIntent | None = None,
+        note: str = "",
     ) -> None:
         record = ev.DroneRecord(
             site=drone.site,
@@ -76,6 +77,7 @@ class Fleet:
             writer=writer,  # type: ignore[arg-type]
             drain=drain,
             at=ev.utcnow(),
+            note=note,
         )
         if writer == "manager":
             record = ev.DroneRecord(
@@ -178,11 +180,23 @@ def test_a_drone_whose_job_ends_before_its_agent_speaks_is_a_black_hole() -> Non
     assert fleet.verdicts() == {"died": 3}
 
 
+def test_tardis_removing_a_failed_job_on_its_own_asked_the_drone_nothing() -> None:
+    """TARDIS saw the job fail and removes it: the release is its cleanup, not a request"""
+    fleet = Fleet()
+    for action in ("terminate", "stop", "terminate"):
+        drone = fleet.drone()
+        note = blackholes.cleanup_note(action)
+        fleet.record(drone, ev.RecordPhase.RELEASED, writer="manager", note=note)
+        fleet.down(SITE, drone.drone)
+    assert fleet.detector.flags[SITE].drones == 3
+
+
 def test_drones_ended_by_request_or_after_their_lifetime_are_no_black_holes() -> None:
     fleet = Fleet()
     # released before it came up (COBalD's demand fell): the manager's record, then gone
     queued = fleet.drone()
-    fleet.record(queued, ev.RecordPhase.RELEASED, writer="manager")
+    reason = "chosen for release: its agent never announced itself (queued 5s)"
+    fleet.record(queued, ev.RecordPhase.RELEASED, writer="manager", note=reason)
     fleet.down(SITE, queued.drone)
     # came up, ran nothing, drained idle by TARDIS: the manager's drain intent in the record
     idle = fleet.drone()
