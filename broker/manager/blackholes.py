@@ -214,7 +214,7 @@ class BlackHoles:
                 elif kind == _FINISHED and _ran_well(view.event):
                     self._payload_ran_well(view)
                 return
-            if view.encoded is None and not view.ended:
+            if view.encoded is None and not view.ended and not _cleaned_up(view):
                 return  # a record alone
             drone = self._drones[key] = _Drone()
             if len(self._drones) > TRACKED:
@@ -224,7 +224,7 @@ class BlackHoles:
             self._payload_started(view)
         if kind == _FINISHED and self._payload_finished(view, drone):
             return
-        if view.ended or view.state is DroneState.EXITING:
+        if view.ended or view.state is DroneState.EXITING or _cleaned_up(view):
             self._ended(view, drone)
 
     def _payload_started(self, view: DroneView) -> None:
@@ -386,6 +386,22 @@ class BlackHoles:
         if probes is None or flag is None or probes.number != flag.number:
             return None
         return max(0.0, probes.next_at - now)
+
+
+def _cleaned_up(view: DroneView) -> bool:
+    """
+    Whether TARDIS released the drone on its own (:data:`CLEANUP_NOTES`) before its agent
+    spoke: it found the job failed or gone, and no agent can claim the drone any more.
+    (The batch system may keep a failed job listed for minutes, Slurm's ``MinJobAge``, and
+    TARDIS gives the drone up only when it is no longer listed.)
+    """
+    record = view.record
+    return (
+        view.encoded is None
+        and record is not None
+        and record.phase is RecordPhase.RELEASED
+        and record.note in CLEANUP_NOTES
+    )
 
 
 def _ran_well(event: AnyEvent | None) -> bool:

@@ -187,8 +187,11 @@ def test_tardis_removing_a_failed_job_on_its_own_asked_the_drone_nothing() -> No
         drone = fleet.drone()
         note = blackholes.cleanup_note(action)
         fleet.record(drone, ev.RecordPhase.RELEASED, writer="manager", note=note)
+        # judged at TARDIS's release: the job may stay listed at the site for minutes
+        assert fleet.detector.verdict(SITE, drone.drone) is Verdict.DIED
         fleet.down(SITE, drone.drone)
     assert fleet.detector.flags[SITE].drones == 3
+    assert fleet.verdicts() == {"died": 3}
 
 
 def test_drones_ended_by_request_or_after_their_lifetime_are_no_black_holes() -> None:
