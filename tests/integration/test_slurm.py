@@ -466,7 +466,7 @@ async def test_drone_jobs_that_fail_at_once_throttle_their_site_while_stock_tard
     adjuster = asyncio.create_task(adjusting())
     try:
         with _min_job_age(site.cluster, 2):
-            await _throttled_then_fed(remote, stock, env, working)
+            await _throttled_then_fed(remote, stock, lambda: env.write_text(working))
     finally:
         adjuster.cancel()
         with contextlib.suppress(asyncio.CancelledError):
@@ -475,9 +475,7 @@ async def test_drone_jobs_that_fail_at_once_throttle_their_site_while_stock_tard
         await stock.close()
 
 
-async def _throttled_then_fed(
-    remote: Adjusted, stock: Adjusted, env: Path, working: str
-) -> None:
+async def _throttled_then_fed(remote: Adjusted, stock: Adjusted, fix: Callable[[], object]) -> None:
     """The remote site flagged, stock submitting meanwhile; fixed, a probe clears the flag"""
     assert remote.bus is not None
     detector = remote.bus.black_holes
@@ -490,7 +488,7 @@ async def _throttled_then_fed(
     assert len(remote.drones) - flagged_at[0] == probes < 6
     assert detector.withheld[SITE] > 0
     # the site is fixed: a probe drone comes up, runs a payload, and clears the flag
-    env.write_text(working)
+    fix()
     await wait_until(lambda: SITE not in detector.flags, 180, "a probe runs a payload")
     await wait_until(
         lambda: sum(d.demand for d in remote.drones) >= 2, 60, "the pool feeds the site"
