@@ -23,6 +23,9 @@ _TIMING = (
     "retain_lost_s",
     "clock_skew_warn_s",
     "scale_down_window_s",
+    "black_hole_lifetime_s",
+    "black_hole_backoff_s",
+    "black_hole_backoff_max_s",
 )
 
 
@@ -69,6 +72,12 @@ def _rows(factory: Factory) -> list[tuple[str, str]]:
             "passed to each drone job" if bus.drone_environment else "not passed",
         ),
         ("note buffer", f"{bus.note_buffer} TARDIS state notes"),
+        (
+            "black holes",
+            f"a site is flagged after {bus.black_hole_drones} black-hole drones in a row"
+            if bus.black_hole_drones
+            else "not detected",
+        ),
     ]
     return rows + [
         (key, f"{value:g} s" if (value := getattr(bus, key)) else "never") for key in _TIMING
@@ -100,6 +109,7 @@ def _bus_facts(factory: Factory) -> dict[str, object] | None:
         "metrics": f"http://{address[0]}:{address[1]}/metrics" if address else None,
         "drone_environment": bus.drone_environment,
         "note_buffer": bus.note_buffer,
+        "black_hole_drones": bus.black_hole_drones,
         **{key: getattr(bus, key) for key in _TIMING},
     }
 

@@ -158,7 +158,12 @@ def _age(seconds: float | None) -> str:
 
 
 def _row(
-    view: DroneView, now: float, lost_after_s: float, skew_warn_s: float, noisy_at: float | None
+    view: DroneView,
+    now: float,
+    lost_after_s: float,
+    skew_warn_s: float,
+    noisy_at: float | None,
+    black_hole: str | None,
 ) -> dict[str, Any]:
     import msgspec
 
@@ -183,6 +188,7 @@ def _row(
         "noisy_age_s": now - noisy_at if noisy_at is not None else None,
         "ended": view.ended or None,
         "ended_at": _iso(view.ended_time),
+        "black_hole": black_hole,
         "record_phase": record.label if record is not None else None,
         "record_writer": record.writer if record is not None else None,
         "record_proven": record.proven if record is not None else None,
@@ -193,6 +199,12 @@ def _row(
         else None,
         "drain_due": _iso(record.drain_due) if record is not None else None,
     }
+
+
+def _fate(row: dict[str, Any]) -> str:
+    """The LOST/ENDED column: lost, or why it ended, and whether it is a black hole"""
+    text = "lost" if row["lost"] else (f"ended: {row['ended']}" if row["ended"] else "-")
+    return f"{text}, black hole" if row["black_hole"] else text
 
 
 def _clock(offset_s: float) -> str:
@@ -228,7 +240,7 @@ def _table(rows: list[dict[str, Any]]) -> str:
                 str(len(row["payloads"])),
                 _age(row["last_fact_age_s"]),
                 _age(row["noisy_age_s"]),
-                "lost" if row["lost"] else (f"ended: {row['ended']}" if row["ended"] else "-"),
+                _fate(row),
                 row["record_phase"] or "-",
                 _clock(row["clock_offset_s"]) if row["clock_skewed"] else "-",
             )
@@ -242,6 +254,7 @@ async def status(args: argparse.Namespace) -> int:
     import contextlib
 
     from broker.jetstream.reads import stream_errors
+    from broker.manager.blackholes import BlackHoles
     from broker.manager.rebuild import rebuild
     from broker.manager.registry import Registry
     from remote_agent.protocol.errors import HandshakeError
@@ -255,6 +268,8 @@ async def status(args: argparse.Namespace) -> int:
         clock_skew_warn_s=args.clock_skew_warn,
         warn_clocks=False,  # the CLOCK column says it
     )
+    black_holes = BlackHoles(tell=False)  # the summary line says it
+    registry.watchers.append(black_holes.seen)
     async with connected(args, _CLIENT) as nc:
         with stream_errors(OperatorError, "stream or bucket"):
             js = nc.jetstream(domain=args.domain)
@@ -274,7 +289,14 @@ async def status(args: argparse.Namespace) -> int:
         views = [v for v in views if not v.ended]
     noisy = registry.noisy(now)
     rows = [
-        _row(view, now, args.lost_after, args.clock_skew_warn, noisy.get(view.key))
+        _row(
+            view,
+            now,
+            args.lost_after,
+            args.clock_skew_warn,
+            noisy.get(view.key),
+            black_holes.verdict(view.site, view.drone),
+        )
         for view in views
     ]
     if args.json:
@@ -292,6 +314,14 @@ async def status(args: argparse.Namespace) -> int:
             f"{lost} lost, {loud} noisy, {ended} ended{hidden}",
             file=sys.stderr,
         )
+        for site, flag in sorted(black_holes.flags.items()):
+            if args.site in (None, site):
+                print(
+                    f"site {site} is a black hole: {flag.drones} drones in a row "
+                    f"{black_holes.rules.meaning(flag.verdict, 'their')} (the last "
+                    f"{flag.last}), of the drones this rebuild reads",
+                    file=sys.stderr,
+                )
     return 0
 
 

@@ -25,6 +25,7 @@ from prometheus_client.process_collector import ProcessCollector
 from prometheus_client.registry import Collector, CollectorRegistry
 
 from broker.jetstream.messages import ConsumerStats
+from broker.manager.blackholes import BlackHoles, Verdict
 from broker.manager.issuer import QUEUE_FULL
 from broker.manager.registry import Registry
 from broker.manager.retire import Retired
@@ -65,6 +66,7 @@ class Sources:
     :param state_runs_delayed: TARDIS state runs that waited for their drone's budget so far
     :param noisy_state_runs: drones whose TARDIS state runs waited for their budget within
         the last minute (:data:`~broker.manager.budget.NOISY_FOR_S`)
+    :param black_holes: the black-hole detector and the probes of flagged sites
     """
 
     registry: Registry
@@ -78,6 +80,7 @@ class Sources:
     retired: Callable[[], Retired] | None = None
     state_runs_delayed: Callable[[], int] | None = None
     noisy_state_runs: Callable[[], int] | None = None
+    black_holes: BlackHoles | None = None
 
 
 def tardis_labels(part: str, name: str) -> tuple[str, str, str, str]:
@@ -136,6 +139,8 @@ class ManagerCollector(Collector):
             yield from self._consumer(self.sources.consumer)
         yield from self._manager()
         yield from self._tardis()
+        if self.sources.black_holes is not None:
+            yield from self._black_holes(self.sources.black_holes)
         yield from self._issuer()
         build = InfoMetricFamily(
             PREFIX + "build", "The version of cobald-remote and of Python the manager runs"
@@ -321,6 +326,41 @@ class ManagerCollector(Collector):
             for name, count in sorted(dict(counts).items()):
                 calls.add_metric(list(tardis_labels(part, name)), count)
         yield calls
+
+    def _black_holes(self, detector: BlackHoles) -> Iterator[Metric]:
+        counts = detector.counts()
+        flags = detector.flags
+        drones = CounterMetricFamily(
+            PREFIX + "black_hole_drones",
+            "Drones found to be black holes, by site and verdict (died: ended unasked without "
+            "a payload soon after their start; failing: their payloads failed at once in a row)",
+            labels=("site", "verdict"),
+        )
+        flagged = GaugeMetricFamily(
+            PREFIX + "black_hole_site",
+            "1 while the site is flagged as a black hole (its pools ask for probe drones only), "
+            "else 0; every site with a black-hole drone",
+            labels=("site",),
+        )
+        for site, by_verdict in sorted(counts.items()):
+            for verdict in Verdict:
+                drones.add_metric([site, str(verdict)], by_verdict.get(verdict, 0))
+            flagged.add_metric([site], int(site in flags))
+        yield drones
+        yield flagged
+        yield _counter(
+            "black_hole_probes",
+            "Probe drones the pools asked for at sites flagged as black holes, by site",
+            "site",
+            sorted(dict(detector.probes).items()),
+        )
+        yield _counter(
+            "black_hole_withheld",
+            "Pool adjustments that wanted more drones of a site flagged as a black hole and "
+            "asked for none (waiting for the next probe), by site",
+            "site",
+            sorted(dict(detector.withheld).items()),
+        )
 
     def _issuer(self) -> Iterator[Metric]:
         if self.sources.issuer_counts is None:

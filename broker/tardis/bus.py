@@ -18,6 +18,7 @@ import uuid
 import nats.js.errors
 from cobald.daemon.runners.service import ServiceUnit
 
+from broker.manager.blackholes import BlackHoles
 from broker.manager.control import Control
 from broker.manager.metrics import MetricsServer, Sources
 from broker.manager.registry import Registry
@@ -72,7 +73,9 @@ class RemoteBus:
         self.waker = Waker(lambda drone: self.announced(self.site_of(drone), drone) is not None)
         #: how long payloads ran, for the release order (:mod:`broker.tardis.release`)
         self.durations = Durations()
-        self.registry.watchers.extend((self.waker.seen, self.durations.seen))
+        #: black-hole drones per site, the sites flagged and their probe drones
+        self.black_holes = BlackHoles(config.black_hole_rules())
+        self.registry.watchers.extend((self.waker.seen, self.durations.seen, self.black_holes.seen))
         #: why the pool released each drone, by uuid: the reason its drain carries
         self.release_reasons: dict[str, str] = {}
         self._notes: collections.deque[TardisState] = collections.deque()
@@ -101,6 +104,7 @@ class RemoteBus:
                     retired=lambda: self.manager.retired,
                     state_runs_delayed=lambda: self.waker.counts["state_runs_delayed"],
                     noisy_state_runs=self.waker.noisy,
+                    black_holes=self.black_holes,
                 ),
                 *address,
             )

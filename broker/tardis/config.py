@@ -18,6 +18,13 @@ from typing import Annotated, Any, Final
 import msgspec
 
 from broker.errors import ConfigError
+from broker.manager.blackholes import (
+    DEFAULT_BLACK_HOLE_BACKOFF_MAX_S,
+    DEFAULT_BLACK_HOLE_BACKOFF_S,
+    DEFAULT_BLACK_HOLE_DRONES,
+    DEFAULT_BLACK_HOLE_LIFETIME_S,
+    Rules,
+)
 from broker.manager.control import DEFAULT_DRAIN_S, DEFAULT_REQUEST_TIMEOUT_S
 from broker.manager.issuer import DEFAULT_JWT_VALID_S, DEFAULT_TOKEN_VALID_S, IssuerSettings
 from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, DEFAULT_RETAIN_LOST_S
@@ -69,6 +76,11 @@ EXPECTED: Final[Mapping[str, str]] = {
     "bootstrap_creds": "the path of the site's bootstrap credentials on the drones",
     "bootstrap_token_valid_s": _SECONDS,
     "bootstrap_jwt_valid_s": _SECONDS,
+    "black_hole_drones": "a whole number >= 0 (0: off)",
+    "black_hole_lifetime_s": _SECONDS,
+    "black_hole_backoff_s": _SECONDS,
+    "black_hole_backoff_max_s": "a number of seconds at least black_hole_backoff_s "
+    "(at most 10 years)",
 }
 
 
@@ -111,6 +123,12 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         (``{site}`` is replaced by the site), passed into each drone job
     :param bootstrap_token_valid_s: how long a token waits for its drone to start
     :param bootstrap_jwt_valid_s: how long an issued JWT is valid (the agent renews it)
+    :param black_hole_drones: black-hole drones in a row that flag their site, whose pools
+        then ask for probe drones only (:mod:`broker.manager.blackholes`); ``0``: off
+    :param black_hole_lifetime_s: a drone that ended unasked without a payload within this
+        many seconds of its agent's start is a black hole
+    :param black_hole_backoff_s: seconds a flagged site waits for its first probe drone
+    :param black_hole_backoff_max_s: the longest wait between two probe drones, seconds
     """
 
     servers: Urls
@@ -134,6 +152,10 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     bootstrap_creds: str | None = None
     bootstrap_token_valid_s: Seconds = DEFAULT_TOKEN_VALID_S
     bootstrap_jwt_valid_s: Seconds = DEFAULT_JWT_VALID_S
+    black_hole_drones: Annotated[int, msgspec.Meta(ge=0)] = DEFAULT_BLACK_HOLE_DRONES
+    black_hole_lifetime_s: Seconds = DEFAULT_BLACK_HOLE_LIFETIME_S
+    black_hole_backoff_s: Seconds = DEFAULT_BLACK_HOLE_BACKOFF_S
+    black_hole_backoff_max_s: Seconds = DEFAULT_BLACK_HOLE_BACKOFF_MAX_S
 
     def __post_init__(self) -> None:
         if not self.drone_servers:
@@ -167,6 +189,15 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
             retain_lost_s=self.retain_lost_s,
             clock_skew_warn_s=self.clock_skew_warn_s,
             issuer=self.issuer_settings(),
+        )
+
+    def black_hole_rules(self) -> Rules:
+        """The black-hole detector's thresholds"""
+        return Rules(
+            drones=self.black_hole_drones,
+            lifetime_s=self.black_hole_lifetime_s,
+            backoff_s=self.black_hole_backoff_s,
+            backoff_max_s=self.black_hole_backoff_max_s,
         )
 
     def issuer_settings(self) -> IssuerSettings | None:
@@ -256,6 +287,11 @@ def _meanings(config: BusConfig, raw: Mapping[str, Any]) -> list[str]:
     if 0 < config.retain_lost_s < shortest:
         given = raw.get("retain_lost_s", config.retain_lost_s)
         problems.append(f"{problem('retain_lost_s', given)} ({shortest:.0f} s here)")
+    if config.black_hole_backoff_max_s < config.black_hole_backoff_s:
+        given = raw.get("black_hole_backoff_max_s", config.black_hole_backoff_max_s)
+        problems.append(
+            f"{problem('black_hole_backoff_max_s', given)} ({config.black_hole_backoff_s:g} s here)"
+        )
     if config.bootstrap_creds is not None and config.bootstrap_key is None:
         problems.append(
             "bus.bootstrap_creds: set without bus.bootstrap_key, which turns the "

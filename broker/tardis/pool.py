@@ -2,10 +2,12 @@
 :class:`RemoteFactoryPool`: a COBalD FactoryPool that shrinks only to the highest demand of a
 window, and releases the drones that cost least first
 
-Its rules: growing follows demand at once; shrinking goes no lower than the highest demand
-in effect within the last ``window_s`` seconds (:class:`DemandWindow`, Kubernetes' scale-down
-stabilization window), so a dip shorter than the window releases nothing; what is released
-is chosen by :func:`~broker.tardis.release.release_choice`.
+Its rules: growing follows demand at once, but a site flagged as a black hole gets one probe
+drone per backoff period at most (:meth:`~broker.manager.blackholes.BlackHoles.allowance`);
+shrinking goes no lower than the highest demand in effect within the last ``window_s``
+seconds (:class:`DemandWindow`, Kubernetes' scale-down stabilization window), so a dip
+shorter than the window releases nothing; what is released is chosen by
+:func:`~broker.tardis.release.release_choice`.
 """
 
 from __future__ import annotations
@@ -137,6 +139,23 @@ class RemoteFactoryPool(FactoryPool):
                 excess_demand -= child.demand
                 self._note_release(child, choice)
                 self._release_child(child)
+        self._reap_children()
+
+    def _grow(self, target: float) -> None:
+        # cobald 0.14 FactoryPool._grow (cobald/composite/factory.py), asking a flagged
+        # black-hole site for one probe drone per backoff period at most
+        missing = target - sum(child.demand for child in self.children)
+        allowed = (
+            self.bus.black_holes.allowance(self.site, time.monotonic())
+            if self.bus is not None and missing > 0
+            else None
+        )
+        if allowed is None:
+            super()._grow(target)
+            return
+        if allowed:
+            self._hatchery.add(self.factory())
+            log.info("%s: a black hole, asked for one probe drone", self.site)
         self._reap_children()
 
     def _note_release(self, child: Any, choice: Choice) -> None:

@@ -20,6 +20,7 @@ from tardis.exceptions.tardisexceptions import TardisResourceStatusUpdateFailed
 from tardis.interfaces.siteadapter import ResourceStatus, SiteAdapter
 from tardis.utilities.attributedict import AttributeDict
 
+from broker.manager.blackholes import cleanup_note
 from broker.manager.control import Control
 from broker.manager.verdict import Removal, Verdict
 from broker.tardis.bus import RemoteBus
@@ -144,7 +145,8 @@ class RemovalPolicy:
     ) -> Verdict:
         """Release or drain the drone so that it may be removed; the verdict after it"""
         reason = verdict.reason
-        why = f"TARDIS {action.removesuffix('_resource')}"
+        # the pool's reason if it released the drone; else TARDIS removes it on its own
+        why = self._bus.release_reasons.get(drone) or cleanup_note(action.removesuffix("_resource"))
         if reason in (Removal.UNKNOWN_DRONE, Removal.NOT_ANNOUNCED):
             # win the race with the agent, or learn that it came up first and drain
             result = await control.release(

@@ -80,7 +80,8 @@ async def test_status_table_and_json(
 
     code, out, err = await run_process(*CLI, "status", "--ended", "--server", nats_server.url)
     ended = [line.split() for line in out.splitlines() if line.startswith(done.drone)]
-    assert ended[0][-4:-1] == ["ended:", "drained", "drained"]
+    # its worker gone a second after its start, no payload, nobody asked: a black hole
+    assert ended[0][-6:-1] == ["ended:", "drained,", "black", "hole", "drained"]
     assert err == "4 drones: 0 lost, 0 noisy, 1 ended\n"
 
     code, out, err = await run_process(
@@ -103,6 +104,40 @@ async def test_status_table_and_json(
         *CLI, "status", "site1-0000000404", "--server", nats_server.url
     )
     assert code == 1 and "no drone 'site1-0000000404'" in err
+
+
+async def test_status_names_black_hole_drones_and_sites(
+    nats_server: EmbeddedServer, js: JetStreamContext, store: RecordStore
+) -> None:
+    """Three drones of site3 end a second after their start, unasked: the site is flagged"""
+    dead = [FakeDrone("site3", f"site3-00000000a{i}") for i in range(3)]
+    for drone in dead:
+        await publish(js, NS, drone.started())
+        await store.claim("site3", drone.drone, drone.incarnation)
+        await publish(js, NS, drone.worker_exited(1))
+        await store.finish("site3", drone.drone, drone.incarnation, ev.RecordPhase.DRAINED)
+        await publish(js, NS, drone.exiting())
+    busy = FakeDrone(SITE, "site1-00000000b1")
+    for event in (busy.started(), busy.ready(), busy.payload_started("1.0"), busy.heartbeat()):
+        await publish(js, NS, event)
+
+    code, out, err = await run_process(
+        *CLI, "status", "--ended", "--json", "--server", nats_server.url
+    )
+    assert code == 0
+    rows = {row["drone"]: row for row in json.loads(out)}
+    assert [rows[d.drone]["black_hole"] for d in dead] == ["died"] * 3
+    assert rows[busy.drone]["black_hole"] is None
+    assert err == ""  # JSON alone
+    code, out, err = await run_process(*CLI, "status", "--server", nats_server.url)
+    assert err.splitlines() == [
+        "4 drones: 0 lost, 0 noisy, 3 ended (hidden; --ended shows them)",
+        "site site3 is a black hole: 3 drones in a row ended unasked, without a payload, "
+        f"within 600s of their agent's start (the last {dead[-1].drone}), of the drones this "
+        "rebuild reads",
+    ]
+    code, out, err = await run_process(*CLI, "status", "--site", SITE, "--server", nats_server.url)
+    assert "black hole" not in err
 
 
 async def test_release_and_drain(

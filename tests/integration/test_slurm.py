@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from cobald.composite.factory import FactoryPool
 from support.buses import BusFactory, Transitions
 from support.slurm import requires_slurm
 from support.tardis import drone_running
@@ -359,3 +360,137 @@ async def test_a_restarted_cobald_picks_its_drones_up_and_removes_none_with_payl
     assert site.scancels_of("RUNNING") == []
     startd = _startd_events(site, job)
     assert startd.count("payload_finished") == startd.count("payload_started") >= 1
+
+
+@contextlib.contextmanager
+def _min_job_age(cluster: SlurmCluster, seconds: int) -> Iterator[None]:
+    """
+    Slurm forgets a finished job ``seconds`` after its end for the block (``MinJobAge``)
+
+    TARDIS 0.9.0's Slurm adapter takes a FAILED job for an error and keeps its drone in
+    CleanupState until squeue no longer lists the job (``tardis/adapters/sites/slurm.py``
+    maps no state to FAILED): only then is the drone down and the pool asks for another.
+    """
+    conf = cluster.conf.read_text()
+    cluster.conf.write_text(conf.replace("MinJobAge=600", f"MinJobAge={seconds}"))
+    cluster.run("scontrol", "reconfigure")
+    try:
+        yield
+    finally:
+        cluster.conf.write_text(conf)
+        cluster.run("scontrol", "reconfigure")
+
+
+class Adjusted:
+    """
+    A pool of real TARDIS drones on the Slurm site, adjusted as COBalD's ``FactoryPool.run``
+    adjusts it (every ``interval``, ``_shrink`` or ``_grow``), its drones' state machines
+    running; counts the drones it asked for
+
+    :param bus: the decorators' bus (a :class:`RemoteFactoryPool`); ``None``: stock TARDIS,
+        TARDIS's own ``FactoryPool`` and adapters
+    """
+
+    def __init__(self, bus: RemoteBus | None, demand: float) -> None:
+        self.bus = bus
+        self.drones: list[Drone] = []
+        self.tasks: list[asyncio.Task[None]] = []
+        pool: Any
+        if bus is None:
+            pool = FactoryPool(factory=self._stock, interval=0.2)
+        else:
+            pool = RemoteFactoryPool(factory=self._remote, interval=0.2, bus=bus, site=SITE)
+        self.pool = pool
+        pool.demand = demand
+
+    def _track(self, drone: Drone) -> Drone:
+        self.drones.append(drone)
+        self.tasks.append(asyncio.create_task(drone.run()))
+        return drone
+
+    def _stock(self) -> Drone:
+        batch = HTCondorBatchAdapter()
+        return self._track(
+            Drone(
+                site_agent=SiteAgent(SlurmAdapter("m1", "Site1")),
+                batch_system_agent=BatchSystemAgent(batch),
+            )
+        )
+
+    def _remote(self) -> Drone:
+        assert self.bus is not None
+        return self._track(SlurmDrone.make(self.bus).drone)
+
+    def adjust(self) -> None:
+        pool = self.pool
+        if pool.supply > pool.demand:
+            pool._shrink(target=pool.demand)
+        else:
+            pool._grow(target=pool.demand)
+
+    async def close(self) -> None:
+        for drone in self.drones:
+            drone.demand = 0
+        for task in self.tasks:
+            task.cancel()
+        await asyncio.gather(*self.tasks, return_exceptions=True)
+
+
+async def test_drone_jobs_that_fail_at_once_throttle_their_site_while_stock_tardis_submits(
+    site: SlurmSite, make_bus: BusFactory
+) -> None:
+    """
+    The site's drone job cannot find the agent (its drone.env names a path that is not
+    there), so every job exits 127 the moment it starts: no agent ever speaks, and TARDIS
+    sees each job gone. The decorated pool flags the site after three such drones and asks
+    for nothing more but probes; TARDIS's own pool, beside it on the same site, keeps
+    submitting. Fixed, the next probe runs a payload and the pool feeds the site again.
+    """
+    env = site.root / "drone.env"
+    working = env.read_text()
+    env.write_text(working.replace("COBALD_REMOTE=", "COBALD_REMOTE=/nonexistent/", 1))
+    bus = await make_bus(
+        lost_after_s=10.0,
+        request_timeout_s=5.0,
+        black_hole_backoff_s=20.0,
+        black_hole_backoff_max_s=20.0,
+    )
+    remote, stock = Adjusted(bus, demand=2), Adjusted(None, demand=2)
+
+    async def adjusting() -> None:
+        while True:  # COBalD's FactoryPool.run: an adjustment every interval
+            remote.adjust()
+            stock.adjust()
+            await asyncio.sleep(remote.pool.interval)
+
+    adjuster = asyncio.create_task(adjusting())
+    try:
+        with _min_job_age(site.cluster, 2):
+            await _throttled_then_fed(remote, stock, lambda: env.write_text(working))
+    finally:
+        adjuster.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await adjuster
+        await remote.close()
+        await stock.close()
+
+
+async def _throttled_then_fed(remote: Adjusted, stock: Adjusted, fix: Callable[[], object]) -> None:
+    """The remote site flagged, stock submitting meanwhile; fixed, a probe clears the flag"""
+    assert remote.bus is not None
+    detector = remote.bus.black_holes
+    await wait_until(lambda: SITE in detector.flags, 180, "the site flagged")
+    flagged_at = (len(remote.drones), len(stock.drones))
+    assert detector.verdict(SITE, remote.drones[0].resource_attributes.drone_uuid) == "died"
+    # stock TARDIS submits six more drones to the broken site meanwhile
+    await wait_until(lambda: len(stock.drones) >= flagged_at[1] + 6, 180, "stock submits")
+    probes = detector.probes[SITE]
+    assert len(remote.drones) - flagged_at[0] == probes < 6
+    assert detector.withheld[SITE] > 0
+    # the site is fixed: a probe drone comes up, runs a payload, and clears the flag
+    fix()
+    await wait_until(lambda: SITE not in detector.flags, 180, "a probe runs a payload")
+    await wait_until(
+        lambda: sum(d.demand for d in remote.drones) >= 2, 60, "the pool feeds the site"
+    )
+    assert detector.probes[SITE] >= probes + 1

@@ -36,6 +36,8 @@ class FakeDrone:
     payloads: list[ev.Payload] = field(default_factory=list)
     drain: ev.DrainIntent | None = None
     clock: dt.datetime = T0
+    #: when the agent started, by its own clock
+    started_at: dt.datetime = T0
 
     def snapshot(self) -> ev.Snapshot:
         return ev.Snapshot(
@@ -46,7 +48,7 @@ class FakeDrone:
             payloads=list(self.payloads),
             drain=self.drain,
             worker_pid=4711,
-            started_at=T0,
+            started_at=self.started_at,
         )
 
     def _head(self) -> dict[str, object]:
@@ -97,11 +99,24 @@ class FakeDrone:
         self.state = ev.DroneState.BUSY
         return self._event(ev.PayloadStarted, job_id=job_id)
 
-    def payload_finished(self, job_id: str) -> ev.Event:
+    def payload_finished(
+        self,
+        job_id: str,
+        how: ev.PayloadEnd = ev.PayloadEnd.EXIT,
+        exit_code: int | None = None,
+        duration_s: float | None = None,
+    ) -> ev.Event:
         self.payloads = [p for p in self.payloads if p.job_id != job_id]
         if self.state is ev.DroneState.BUSY and not self.payloads:
             self.state = ev.DroneState.IDLE
-        return self._event(ev.PayloadFinished, job_id=job_id, how=ev.PayloadEnd.EXIT)
+        return self._event(
+            ev.PayloadFinished, job_id=job_id, how=how, exit_code=exit_code, duration_s=duration_s
+        )
+
+    def worker_exited(self, exit_code: int = 1) -> ev.Event:
+        """The worker ended by itself; the gate shuts"""
+        self.gate_open = False
+        return self._event(ev.WorkerExited, pid=4711, exit_code=exit_code)
 
     def drained(self) -> ev.Event:
         self.state, self.gate_open = ev.DroneState.DRAINED, False

@@ -37,3 +37,16 @@ def make_record(
         writer=writer,  # type: ignore[arg-type]
         at=dt.datetime(2026, 3, 18, tzinfo=dt.UTC),
     )
+
+
+def jobs_gone(registry: Registry, site: str, drones: int = 3, at: float = 1000.0) -> None:
+    """
+    ``drones`` drones of ``site`` whose jobs ended before their agents spoke: TARDIS's notes
+    that it gave them up, nobody having released them (black holes, to the detector)
+    """
+    for i in range(drones):
+        drone = f"{site}-{i:010x}"
+        note = ev.TardisState(site=site, drone=drone, state="DownState", at=ev.utcnow())
+        subject = registry.namespace.manager_note(site, drone, "tardis_state")
+        registry.apply_note_message(ev.encode(note), subject, at + i)
+    registry.mark_ended(at + drones)

@@ -20,8 +20,10 @@ from typing import Any
 
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
+from support.registry import jobs_gone
 
 from broker.jetstream.messages import ConsumerStats
+from broker.manager.blackholes import BlackHoles
 from broker.manager.issuer import QUEUE_FULL
 from broker.manager.metrics import Sources, render
 from broker.manager.registry import Registry
@@ -93,6 +95,11 @@ def _exported() -> dict[str, set[str]]:
         at=ev.utcnow(),
     )
     registry.apply_record(record, 1, time.time())
+    detector = BlackHoles()
+    registry.watchers.append(detector.seen)
+    jobs_gone(registry, "site2")
+    detector.allowance("site2", 0.0)  # withheld: the first probe waits
+    detector.allowance("site2", 1e9)  # a probe
     text = render(
         Sources(
             registry=registry,
@@ -106,6 +113,7 @@ def _exported() -> dict[str, set[str]]:
             retired=Retired,
             state_runs_delayed=lambda: 0,
             noisy_state_runs=lambda: 0,
+            black_holes=detector,
         )
     )
     labels: dict[str, set[str]] = collections.defaultdict(set)

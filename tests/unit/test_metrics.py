@@ -16,8 +16,10 @@ from prometheus_client import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 from support.drones import FakeDrone
 from support.metrics import NS, SITE, fleet, parsed
+from support.registry import jobs_gone
 
 from broker.jetstream.messages import ConsumerStats
+from broker.manager.blackholes import BlackHoles, Rules
 from broker.manager.budget import NOISY_FOR_S, Budget
 from broker.manager.collector import tardis_labels
 from broker.manager.issuer import QUEUE_FULL
@@ -161,7 +163,35 @@ def _full_sources(registry: Registry) -> Sources:
             issued_enroll=2, refused_reused=1, alarms=1, minted=3
         ),
         retired=lambda: Retired(retired=5, purged=4, kept=1, lost=2),
+        black_holes=_black_holes(registry),
     )
+
+
+def _black_holes(registry: Registry) -> BlackHoles:
+    """A detector watching ``registry`` that flagged ``site9`` and gave its pool one probe"""
+    detector = BlackHoles(Rules(backoff_s=1.0))
+    registry.watchers.append(detector.seen)
+    jobs_gone(registry, "site9")
+    assert detector.allowance("site9", 0.0) == 0
+    assert detector.allowance("site9", 1.0) == 1
+    return detector
+
+
+def test_black_hole_sites_their_drones_probes_and_withheld_growth() -> None:
+    registry = Registry(NS)
+    detector = _black_holes(registry)
+    jobs_gone(registry, "site8", drones=1, at=2000.0)  # one black hole: not flagged
+    samples = parsed(render(Sources(registry=registry, black_holes=detector)))
+    drones = "cobald_remote_black_hole_drones_total"
+    assert samples[(drones, (("site", "site9"), ("verdict", "died")))] == 3
+    assert samples[(drones, (("site", "site9"), ("verdict", "failing")))] == 0
+    assert samples[(drones, (("site", "site8"), ("verdict", "died")))] == 1
+    assert samples[("cobald_remote_black_hole_site", (("site", "site9"),))] == 1
+    assert samples[("cobald_remote_black_hole_site", (("site", "site8"),))] == 0
+    assert samples[("cobald_remote_black_hole_probes_total", (("site", "site9"),))] == 1
+    assert samples[("cobald_remote_black_hole_withheld_total", (("site", "site9"),))] == 1
+    # without a detector (no TARDIS): no such family
+    assert "black_hole" not in render(Sources(registry=Registry(NS)))
 
 
 def test_exposition_names_every_family_once_with_help_and_type() -> None:

@@ -122,6 +122,19 @@ def test_the_forms_the_docs_show() -> None:
         ),
         ({"servers": URL, "note_buffer": 0}, "bus.note_buffer: expected a whole number > 0, got 0"),
         (
+            {"servers": URL, "black_hole_drones": -1},
+            "bus.black_hole_drones: expected a whole number >= 0 (0: off), got -1",
+        ),
+        (
+            {"servers": URL, "black_hole_lifetime_s": 0},
+            f"bus.black_hole_lifetime_s: {SECONDS}, got 0",
+        ),
+        (
+            {"servers": URL, "black_hole_backoff_max_s": 60},
+            "bus.black_hole_backoff_max_s: expected a number of seconds at least "
+            "black_hole_backoff_s (at most 10 years), got 60 (300 s here)",
+        ),
+        (
             {"servers": URL, "lost_after": 3},
             "bus.lost_after: unknown key (known: " + ", ".join(EXPECTED) + ")",
         ),
@@ -253,3 +266,25 @@ def test_bootstrap_creds_without_the_issuer_key_is_a_problem(tmp_path: Path) -> 
     warnings = bootstrap_warnings(missing)
     assert any("bus.bootstrap_key:" in w and "cannot issue" in w for w in warnings)
     assert any("bus.bootstrap_creds: not set" in w for w in warnings)
+
+
+def test_the_black_hole_keys_make_the_detectors_rules() -> None:
+    rules = BusConfig.from_mapping(
+        {
+            "servers": URL,
+            "black_hole_drones": 5,
+            "black_hole_lifetime_s": 1200,
+            "black_hole_backoff_s": 60,
+            "black_hole_backoff_max_s": 60,
+        }
+    ).black_hole_rules()
+    assert (rules.drones, rules.lifetime_s, rules.backoff_s, rules.backoff_max_s) == (
+        5,
+        1200.0,
+        60.0,
+        60.0,
+    )
+    assert (
+        BusConfig.from_mapping({"servers": URL, "black_hole_drones": 0}).black_hole_rules().drones
+        == 0
+    )

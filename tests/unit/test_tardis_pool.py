@@ -5,12 +5,16 @@ The order among drones with payloads: ``tests/unit/test_release_choice.py``.
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import threading
+from collections.abc import Iterator
 from typing import Any
 
+from support.registry import jobs_gone
 from support.tardis import SITE, announce, offline_bus
 
+from broker.tardis import pool as pool_module
 from broker.tardis.pool import DemandWindow
 from broker.tardis_adapter import RemoteBus, RemoteFactoryPool
 from remote_agent.protocol import events as ev
@@ -173,3 +177,51 @@ def test_of_the_drones_still_queued_the_one_that_waited_least_goes_first() -> No
     assert 59 <= waited < 120 and pool.release_key(old).waited_s >= 3 * 3600 - 1
     pool._shrink(target=2.0)
     assert _released([old, new]) == ["site1-00000000a2"]
+
+
+def test_a_black_hole_site_grows_by_one_probe_per_period_a_healthy_one_as_it_needs() -> None:
+    bus = offline_bus(black_hole_backoff_s=10.0, black_hole_backoff_max_s=40.0)
+    made: list[Child] = []
+
+    def factory() -> Child:
+        made.append(Child(f"site1-{len(made):010x}"))
+        return made[-1]
+
+    pool = RemoteFactoryPool(factory=factory, interval=1, bus=bus, site=SITE)
+    other = RemoteFactoryPool(factory=lambda: Child("site2-ffffffffff"), bus=bus, site="site2")
+    jobs_gone(bus.registry, SITE)
+    assert SITE in bus.black_holes.flags
+    clock = [1000.0]
+    with monkeypatch_clock(clock):
+        pool._grow(target=10.0)  # five drones wanted: none before the first period
+        assert made == []
+        clock[0] += 10.0
+        pool._grow(target=10.0)
+        assert len(made) == 1  # one probe
+        pool._grow(target=10.0)
+        assert len(made) == 1
+        clock[0] += 19.0
+        pool._grow(target=10.0)
+        assert len(made) == 1  # the period doubled to 20 s
+        clock[0] += 1.0
+        pool._grow(target=10.0)
+        assert len(made) == 2
+        other._grow(target=6.0)  # another site is not touched
+        assert len(other.children) == 3
+        # a payload starts on the site: the flag clears, the pool grows as COBalD's
+        announce(bus.registry, "site1-0000000000", ev.DroneState.BUSY, payloads=1)
+        assert SITE not in bus.black_holes.flags
+        pool._grow(target=10.0)
+        assert len(made) == 5
+    assert bus.black_holes.probes[SITE] == 2
+
+
+@contextlib.contextmanager
+def monkeypatch_clock(clock: list[float]) -> Iterator[None]:
+    """The pool's monotonic clock reads ``clock[0]`` for the block"""
+    real = pool_module.time.monotonic
+    pool_module.time.monotonic = lambda: clock[0]  # type: ignore[assignment]
+    try:
+        yield
+    finally:
+        pool_module.time.monotonic = real  # type: ignore[assignment]
