@@ -137,10 +137,16 @@ def add_options(parser: argparse.ArgumentParser) -> None:
         type=float,
     )
     add(
-        "--notice-grace",
-        "notice_grace_s",
-        "seconds from SIGTERM, SIGUSR1 or SIGUSR2 to the drone's end "
-        f"(default {_default('notice_grace_s')})",
+        "--term-grace",
+        "term_grace_s",
+        f"seconds from SIGTERM to the drone's end (default {_default('term_grace_s')})",
+        type=float,
+    )
+    add(
+        "--warning-grace",
+        "warning_grace_s",
+        "seconds from SIGUSR1 or SIGUSR2 to the drone's end "
+        f"(default {_default('warning_grace_s')})",
         type=float,
     )
     add(

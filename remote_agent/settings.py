@@ -88,9 +88,12 @@ class Settings:
         batch system cannot tell it (``--walltime``, else TARDIS's ``$SLURM_Walltime``)
     :param end_margin_s: seconds before the drone's end by which its payloads must be done
         (or vacated): what the worker needs to end cleanly before the batch system kills it
-    :param notice_grace_s: seconds from a notice (SIGTERM, SIGUSR1, SIGUSR2) to the drone's
-        end, if nothing earlier is known: Slurm's ``KillWait`` default (30 s), the smaller of
-        it and HTCondor's ``MachineMaxVacateTime`` default (600 s)
+    :param term_grace_s: seconds from a SIGTERM to the drone's end, if nothing earlier is
+        known: Slurm's ``KillWait`` default (30 s) before its SIGKILL, the smaller of it and
+        HTCondor's ``MachineMaxVacateTime`` default (600 s)
+    :param warning_grace_s: seconds from a SIGUSR1 or SIGUSR2 to the drone's end, if nothing
+        earlier is known: the time the site's warning signal gives (``sbatch
+        --signal=B:USR1@N``; Slurm's default ``N`` is 60 s)
     :param payload_runtime_s: the runtime assumed for a payload whose job ad gives none
     :param runtime_attributes: the job ad attributes that give a payload's runtime, with
         the seconds per unit of each; the first one the ad carries as a number counts
@@ -122,7 +125,8 @@ class Settings:
     bootstrap_creds: Path | None = None
     walltime_s: float | None = None
     end_margin_s: float = 30.0
-    notice_grace_s: float = 30.0
+    term_grace_s: float = 30.0
+    warning_grace_s: float = 60.0
     payload_runtime_s: float = 0.0
     runtime_attributes: tuple[RuntimeAttribute, ...] = DEFAULT_RUNTIME_ATTRIBUTES
     batch: BatchJob = field(default_factory=BatchJob)
@@ -228,7 +232,8 @@ class Settings:
             bootstrap_creds=Path(bootstrap_creds) if token else None,
             walltime_s=pick("walltime_s", float, _tardis_walltime(env)),
             end_margin_s=pick("end_margin_s", float),
-            notice_grace_s=pick("notice_grace_s", float),
+            term_grace_s=pick("term_grace_s", float),
+            warning_grace_s=pick("warning_grace_s", float),
             payload_runtime_s=pick("payload_runtime_s", float),
             runtime_attributes=pick("runtime_attributes", parse_attributes),
             batch=BatchJob.from_env(env),
@@ -281,7 +286,8 @@ class Settings:
             "exit_flush_s",
             "self_drain_deadline_s",
             "end_margin_s",
-            "notice_grace_s",
+            "term_grace_s",
+            "warning_grace_s",
             "payload_runtime_s",
         ):
             if not 0 <= getattr(self, name) < math.inf:
@@ -319,7 +325,8 @@ SETTINGS_ENV: Final = {
     "bootstrap_creds": "COBALD_REMOTE_BOOTSTRAP_CREDS",
     "walltime_s": "COBALD_REMOTE_WALLTIME_S",
     "end_margin_s": "COBALD_REMOTE_END_MARGIN_S",
-    "notice_grace_s": "COBALD_REMOTE_NOTICE_GRACE_S",
+    "term_grace_s": "COBALD_REMOTE_TERM_GRACE_S",
+    "warning_grace_s": "COBALD_REMOTE_WARNING_GRACE_S",
     "payload_runtime_s": "COBALD_REMOTE_PAYLOAD_RUNTIME_S",
     "runtime_attributes": RUNTIME_ENV,  # the same variable the hooks read
 }

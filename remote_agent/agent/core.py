@@ -290,7 +290,8 @@ class Agent:
         """
         The batch system announces the drone's end (SIGTERM, SIGUSR1, SIGUSR2)
 
-        The end is now plus ``--notice-grace`` at the latest: the gate shuts at once,
+        The end is now plus ``--term-grace`` (SIGTERM) or ``--warning-grace`` (SIGUSR1,
+        SIGUSR2) at the latest: the gate shuts at once,
         payloads that end in time finish, the rest are vacated, and the worker ends
         before the batch system kills it. Before the worker runs, a notice stops the
         agent as :meth:`request_stop` does.

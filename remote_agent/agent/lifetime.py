@@ -4,7 +4,8 @@ The drone's end: learned from its batch system, moved up by a notice, kept by th
 The end (:attr:`DroneStatus.end_at`) is a point on the agent's monotonic clock: the earliest
 of what the batch system says (Slurm's end time, an HTCondor job's limits), of the walltime
 (``--walltime``, else TARDIS's ``$SLURM_Walltime``) from the agent's start and, once the
-batch system announces the end by a signal, of the notice plus ``--notice-grace``. It only
+batch system announces the end by a signal, of the notice plus its grace (``--term-grace``
+for SIGTERM, ``--warning-grace`` for SIGUSR1 and SIGUSR2). It only
 ever moves up. An absolute time is turned into a span on the node's clock the moment it is
 read (:mod:`remote_agent.batchsystem`): the drone's wall clock decides nothing later.
 
@@ -105,7 +106,8 @@ class Lifetime:
         """
         parts, status = self._parts, self._parts.status
         name = signal.Signals(signum).name
-        grace = parts.settings.notice_grace_s
+        settings = parts.settings
+        grace = settings.term_grace_s if signum == signal.SIGTERM else settings.warning_grace_s
         parts.counters["end_notices"] += 1
         self._move_up(time.monotonic() + grace, "notice")
         status.end_notice = name

@@ -129,7 +129,7 @@ async def test_a_notice_shuts_the_gate_lets_what_fits_finish_and_vacates_the_res
     tmp_path: Path, nats_server: EmbeddedServer, js: JetStreamContext, store: RecordStore
 ) -> None:
     async with (
-        _drone(tmp_path, nats_server.url, notice_grace_s=12.0, end_margin_s=3.0) as (agent, ep),
+        _drone(tmp_path, nats_server.url, term_grace_s=12.0, end_margin_s=3.0) as (agent, ep),
         running(agent) as run,
     ):
         await _open(agent, ep)
@@ -172,7 +172,7 @@ async def test_the_end_moves_the_deadline_of_a_drain_in_progress_up_and_vacates(
     """TARDIS's drain lets payloads run for a day; a notice comes; the drain ends in time"""
     startd = FakeStartd()
     agent = Agent(
-        settings(tmp_path, nats_server.url, startd=True, notice_grace_s=2.0, end_margin_s=1.0),
+        settings(tmp_path, nats_server.url, startd=True, warning_grace_s=2.0, end_margin_s=1.0),
         startd=startd,
     )
     async with running(agent) as run:

@@ -82,7 +82,8 @@ async def test_prepare_job_allows_silently(
     [
         (b"MaxWallTimeMins = 90\n", 5400.0),
         (
-            b"MaxWallTimeMins = Retry ? 60 : OriginalMaxWallTimeMins\nOriginalMaxWallTimeMins = 30\n",
+            b"MaxWallTimeMins = Retry ? 60 : OriginalMaxWallTimeMins\n"
+            b"OriginalMaxWallTimeMins = 30\n",
             1800.0,
         ),
         (b"AllowedJobDuration = 120\n", 120.0),

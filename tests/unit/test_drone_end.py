@@ -108,26 +108,21 @@ def test_the_walltime_comes_from_tardis_unless_given() -> None:
 
 def test_the_end_settings_and_their_defaults() -> None:
     settings = Settings.from_env(BASE, worker_command=WORKER)
-    assert (settings.end_margin_s, settings.notice_grace_s, settings.payload_runtime_s) == (
-        30.0,
-        30.0,
-        0.0,
-    )
+    assert (settings.end_margin_s, settings.payload_runtime_s) == (30.0, 0.0)
+    assert (settings.term_grace_s, settings.warning_grace_s) == (30.0, 60.0)
     assert settings.runtime_attributes == DEFAULT_RUNTIME_ATTRIBUTES
     env = {
         **BASE,
         "COBALD_REMOTE_END_MARGIN_S": "5",
-        "COBALD_REMOTE_NOTICE_GRACE_S": "300",
+        "COBALD_REMOTE_TERM_GRACE_S": "20",
+        "COBALD_REMOTE_WARNING_GRACE_S": "300",
         "COBALD_REMOTE_PAYLOAD_RUNTIME_S": "3600",
         "COBALD_REMOTE_RUNTIME_ATTRIBUTES": "RequestRuntime:h",
         "SLURM_JOB_ID": "12",
     }
     settings = Settings.from_env(env, worker_command=WORKER)
-    assert (settings.end_margin_s, settings.notice_grace_s, settings.payload_runtime_s) == (
-        5.0,
-        300.0,
-        3600.0,
-    )
+    assert (settings.end_margin_s, settings.payload_runtime_s) == (5.0, 3600.0)
+    assert (settings.term_grace_s, settings.warning_grace_s) == (20.0, 300.0)
     assert settings.runtime_attributes == (("RequestRuntime", 3600.0),)
     assert settings.batch.slurm_job_id == "12"
 
@@ -137,7 +132,8 @@ def test_the_end_settings_and_their_defaults() -> None:
     [
         ({"COBALD_REMOTE_WALLTIME_S": "0"}, "walltime_s must be a finite positive number"),
         ({"COBALD_REMOTE_END_MARGIN_S": "-1"}, "end_margin_s must be a finite number >= 0"),
-        ({"COBALD_REMOTE_NOTICE_GRACE_S": "inf"}, "notice_grace_s must be a finite number"),
+        ({"COBALD_REMOTE_TERM_GRACE_S": "inf"}, "term_grace_s must be a finite number"),
+        ({"COBALD_REMOTE_WARNING_GRACE_S": "nan"}, "warning_grace_s must be a finite number"),
         ({"COBALD_REMOTE_RUNTIME_ATTRIBUTES": "A:days"}, "unit 'days' of A is not one of"),
         ({"COBALD_REMOTE_RUNTIME_ATTRIBUTES": "My.A:s"}, "'My.A' is no job ad attribute name"),
     ],
