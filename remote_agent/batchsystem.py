@@ -145,6 +145,13 @@ async def slurm_end(job_id: str, *, timeout_s: float = 10.0) -> float:
             proc.kill()
         await proc.wait()
         raise EndUnknown(f"squeue did not answer within {timeout_s:g}s") from None
+    except asyncio.CancelledError:
+        # the agent stopped asking: squeue does not outlive the call
+        with contextlib.suppress(ProcessLookupError):
+            proc.kill()
+        with contextlib.suppress(asyncio.CancelledError):
+            await proc.wait()
+        raise
     text = out.decode(errors="replace").strip()
     if proc.returncode != 0:
         said = " ".join(err_out.decode(errors="replace").split())[:200] or "(no output)"
