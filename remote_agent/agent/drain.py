@@ -54,9 +54,9 @@ class Drain:
         self._deadline_moved = asyncio.Event()
         #: when the drain in progress is due, on the monotonic clock
         self._due = 0.0
-        #: its deadline is the drone's end: the payloads left then are vacated
-        self._end = False
-        #: its deadline passed; the payloads running then were asked to leave
+        #: the drone's drain point, on the monotonic clock: what runs then is vacated
+        self._end_due: float | None = None
+        #: the drain's deadline passed (and was acted on); the payloads were vacated
         self._expired = False
         self._vacated = False
 
@@ -138,13 +138,17 @@ class Drain:
         status = self._parts.status
         if status.released or status.state in (S.STARTING, S.DRAINED, S.EXITING):
             return  # nothing to drain, or the drone is ending already
-        self._end = True
+        if self._end_due is not None and due >= self._end_due:
+            return  # known already
+        self._end_due = due
+        intent = self._own_intent(due - time.monotonic(), reason)
         if status.drain is None:
-            self.accept(self._own_intent(due - time.monotonic(), reason), command=False)
+            self.accept(intent, command=False)
+            self._due = min(self._due, due)  # the same moment, not a rounding later
             return
         if status.state is S.DRAINING:
-            self._move_up(self._own_intent(due - time.monotonic(), reason), by="the drone's end")
-            self._deadline_moved.set()  # also a drain past its deadline: it vacates now
+            self._move_up(intent, by="the drone's end")
+            self._deadline_moved.set()  # also a drain past its deadline: it vacates then
 
     def _move_up(self, intent: DrainIntent, by: str = "a command") -> None:
         """
@@ -192,7 +196,7 @@ class Drain:
             if self._left() <= 0 and not self._expired:
                 self._expired = True
                 await self._deadline_expired(intent)
-            elif self._left() <= 0 and self._end and not self._vacated:
+            if self._at_end() and not self._vacated:
                 # the deadline had passed under the "wait" policy; now the drone's end is near
                 await self._vacate("the drone's end")
             # the snapshot may be empty (a JOB_EXIT, forged or early) while the startd
@@ -203,18 +207,19 @@ class Drain:
             parts.status.move(S.DRAINED)
             parts.emitter.emit(Drained)
         await controls.worker.end_job(
-            "drained at the drone's end" if self._end else "drained",
+            "drained at the drone's end" if self._end_due is not None else "drained",
             exits_itself=controls.startd.exits_when_empty,
         )
 
     async def _deadline_expired(self, intent: DrainIntent) -> None:
         parts, controls = self._parts, self._controls
         count = max(len(parts.status.payloads), controls.startd.busy_slots)
-        policy = "kill" if self._end else parts.settings.deadline_policy
+        end = self._at_end()
+        policy = "kill" if end else parts.settings.deadline_policy
         log.warning(
             "drain deadline passed with %d payload(s) running; %s",
             count,
-            "the drone's end is near: vacating them" if self._end else f"policy {policy}",
+            "the drone's end is near: vacating them" if end else f"policy {policy}",
             extra=parts.extra,
         )
         parts.emitter.emit(DrainDeadlineExpired, payloads=count, action=policy)
@@ -222,28 +227,38 @@ class Drain:
             RecordPhase.DEADLINE_EXPIRED, f"{count} payload(s) running at the deadline"
         )
         if policy == "kill":
-            await self._vacate("the drone's end" if self._end else "drain deadline expired")
+            await self._vacate("the drone's end" if end else "drain deadline expired")
+
+    def _at_end(self) -> bool:
+        """Whether the drone's drain point has come"""
+        return self._end_due is not None and self._end_due <= time.monotonic()
+
+    def _until_action(self) -> float | None:
+        """Seconds until the flow acts: at the deadline, at the drain point; ``None``: never"""
+        due = [] if self._expired else [self._due]
+        if self._end_due is not None and not self._vacated:
+            due.append(self._end_due)
+        return min(due) - time.monotonic() if due else None
 
     async def _wait_payloads(self) -> bool:
         """
-        Wait for the last payload to end, or for the deadline to act on; ``True`` if none runs
+        Wait for the last payload to end, or for the deadline or the drain point to act on;
+        ``True`` if none runs
 
-        A deadline moved up meanwhile ends the wait at the new deadline. Once the deadline
-        has been acted on, only the payloads' end or the drone's end ends the wait.
+        A deadline moved up meanwhile, or a drain point learned, ends the wait then.
         """
         done = self._controls.ledger.done
         while not done.is_set():
-            remaining = self._left()
-            if remaining <= 0 and (not self._expired or (self._end and not self._vacated)):
+            remaining = self._until_action()
+            if remaining is not None and remaining <= 0:
                 break
             self._deadline_moved.clear()
             waiters = (
                 asyncio.ensure_future(done.wait()),
                 asyncio.ensure_future(self._deadline_moved.wait()),
             )
-            timeout = remaining if remaining > 0 else None
             try:
-                await asyncio.wait(waiters, timeout=timeout, return_when=FIRST_COMPLETED)
+                await asyncio.wait(waiters, timeout=remaining, return_when=FIRST_COMPLETED)
             finally:
                 for waiter in waiters:
                     waiter.cancel()
@@ -258,6 +273,8 @@ class Drain:
         shutdown (SIGQUIT), which evicts too, as GlideinWMS's glideins do on SIGTERM.
         """
         controls = self._controls
+        if self._vacated:
+            return
         self._vacated = True
         self._parts.status.ending = why
         count = controls.ledger.vacating()
@@ -266,7 +283,7 @@ class Drain:
             await controls.worker.terminate()
             return
         log.info("vacating %d payload(s): %s", count, why, extra=self._parts.extra)
-        if not await controls.startd.drain(why, fast=True) and self._end:
+        if not await controls.startd.drain(why, fast=True) and self._end_due is not None:
             log.warning(
                 "the startd did not take the vacate; the worker shuts down fast instead",
                 extra=self._parts.extra,

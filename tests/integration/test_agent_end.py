@@ -195,3 +195,45 @@ async def test_the_end_moves_the_deadline_of_a_drain_in_progress_up_and_vacates(
     assert any(isinstance(e, ev.DrainDeadlineExpired) and e.action == "kill" for _, e in events)
     notices = {e.snapshot.end.notice for _, e in events if e.snapshot.end is not None}
     assert notices == {"SIGUSR1"}
+
+
+async def test_a_drain_past_its_deadline_under_wait_vacates_at_the_drones_end(
+    tmp_path: Path,
+    nats_server: EmbeddedServer,
+    nc: Client,
+    js: JetStreamContext,
+    store: RecordStore,
+) -> None:
+    """The "wait" policy lets a payload run past TARDIS's deadline, but not past the end"""
+    startd = FakeStartd()
+    agent = Agent(
+        settings(tmp_path, nats_server.url, startd=True, warning_grace_s=1.5, end_margin_s=0.5),
+        startd=startd,
+    )
+    async with running(agent) as run:
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
+        assert agent.prepare_job(JobStart("6.0", "slot1_0@wn042")).allow
+        startd.run_job(0, "6.0")
+        reply = await command(nc, drain(DRONE, deadline_s=0.2))
+        assert isinstance(reply, ev.Reply) and reply.outcome is ev.Outcome.DRAIN_ACCEPTED
+
+        async def expired() -> bool:
+            events = await read_events(js, DRONE)
+            return any(isinstance(e, ev.DrainDeadlineExpired) for _, e in events)
+
+        for _ in range(500):
+            if await expired():
+                break
+            await asyncio.sleep(0.02)
+        assert await expired()
+        assert ("drain", True) not in startd.calls  # "wait": it runs on
+        agent.notice(signal.SIGUSR2)
+        await wait_until(lambda: ("drain", True) in startd.calls, what="the vacate")
+        startd.run_job(0, None)
+        agent.job_exited("6.0", ev.PayloadEnd.EVICT, None, None)
+        assert await run.exit_code() == 0
+    events = await read_events(js, DRONE)
+    expiries = [e.action for _, e in events if isinstance(e, ev.DrainDeadlineExpired)]
+    assert expiries == ["wait"]  # TARDIS's deadline; the end vacates without a second one
+    finished = _finished(events)
+    assert (finished["6.0"].how, finished["6.0"].vacated) == (ev.PayloadEnd.EVICT, True)
