@@ -374,6 +374,7 @@ class Agent:
             return await self._give_up(code, f"cannot start the worker: {err}")
         if status.state is S.STARTING:  # else a signal came while it started
             status.move(S.WORKER_UP)
+            self._lifetime.worker_started()
         emit(WorkerStarted, pid=worker.pid, command=bounded_command(command))
         if status.stop_signal is not None:
             worker.send_signal(status.stop_signal)

@@ -133,11 +133,11 @@ class Drain:
         Starts a drain on the agent's own account, or moves the deadline of the drain in
         progress up to ``due`` (never out); either way the payloads still running at the
         deadline are vacated, whatever the deadline policy. Synchronous: the gate shuts in
-        this step.
+        this step. Before the worker has started it does nothing: ask again once it has.
         """
         status = self._parts.status
         if status.released or status.state in (S.STARTING, S.DRAINED, S.EXITING):
-            return  # nothing to drain, or the drone is ending already
+            return  # nothing runs yet, or the drone is ending already
         if self._end_due is not None and due >= self._end_due:
             return  # known already
         self._end_due = due
@@ -145,8 +145,7 @@ class Drain:
         if status.drain is None:
             self.accept(intent, command=False)
             self._due = min(self._due, due)  # the same moment, not a rounding later
-            return
-        if status.state is S.DRAINING:
+        elif status.state is S.DRAINING:
             self._move_up(intent, by="the drone's end")
             self._deadline_moved.set()  # also a drain past its deadline: it vacates then
 

@@ -126,6 +126,10 @@ class Lifetime:
             f"end notice ({name}): the batch system ends the drone in {max(0.0, left):.0f}s",
         )
 
+    def worker_started(self) -> None:
+        """The worker runs: a drain the end called for before can start now"""
+        self._changed.set()
+
     async def keep(self) -> None:
         """Drain the drone in time for its end: at the drain point minus the payload runtime"""
         parts, status = self._parts, self._parts.status
@@ -142,6 +146,8 @@ class Lifetime:
                         drain_point,
                         f"the drone's end: its batch job ends in {left:.0f}s ({status.end_source})",
                     )
-                    wait = None  # only a sooner end (a notice) matters from now on
+                    # from now on only a sooner end (a notice) matters; or, if the worker
+                    # had not started, its start (:meth:`worker_started`)
+                    wait = None
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), wait)

@@ -237,3 +237,14 @@ async def test_a_drain_past_its_deadline_under_wait_vacates_at_the_drones_end(
     assert expiries == ["wait"]  # TARDIS's deadline; the end vacates without a second one
     finished = _finished(events)
     assert (finished["6.0"].how, finished["6.0"].vacated) == (ev.PayloadEnd.EVICT, True)
+
+
+async def test_a_drone_whose_end_is_too_near_at_its_start_never_opens_its_gate(
+    tmp_path: Path, nats_server: EmbeddedServer, js: JetStreamContext, store: RecordStore
+) -> None:
+    agent = Agent(settings(tmp_path, nats_server.url, walltime_s=0.5, end_margin_s=1.0))
+    async with running(agent) as run:
+        assert await run.exit_code() == 0
+    kinds = [ev.kind_of(type(e)) for _, e in await read_events(js, DRONE)]
+    assert "gate_opened" not in kinds
+    assert {"drain_requested", "drained", "agent_exiting"} <= set(kinds)
