@@ -30,6 +30,7 @@ from remote_agent.gate.messages import (
 )
 from remote_agent.gate.paths import find_gate_path
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS
+from remote_agent.jobruntime import RUNTIME_ENV, parse_attributes, requested_runtime
 from remote_agent.protocol.events import PayloadEnd
 
 log = logging.getLogger(__name__)
@@ -73,6 +74,20 @@ def _timeout(value: float | None, environ: Mapping[str, str]) -> float:
         return DEFAULT_TIMEOUT_S
 
 
+def runtime_of(ad: ClassAd, environ: Mapping[str, str]) -> float | None:
+    """
+    The runtime ``ad`` requests or expects, in seconds, by the attributes the agent names
+    (:data:`~remote_agent.jobruntime.RUNTIME_ENV`); ``None`` if it names none or the ad
+    carries none of them
+    """
+    try:
+        attributes = parse_attributes(environ.get(RUNTIME_ENV, ""))
+    except ValueError as err:
+        log.warning("ignoring %s: %s", RUNTIME_ENV, err)
+        return None
+    return requested_runtime(ad, attributes)
+
+
 def _refusal(code: int, message: str) -> list[str]:
     return [f"HookStatusCode = {code}", f"HookStatusMessage = {quote(message)}"]
 
@@ -99,6 +114,7 @@ def prepare_job(
         job_id=job_id,
         slot=(ad.string("RemoteHost") or "")[:MAX_REQUEST_NAME],
         owner=(ad.string("Owner") or ad.string("User") or "")[:MAX_REQUEST_NAME],
+        requested_s=runtime_of(ad, environ),
     )
     try:
         reply = ask(path, request, timeout_s)

@@ -8,6 +8,7 @@ it finds them on ``PATH`` and talks only to the daemons of this drone.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import re
 from collections.abc import Mapping
@@ -35,6 +36,14 @@ _REFUSALS = {
     DRAINING_NO_MATCHING_REQUEST_ID: "no matching drain request",
     DRAINING_CHECK_EXPR_FAILED: "the drain check expression is not true on every slot",
 }
+
+
+async def _reap(proc: asyncio.subprocess.Process) -> None:
+    """Kill ``proc`` and wait for it, even while the calling task is being cancelled"""
+    with contextlib.suppress(ProcessLookupError):
+        proc.kill()
+    with contextlib.suppress(asyncio.CancelledError):
+        await proc.wait()
 
 
 class _UsageError(Exception):
@@ -101,6 +110,10 @@ class CondorStartd:
             proc.kill()
             await proc.wait()
             raise StartdError(f"{argv[0]} did not finish within {self.timeout_s:g}s") from None
+        except asyncio.CancelledError:
+            # the agent stopped asking (it winds down): the tool does not outlive the call
+            await _reap(proc)
+            raise
         result = _Run(
             argv=argv,
             returncode=proc.returncode if proc.returncode is not None else -1,

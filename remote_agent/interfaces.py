@@ -91,6 +91,8 @@ class JobStart:
     job_id: str  #: ``<ClusterId>.<ProcId>``
     slot: str = ""
     owner: str = ""
+    #: the runtime its job ad requests or expects, in seconds (``None``: it gives none)
+    requested_s: float | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -107,6 +109,8 @@ class GateDecision:
 GATE_CLOSED_STATUS = 390
 #: the refusal code the hook uses when it cannot reach the agent at all
 AGENT_UNREACHABLE_STATUS = 391
+#: the refusal code of a payload that cannot finish before the drone's end
+END_REFUSED_STATUS = 392
 
 #: how a ``condor_master`` ends once its startd drained with ``-exit-on-completion``:
 #: 0, or 99 when ``DAEMON_SHUTDOWN`` fired; either is the planned end of a drone

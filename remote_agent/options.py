@@ -11,9 +11,28 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from remote_agent.protocol.environment import TARDIS_CORES_ENV, TARDIS_UUID_ENV, split_urls
+from remote_agent.jobruntime import RuntimeAttribute, format_attributes, parse_attributes
+from remote_agent.protocol.environment import (
+    TARDIS_CORES_ENV,
+    TARDIS_UUID_ENV,
+    TARDIS_WALLTIME_ENV,
+    split_urls,
+)
 from remote_agent.protocol.names import DEFAULT_PREFIX
-from remote_agent.settings import SETTINGS_ENV, Settings
+from remote_agent.settings import SETTINGS_ENV, Settings, field_default
+
+
+def _default(setting: str) -> str:
+    """A setting's default as the help shows it (the settings hold it, not the help)"""
+    value = field_default(setting)
+    return f"{value:g}" if isinstance(value, int | float) else str(value)
+
+
+def _attributes(text: str) -> tuple[RuntimeAttribute, ...]:
+    try:
+        return parse_attributes(text)
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
 
 
 def add_options(parser: argparse.ArgumentParser) -> None:
@@ -40,8 +59,18 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     )
     add("--prefix", "prefix", f"first subject token (default {DEFAULT_PREFIX})")
     add("--domain", "domain", "JetStream domain of the central stream and bucket (leaf nodes)")
-    add("--heartbeat", "heartbeat_s", "seconds between heartbeats (default 30)", type=float)
-    add("--poll", "poll_s", "seconds between condor_who polls (default 5)", type=float)
+    add(
+        "--heartbeat",
+        "heartbeat_s",
+        f"seconds between heartbeats (default {_default('heartbeat_s')})",
+        type=float,
+    )
+    add(
+        "--poll",
+        "poll_s",
+        f"seconds between condor_who polls (default {_default('poll_s')})",
+        type=float,
+    )
     add("--slots", "slots", f"slots (cores) of the drone (default ${TARDIS_CORES_ENV})", type=int)
     add(
         "--spool-dir",
@@ -52,13 +81,14 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add(
         "--spool-max-events",
         "spool_max_events",
-        "spool capacity in events (default 10000)",
+        f"spool capacity in events (default {_default('spool_max_events')})",
         type=int,
     )
     add(
         "--deadline-policy",
         "deadline_policy",
-        "when a drain deadline passes with payloads: wait, or kill them (default wait)",
+        "when a drain deadline passes with payloads: wait, or kill them "
+        f"(default {_default('deadline_policy')})",
         choices=["wait", "kill"],
     )
     add(
@@ -70,26 +100,68 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add(
         "--end-grace",
         "end_grace_s",
-        "seconds the worker gets to end after drained (default 60)",
+        f"seconds the worker gets to end after drained (default {_default('end_grace_s')})",
         type=float,
     )
     add(
         "--kill-after",
         "kill_after_s",
-        "seconds from SIGTERM to SIGKILL of the worker (default 30)",
+        f"seconds from SIGTERM to SIGKILL of the worker (default {_default('kill_after_s')})",
         type=float,
     )
     add(
         "--self-drain-deadline",
         "self_drain_deadline_s",
-        "seconds a self-started drain (record lost while up) lets payloads run (default 86400)",
+        "seconds a self-started drain (record lost while up) lets payloads run "
+        f"(default {_default('self_drain_deadline_s')})",
         type=float,
     )
     add(
         "--exit-flush",
         "exit_flush_s",
-        "seconds to publish the last events at exit (default 10)",
+        f"seconds to publish the last events at exit (default {_default('exit_flush_s')})",
         type=float,
+    )
+    add(
+        "--walltime",
+        "walltime_s",
+        "seconds from the start to the end of the drone's batch job, where the batch system "
+        f"does not say it (default ${TARDIS_WALLTIME_ENV}, minutes)",
+        type=float,
+    )
+    add(
+        "--end-margin",
+        "end_margin_s",
+        "seconds before the drone's end by which its payloads are done or vacated "
+        f"(default {_default('end_margin_s')})",
+        type=float,
+    )
+    add(
+        "--term-grace",
+        "term_grace_s",
+        f"seconds from SIGTERM to the drone's end (default {_default('term_grace_s')})",
+        type=float,
+    )
+    add(
+        "--warning-grace",
+        "warning_grace_s",
+        "seconds from SIGUSR1 or SIGUSR2 to the drone's end "
+        f"(default {_default('warning_grace_s')})",
+        type=float,
+    )
+    add(
+        "--payload-runtime",
+        "payload_runtime_s",
+        "seconds a payload is taken to run when its job ad gives no runtime "
+        f"(default {_default('payload_runtime_s')})",
+        type=float,
+    )
+    add(
+        "--runtime-attributes",
+        "runtime_attributes",
+        "job ad attributes that give a payload's runtime, NAME:UNIT (s, min, h), first found "
+        f"counts (default {format_attributes(field_default('runtime_attributes'))})",
+        type=_attributes,
     )
     parser.add_argument(
         "--no-startd",

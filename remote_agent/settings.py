@@ -13,17 +13,20 @@ import math
 import os
 import tempfile
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass, field, fields
+from dataclasses import MISSING, dataclass, field, fields
 from pathlib import Path
 from typing import Any, Final, Literal
 
+from remote_agent.batchsystem import BatchJob, parse_slurm_time
 from remote_agent.errors import SettingsError
 from remote_agent.gate.paths import GATE_ENV, MAX_SOCKET_PATH
+from remote_agent.jobruntime import RUNTIME_ENV, RuntimeAttribute, parse_attributes
 from remote_agent.protocol.environment import (
     BUS_SETTINGS_ENV,
     TARDIS_CORES_ENV,
     TARDIS_SETTINGS_ENV,
     TARDIS_UUID_ENV,
+    TARDIS_WALLTIME_ENV,
     server_url_problem,
     site_of,
     split_urls,
@@ -32,6 +35,15 @@ from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.names import DEFAULT_PREFIX, check_token
 
 DeadlinePolicy = Literal["wait", "kill"]
+
+#: the job ad attributes that give a payload's runtime, first found counts: CMS's
+#: ``MaxWallTimeMins`` (CRAB writes the number; WMAgent an expression, and the number as
+#: ``OriginalMaxWallTimeMins``), ATLAS's ``maxWallTime`` (Harvester's pilots through an
+#: HTCondor-CE), HTCondor's own limits ``AllowedJobDuration`` and ``AllowedExecuteDuration``
+DEFAULT_RUNTIME_ATTRIBUTES: Final = parse_attributes(
+    "MaxWallTimeMins:min,OriginalMaxWallTimeMins:min,maxWallTime:min,"
+    "AllowedJobDuration:s,AllowedExecuteDuration:s"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +84,20 @@ class Settings:
         environment only, never the command line): the agent makes its own key and
         gets its identity from the manager's issuer (``docs/deployment.md#bootstrap``)
     :param bootstrap_creds: the site's bootstrap credentials, which only reach the issuer
+    :param walltime_s: seconds from the agent's start to the end of its batch job, if the
+        batch system cannot tell it (``--walltime``, else TARDIS's ``$SLURM_Walltime``)
+    :param end_margin_s: seconds before the drone's end by which its payloads must be done
+        (or vacated): what the worker needs to end cleanly before the batch system kills it
+    :param term_grace_s: seconds from a SIGTERM to the drone's end, if nothing earlier is
+        known: Slurm's ``KillWait`` default (30 s) before its SIGKILL, the smaller of it and
+        HTCondor's ``MachineMaxVacateTime`` default (600 s)
+    :param warning_grace_s: seconds from a SIGUSR1 or SIGUSR2 to the drone's end, if nothing
+        earlier is known: the time the site's warning signal gives (``sbatch
+        --signal=B:USR1@N``; Slurm's default ``N`` is 60 s)
+    :param payload_runtime_s: the runtime assumed for a payload whose job ad gives none
+    :param runtime_attributes: the job ad attributes that give a payload's runtime, with
+        the seconds per unit of each; the first one the ad carries as a number counts
+    :param batch: the drone's batch job as the environment describes it (not an option)
     """
 
     site: str
@@ -97,6 +123,13 @@ class Settings:
     reconnect_wait_s: float = 2.0
     bootstrap_token: str | None = field(default=None, repr=False)
     bootstrap_creds: Path | None = None
+    walltime_s: float | None = None
+    end_margin_s: float = 30.0
+    term_grace_s: float = 30.0
+    warning_grace_s: float = 60.0
+    payload_runtime_s: float = 0.0
+    runtime_attributes: tuple[RuntimeAttribute, ...] = DEFAULT_RUNTIME_ATTRIBUTES
+    batch: BatchJob = field(default_factory=BatchJob)
 
     @classmethod
     def from_env(
@@ -119,7 +152,9 @@ class Settings:
         if unknown:
             raise SettingsError(f"unknown settings: {', '.join(sorted(unknown))}")
 
-        def pick(name: str, parse: Callable[[str], Any], default: Any = None) -> Any:
+        def pick(name: str, parse: Callable[[str], Any], default: Any = _FIELD_DEFAULT) -> Any:
+            if default is _FIELD_DEFAULT:
+                default = field_default(name)
             if name in given:
                 return given[name]
             raw = env.get(SETTINGS_ENV[name], "").strip()
@@ -181,20 +216,27 @@ class Settings:
                 "prefix", str, env.get(TARDIS_SETTINGS_ENV["prefix"], "").strip() or DEFAULT_PREFIX
             ),
             domain=pick("domain", str, env.get(TARDIS_SETTINGS_ENV["domain"], "").strip()) or None,
-            heartbeat_s=pick("heartbeat_s", float, 30.0),
-            poll_s=pick("poll_s", float, 5.0),
-            spool_max_events=pick("spool_max_events", int, 10_000),
-            deadline_policy=pick("deadline_policy", str, "wait"),
-            startd=pick("startd", _parse_bool, True),
+            heartbeat_s=pick("heartbeat_s", float),
+            poll_s=pick("poll_s", float),
+            spool_max_events=pick("spool_max_events", int),
+            deadline_policy=pick("deadline_policy", str),
+            startd=pick("startd", _parse_bool),
             slots=pick("slots", int, _cores(env)),
-            end_grace_s=pick("end_grace_s", float, 60.0),
-            kill_after_s=pick("kill_after_s", float, 30.0),
-            self_drain_deadline_s=pick("self_drain_deadline_s", float, 86_400.0),
-            exit_flush_s=pick("exit_flush_s", float, 10.0),
-            publish_timeout_s=pick("publish_timeout_s", float, 5.0),
-            reconnect_wait_s=pick("reconnect_wait_s", float, 2.0),
+            end_grace_s=pick("end_grace_s", float),
+            kill_after_s=pick("kill_after_s", float),
+            self_drain_deadline_s=pick("self_drain_deadline_s", float),
+            exit_flush_s=pick("exit_flush_s", float),
+            publish_timeout_s=pick("publish_timeout_s", float),
+            reconnect_wait_s=pick("reconnect_wait_s", float),
             bootstrap_token=token or None,
             bootstrap_creds=Path(bootstrap_creds) if token else None,
+            walltime_s=pick("walltime_s", float, _tardis_walltime(env)),
+            end_margin_s=pick("end_margin_s", float),
+            term_grace_s=pick("term_grace_s", float),
+            warning_grace_s=pick("warning_grace_s", float),
+            payload_runtime_s=pick("payload_runtime_s", float),
+            runtime_attributes=pick("runtime_attributes", parse_attributes),
+            batch=BatchJob.from_env(env),
         )
         settings.validate()
         return settings
@@ -234,7 +276,20 @@ class Settings:
                 raise SettingsError(
                     f"{name} must be a finite positive number, not {getattr(self, name)}"
                 )
-        for name in ("end_grace_s", "kill_after_s", "exit_flush_s", "self_drain_deadline_s"):
+        if self.walltime_s is not None and not 0 < self.walltime_s < math.inf:
+            raise SettingsError(
+                f"walltime_s must be a finite positive number, not {self.walltime_s}"
+            )
+        for name in (
+            "end_grace_s",
+            "kill_after_s",
+            "exit_flush_s",
+            "self_drain_deadline_s",
+            "end_margin_s",
+            "term_grace_s",
+            "warning_grace_s",
+            "payload_runtime_s",
+        ):
             if not 0 <= getattr(self, name) < math.inf:
                 raise SettingsError(
                     f"{name} must be a finite number >= 0, not {getattr(self, name)}"
@@ -268,7 +323,22 @@ SETTINGS_ENV: Final = {
     "reconnect_wait_s": "COBALD_REMOTE_RECONNECT_WAIT_S",
     "bootstrap_token": "COBALD_REMOTE_TOKEN",
     "bootstrap_creds": "COBALD_REMOTE_BOOTSTRAP_CREDS",
+    "walltime_s": "COBALD_REMOTE_WALLTIME_S",
+    "end_margin_s": "COBALD_REMOTE_END_MARGIN_S",
+    "term_grace_s": "COBALD_REMOTE_TERM_GRACE_S",
+    "warning_grace_s": "COBALD_REMOTE_WARNING_GRACE_S",
+    "payload_runtime_s": "COBALD_REMOTE_PAYLOAD_RUNTIME_S",
+    "runtime_attributes": RUNTIME_ENV,  # the same variable the hooks read
 }
+
+#: every setting's default, as the dataclass above declares it (``None``: it has none)
+_DEFAULTS: Final = {f.name: None if f.default is MISSING else f.default for f in fields(Settings)}
+_FIELD_DEFAULT: Final = object()
+
+
+def field_default(name: str) -> Any:
+    """The default of setting ``name``: the one place the agent's defaults are written"""
+    return _DEFAULTS[name]
 
 
 #: variables whose values only the agent may read: the worker's environment leaves them out
@@ -292,6 +362,21 @@ def _check_bootstrap(token: str, bootstrap_creds: object, creds: object) -> None
         )
     if not Path(str(bootstrap_creds)).is_file():
         raise SettingsError(f"bootstrap credentials file {str(bootstrap_creds)!r} does not exist")
+
+
+def _tardis_walltime(env: Mapping[str, str]) -> float | None:
+    """
+    TARDIS's ``$SLURM_Walltime`` in seconds, else ``None``
+
+    :raises SettingsError: if it is set but no Slurm time limit
+    """
+    raw = env.get(TARDIS_WALLTIME_ENV, "").strip()
+    if not raw:
+        return None
+    try:
+        return parse_slurm_time(raw)
+    except ValueError as err:
+        raise SettingsError(f"invalid {TARDIS_WALLTIME_ENV}={raw!r}: {err}") from None
 
 
 def _cores(env: Mapping[str, str]) -> int:

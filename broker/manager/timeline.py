@@ -38,6 +38,7 @@ from remote_agent.protocol.events import (
     Draining,
     DrainRefused,
     DrainRequested,
+    DroneEnd,
     Event,
     GateClosed,
     GateOpened,
@@ -109,6 +110,24 @@ def describe(event: Event) -> str:
     return kind
 
 
+def end_change(before: DroneEnd | None, after: DroneEnd | None) -> str | None:
+    """
+    The row a change of a drone's end makes, or ``None``: the end first known, a notice
+
+    Not an event kind of its own: the end travels in every snapshot (an optional field,
+    which older readers skip and drones publish under the subjects their credentials
+    already allow), and the row appears with the first event that carries the change.
+    """
+    if after is None:
+        return None
+    if after.notice and (before is None or before.notice != after.notice):
+        return f"end notice ({after.notice}): the drone ends in {after.in_s:.0f}s"
+    if before is None:
+        source = f" ({after.source})" if after.source else ""
+        return f"end known: in {after.in_s:.0f}s{source}"
+    return None
+
+
 def check_message(
     data: bytes,
     subject: str,
@@ -131,7 +150,8 @@ def build(messages: Sequence[tuple[int, Message]], *, heartbeats: bool = False) 
     The rows of a timeline from ``(stream sequence, message)`` pairs, in stream order
 
     Heartbeats are left out unless ``heartbeats``; TARDIS's state is carried
-    forward to every row.
+    forward to every row. A change of the drone's end (:func:`end_change`) gets a row of
+    its own before the event that first carries it, a heartbeat too.
     """
     items: list[tuple[float, int, Message]] = []
     for seq, message in messages:
@@ -141,6 +161,7 @@ def build(messages: Sequence[tuple[int, Message]], *, heartbeats: bool = False) 
     rows: list[Row] = []
     tardis = ""
     drone_state = ""
+    end: DroneEnd | None = None
     for at, seq, message in items:
         if isinstance(message, TardisState):
             status = f" ({message.resource_status})" if message.resource_status else ""
@@ -149,6 +170,10 @@ def build(messages: Sequence[tuple[int, Message]], *, heartbeats: bool = False) 
             continue
         assert isinstance(message, Event)
         drone_state = str(message.snapshot.state)
+        change = end_change(end, message.snapshot.end)
+        end = message.snapshot.end or end
+        if change is not None:
+            rows.append(Row(at, seq, change, drone_state, tardis, "agent"))
         if isinstance(message, Heartbeat) and not heartbeats:
             continue
         rows.append(Row(at, seq, describe(message), drone_state, tardis, "agent"))

@@ -157,7 +157,11 @@ def release_choice(
         return Choice(1, 0.0, 0.0, 0.0, 0, base)
     received = view.received_time
     lefts = [
-        work_left(elapsed_since(payload.started_at, event, received, at), durations)
+        work_left(
+            elapsed_since(payload.started_at, event, received, at),
+            durations,
+            payload.requested_s,
+        )
         for payload in payloads
     ]
     lefts = [min(left, LONGEST_S) for left in lefts]

@@ -30,6 +30,7 @@ from remote_agent.agent.controls import Controls
 from remote_agent.agent.drain import Drain
 from remote_agent.agent.emission import Emitter
 from remote_agent.agent.identity import BootstrapIdentity, load_or_make_key
+from remote_agent.agent.lifetime import NOTICE_SIGNALS, Lifetime
 from remote_agent.agent.parts import Parts
 from remote_agent.agent.payloads import PayloadLedger
 from remote_agent.agent.record import RecordClient
@@ -40,6 +41,7 @@ from remote_agent.agent.tasks import Tasks, stop_tasks
 from remote_agent.agent.watch import RecordWatch
 from remote_agent.agent.worker import Worker, exit_decision, exit_status
 from remote_agent.interfaces import SELF_EXIT_STATUSES, GateDecision, JobStart, Startd
+from remote_agent.jobruntime import RUNTIME_ENV, format_attributes
 from remote_agent.protocol.events import (
     AgentExiting,
     AgentStarted,
@@ -89,6 +91,7 @@ class Agent:
         self.settings = settings
         self.startd = startd if settings.startd else None
         self.namespace = namespace = Namespace(settings.prefix)
+        started = time.monotonic()
         #: this run of the agent; a restarted agent has another one
         self.incarnation = incarnation = uuid.uuid4().hex[:12]
         #: things counted for operators: refused payloads, bad commands, ...
@@ -101,7 +104,8 @@ class Agent:
             settings, namespace, incarnation, status, counters, self.emitter, tasks
         )
         self._ledger = ledger = PayloadLedger(parts)
-        env = dict(worker_env or {})
+        # the hooks judge a payload's runtime by the attributes the agent names
+        env = {RUNTIME_ENV: format_attributes(settings.runtime_attributes), **(worker_env or {})}
         self._worker = worker = Worker(parts, env=env)
         self._claimable = claimable = asyncio.Event()
         self._startd = startd_ = StartdObserver(parts, self.startd, ledger, claimable)
@@ -109,7 +113,10 @@ class Agent:
         self._record = record = RecordClient(parts)
         controls = Controls(ledger, record, startd_, worker)
         self._drain = drain = Drain(parts, controls)
-        self._watch = watch = RecordWatch(parts, controls, drain, claimable=claimable)
+        self._lifetime = lifetime = Lifetime(parts, drain, started)
+        self._watch = watch = RecordWatch(
+            parts, controls, drain, claimable=claimable, end_known=lifetime.known
+        )
         self._commands = CommandServer(parts, controls, drain, watch)
 
     # ================================================================== queries
@@ -187,8 +194,9 @@ class Agent:
         """
         Run the drone until its worker has ended; the result is the exit code
 
-        :param handle_signals: forward SIGTERM and SIGINT to the worker (the
-            command line does; tests call :meth:`request_stop` instead)
+        :param handle_signals: take SIGTERM, SIGUSR1 and SIGUSR2 for notices of the
+            drone's end and SIGINT for a stop (the command line does; tests call
+            :meth:`notice` and :meth:`request_stop` instead)
         :raises SpoolError: if the spool directory cannot be used
         :raises IdentityError: if the drone's own key cannot be made or read
         """
@@ -196,9 +204,11 @@ class Agent:
         # reading and rewriting the spool is disk I/O: not on the loop the gate serves from
         spool = await Spool.open_in_thread(settings.spool_dir, settings.spool_max_events)
         loop = asyncio.get_running_loop()
-        signals = (signal.SIGTERM, signal.SIGINT) if handle_signals else ()
+        signals = (signal.SIGINT, *NOTICE_SIGNALS) if handle_signals else ()
         for sig in signals:
-            loop.add_signal_handler(sig, self.request_stop, sig)
+            loop.add_signal_handler(
+                sig, self.request_stop if sig is signal.SIGINT else self.notice, sig
+            )
         try:
             last = spool.last_seq
             # docs/protocol.md: start above both the spooled seq and the clock in µs
@@ -276,9 +286,32 @@ class Agent:
             on_refused=self._cut_off,
         )
 
+    def notice(self, signum: int = signal.SIGTERM) -> None:
+        """
+        The batch system announces the drone's end (SIGTERM, SIGUSR1, SIGUSR2)
+
+        The end is now plus ``--term-grace`` (SIGTERM) or ``--warning-grace`` (SIGUSR1,
+        SIGUSR2) at the latest: the gate shuts at once,
+        payloads that end in time finish, the rest are vacated, and the worker ends
+        before the batch system kills it. Before the worker runs, a notice stops the
+        agent as :meth:`request_stop` does.
+        """
+        status = self.status
+        if status.state is S.STARTING:
+            self.request_stop(signum)
+        elif status.winding_down or status.state is S.EXITING:
+            log.info(
+                "received %s while ending; nothing more to do",
+                signal.Signals(signum).name,
+                extra=self._parts.extra,
+            )
+        else:
+            self._lifetime.notice(signum)
+
     def request_stop(self, signum: int = signal.SIGTERM) -> None:
         """
-        The batch system asks the drone job to end: close the gate, pass the signal on
+        Stop at once: close the gate, pass ``signum`` on to the worker (the command line
+        does this for SIGINT)
 
         The agent exits once the worker has ended, with the worker's status.
         """
@@ -324,6 +357,8 @@ class Agent:
             worker_command=bounded_command(command),
         )
         spawn(self._commands.serve(), "serve")
+        spawn(self._lifetime.learn(), "learn-end")
+        spawn(self._lifetime.keep(), "keep-end")
         spawn(self.emitter.heartbeats(settings.heartbeat_s, self._watch.recheck), "heartbeat")
         spawn(self._watch.watch(), "watch-record")
         spawn(self._watch.claim(), "claim")
@@ -339,6 +374,7 @@ class Agent:
             return await self._give_up(code, f"cannot start the worker: {err}")
         if status.state is S.STARTING:  # else a signal came while it started
             status.move(S.WORKER_UP)
+            self._lifetime.worker_started()
         emit(WorkerStarted, pid=worker.pid, command=bounded_command(command))
         if status.stop_signal is not None:
             worker.send_signal(status.stop_signal)

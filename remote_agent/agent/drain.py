@@ -2,10 +2,12 @@
 The drain: close the gate for an intent, wait for the payloads, confirm idle, end the job
 
 :meth:`Drain.accept` is synchronous: the gate closes in the same step in which
-the drain is accepted, so no payload is let in after it. Only a drain command
-moves the deadline of a drain in progress, and only sooner. A deadline is counted on
-the monotonic clock, as the intent's duration from when the agent received it
+the drain is accepted, so no payload is let in after it. Only a drain command and the
+drone's end move the deadline of a drain in progress, and only sooner. A deadline is
+counted on the monotonic clock, as the intent's duration from when the agent received it
 (:attr:`DrainIntent.duration_s`): the drone's wall clock, often wrong, never decides it.
+A drain whose deadline is the drone's end vacates the payloads still running then,
+whatever the deadline policy: the batch system would kill them a moment later.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import datetime as dt
 import logging
+import signal
 import time
 from asyncio import FIRST_COMPLETED
 
@@ -51,6 +54,11 @@ class Drain:
         self._deadline_moved = asyncio.Event()
         #: when the drain in progress is due, on the monotonic clock
         self._due = 0.0
+        #: the drone's drain point, on the monotonic clock: what runs then is vacated
+        self._end_due: float | None = None
+        #: the drain's deadline passed (and was acted on); the payloads were vacated
+        self._expired = False
+        self._vacated = False
 
     def accept(self, intent: DrainIntent, *, command: bool) -> tuple[Outcome, str]:
         """
@@ -110,39 +118,66 @@ class Drain:
 
     def self_drain(self, reason: str) -> None:
         """Drain on the agent's own account, with the self-drain deadline"""
-        now = utcnow()
-        deadline = now + dt.timedelta(seconds=self._parts.settings.self_drain_deadline_s)
-        intent = DrainIntent(deadline=deadline, reason=reason, requested_at=now)
+        intent = self._own_intent(self._parts.settings.self_drain_deadline_s, reason)
         self.accept(intent, command=False)
 
-    def _move_up(self, command: DrainIntent) -> None:
+    def _own_intent(self, duration_s: float, reason: str) -> DrainIntent:
+        now = utcnow()
+        deadline = now + dt.timedelta(seconds=max(0.0, duration_s))
+        return DrainIntent(deadline=deadline, reason=reason, requested_at=now)
+
+    def end_drain(self, due: float, reason: str) -> None:
         """
-        Tighten the drain in progress to a command's intent, if that is due sooner
+        The drone's end is near: drain by ``due`` (monotonic), vacating what runs then
+
+        Starts a drain on the agent's own account, or moves the deadline of the drain in
+        progress up to ``due`` (never out); either way the payloads still running at the
+        deadline are vacated, whatever the deadline policy. Synchronous: the gate shuts in
+        this step. Before the worker has started it does nothing: ask again once it has.
+        """
+        status = self._parts.status
+        if status.released or status.state in (S.STARTING, S.DRAINED, S.EXITING):
+            return  # nothing runs yet, or the drone is ending already
+        if self._end_due is not None and due >= self._end_due:
+            return  # known already
+        self._end_due = due
+        intent = self._own_intent(due - time.monotonic(), reason)
+        if status.drain is None:
+            self.accept(intent, command=False)
+            self._due = min(self._due, due)  # the same moment, not a rounding later
+        elif status.state is S.DRAINING:
+            self._move_up(intent, by="the drone's end")
+            self._deadline_moved.set()  # also a drain past its deadline: it vacates then
+
+    def _move_up(self, intent: DrainIntent, by: str = "a command") -> None:
+        """
+        Tighten the drain in progress to ``intent``, if that is due sooner
 
         The drain may have come from the record, whose deadline counts no sooner
         than a self-drain's, or from the agent itself; the manager's command
-        that follows it sets the deadline TARDIS asked for. A later deadline
-        changes nothing: a drain's deadline never moves out. The drain keeps
-        its request and reason and takes the command's times; ``draining`` tells
-        the new deadline.
+        that follows it sets the deadline TARDIS asked for, and the drone's end
+        may come sooner still. A later deadline changes nothing: a drain's deadline
+        never moves out. The drain keeps its request and reason and takes the new
+        intent's times; ``draining`` tells the new deadline.
         """
         status = self._parts.status
         drain = status.drain
-        due = time.monotonic() + command.duration_s
+        due = time.monotonic() + intent.duration_s
         if drain is None or status.state is not S.DRAINING or due >= self._due:
             return
         log.info(
-            "drain deadline moved up by a command: due in %.0fs instead of %.0fs",
-            command.duration_s,
+            "drain deadline moved up by %s: due in %.0fs instead of %.0fs",
+            by,
+            intent.duration_s,
             self._left(),
             extra=self._parts.extra,
         )
         self._due = due
         status.drain = msgspec.structs.replace(
-            drain, deadline=command.deadline, requested_at=command.requested_at
+            drain, deadline=intent.deadline, requested_at=intent.requested_at
         )
         self._deadline_moved.set()
-        self._parts.emitter.emit(Draining, payloads=len(status.payloads), deadline=command.deadline)
+        self._parts.emitter.emit(Draining, payloads=len(status.payloads), deadline=intent.deadline)
 
     def _left(self) -> float:
         """Seconds until the drain in progress is due (negative once it is)"""
@@ -153,17 +188,16 @@ class Drain:
         if command:
             await controls.record.request_drain(intent)
         await controls.startd.stop(intent.reason)
-        expired = False
         while True:
-            if not expired:
-                await self._wait_payloads()
-            else:
-                await controls.ledger.done.wait()
+            await self._wait_payloads()
             if await controls.startd.confirm_idle():
                 break
-            if not expired and self._left() <= 0:
-                expired = True
+            if self._left() <= 0 and not self._expired:
+                self._expired = True
                 await self._deadline_expired(intent)
+            if self._at_end() and not self._vacated:
+                # the deadline had passed under the "wait" policy; now the drone's end is near
+                await self._vacate("the drone's end")
             # the snapshot may be empty (a JOB_EXIT, forged or early) while the startd
             # still lists jobs or claims: look again after a poll interval
             await asyncio.sleep(parts.settings.poll_s)
@@ -171,16 +205,20 @@ class Drain:
         if parts.status.state is S.DRAINING:
             parts.status.move(S.DRAINED)
             parts.emitter.emit(Drained)
-        await controls.worker.end_job("drained", exits_itself=controls.startd.exits_when_empty)
+        await controls.worker.end_job(
+            "drained at the drone's end" if self._end_due is not None else "drained",
+            exits_itself=controls.startd.exits_when_empty,
+        )
 
     async def _deadline_expired(self, intent: DrainIntent) -> None:
         parts, controls = self._parts, self._controls
         count = max(len(parts.status.payloads), controls.startd.busy_slots)
-        policy = parts.settings.deadline_policy
+        end = self._at_end()
+        policy = "kill" if end else parts.settings.deadline_policy
         log.warning(
-            "drain deadline passed with %d payload(s) running; policy %s",
+            "drain deadline passed with %d payload(s) running; %s",
             count,
-            policy,
+            "the drone's end is near: vacating them" if end else f"policy {policy}",
             extra=parts.extra,
         )
         parts.emitter.emit(DrainDeadlineExpired, payloads=count, action=policy)
@@ -188,19 +226,30 @@ class Drain:
             RecordPhase.DEADLINE_EXPIRED, f"{count} payload(s) running at the deadline"
         )
         if policy == "kill":
-            parts.status.ending = "drain deadline expired"
-            await self._kill_payloads(intent.reason)
+            await self._vacate("the drone's end" if end else "drain deadline expired")
+
+    def _at_end(self) -> bool:
+        """Whether the drone's drain point has come"""
+        return self._end_due is not None and self._end_due <= time.monotonic()
+
+    def _until_action(self) -> float | None:
+        """Seconds until the flow acts: at the deadline, at the drain point; ``None``: never"""
+        due = [] if self._expired else [self._due]
+        if self._end_due is not None and not self._vacated:
+            due.append(self._end_due)
+        return min(due) - time.monotonic() if due else None
 
     async def _wait_payloads(self) -> bool:
         """
-        Wait for the last payload to end, until the deadline; ``True`` if none runs
+        Wait for the last payload to end, or for the deadline or the drain point to act on;
+        ``True`` if none runs
 
-        A deadline moved up meanwhile ends the wait at the new deadline.
+        A deadline moved up meanwhile, or a drain point learned, ends the wait then.
         """
         done = self._controls.ledger.done
         while not done.is_set():
-            remaining = self._left()
-            if remaining <= 0:
+            remaining = self._until_action()
+            if remaining is not None and remaining <= 0:
                 break
             self._deadline_moved.clear()
             waiters = (
@@ -214,9 +263,28 @@ class Drain:
                     waiter.cancel()
         return not self._parts.status.payloads
 
-    async def _kill_payloads(self, reason: str) -> None:
-        if self._controls.startd.startd is not None:
-            await self._controls.startd.drain(reason, fast=True)
-        else:
+    async def _vacate(self, why: str) -> None:
+        """
+        Evict every payload through the startd (``condor_drain -fast``), which puts them
+        back into the overlay pool's queue; without a startd, end the worker
+
+        At the drone's end, a startd that refuses or cannot be asked gets the master's fast
+        shutdown (SIGQUIT), which evicts too, as GlideinWMS's glideins do on SIGTERM.
+        """
+        controls = self._controls
+        if self._vacated:
+            return
+        self._vacated = True
+        self._parts.status.ending = why
+        count = controls.ledger.vacating()
+        if controls.startd.startd is None:
             # without a startd the payloads are the worker's business: end the worker
-            await self._controls.worker.terminate()
+            await controls.worker.terminate()
+            return
+        log.info("vacating %d payload(s): %s", count, why, extra=self._parts.extra)
+        if not await controls.startd.drain(why, fast=True) and self._end_due is not None:
+            log.warning(
+                "the startd did not take the vacate; the worker shuts down fast instead",
+                extra=self._parts.extra,
+            )
+            controls.worker.forward(signal.SIGQUIT)

@@ -17,7 +17,13 @@ from collections.abc import Callable
 
 from remote_agent.agent.bounds import cut
 from remote_agent.agent.parts import Parts
-from remote_agent.interfaces import GATE_CLOSED_STATUS, GateDecision, JobStart, SlotInfo
+from remote_agent.interfaces import (
+    END_REFUSED_STATUS,
+    GATE_CLOSED_STATUS,
+    GateDecision,
+    JobStart,
+    SlotInfo,
+)
 from remote_agent.protocol.events import (
     Payload,
     PayloadEnd,
@@ -73,6 +79,8 @@ class PayloadLedger:
         self.confirm: Callable[[], None] | None = None
         #: reported payloads a listing showed running since their newest report (counted once)
         self._contradicted: set[str] = set()
+        #: payloads the agent asked the startd to evict: their evictions are vacates
+        self._vacating: set[str] = set()
 
     @property
     def capacity(self) -> int:
@@ -95,11 +103,22 @@ class PayloadLedger:
         if len(payloads) >= capacity:
             reason = f"all {capacity} slot(s) of the drone run payloads already"
             return self._refuse(job, reason, "payloads_refused_over_slots")
+        requested = job.requested_s
+        if requested is not None and not 0 <= requested < math.inf:
+            requested = None
+        settings = self._parts.settings
+        runtime = settings.payload_runtime_s if requested is None else requested
+        why = self._status.end_refusal(runtime, settings.end_margin_s)
+        if why is not None:
+            reason = f"cannot finish before the drone's end: {why}"
+            return self._refuse(
+                job, reason, "payloads_refused_end", log_level=None, code=END_REFUSED_STATUS
+            )
         slot = job.slot
         if len(slot) > MAX_NAME:
             self._counters["strings_cut"] += 1
             slot = cut(slot, MAX_NAME)
-        self._start(job.job_id, slot)
+        self._start(job.job_id, slot, requested)
         self.admitted += 1
         self._changed()
         self._counters["payloads_allowed"] += 1
@@ -107,19 +126,31 @@ class PayloadLedger:
         return GateDecision(allow=True)
 
     def _refuse(
-        self, job: JobStart, reason: str, counter: str, log_level: int | None = logging.WARNING
+        self,
+        job: JobStart,
+        reason: str,
+        counter: str,
+        log_level: int | None = logging.WARNING,
+        code: int = GATE_CLOSED_STATUS,
     ) -> GateDecision:
+        """
+        Refuse ``job``, counted as ``counter`` (``payloads_refused`` is a closed gate's)
+
+        :param log_level: a warning, rate-limited, for refusals that hint at a fault;
+            ``None``: an INFO line, the drone does what it should
+        """
         _remember(self._refused, job.job_id)
         self._counters["payloads_refused"] += 1
+        if counter != "payloads_refused":
+            self._counters[counter] += 1
         extra = {"drone": self._parts.drone, "job_id": job.job_id[:MAX_JOB_ID]}
         if log_level is None:
             log.info("refused payload %s: %s", job.job_id, reason, extra=extra)
         else:
-            self._counters[counter] += 1
             _rejections.log(
                 log_level, counter, "refused payload %r: %s", job.job_id, reason, extra=extra
             )
-        return GateDecision(allow=False, status_code=GATE_CLOSED_STATUS, message=reason)
+        return GateDecision(allow=False, status_code=code, message=reason)
 
     def job_exited(
         self, job_id: str, how: PayloadEnd, exit_code: int | None, duration_s: float | None
@@ -171,6 +202,8 @@ class PayloadLedger:
         self._missing.pop(job_id, None)
         self._exits.pop(job_id, None)
         self._contradicted.discard(job_id)
+        vacated = how is PayloadEnd.EVICT and job_id in self._vacating
+        self._vacating.discard(job_id)
         _remember(self._finished, job_id)
         if duration_s is None and started is not None:
             duration_s = time.monotonic() - started
@@ -184,7 +217,18 @@ class PayloadLedger:
             how=how,
             exit_code=exit_code,
             duration_s=duration_s,
+            vacated=vacated,
         )
+        if vacated:
+            self._counters["payloads_vacated"] += 1
+
+    def vacating(self) -> int:
+        """
+        The agent asks the startd to evict every payload now: an eviction that follows is a
+        vacate (the overlay pool queues the job again); the number of payloads
+        """
+        self._vacating = set(self._status.payloads)
+        return len(self._vacating)
 
     def finish_all(self) -> bool:
         """The worker ended: so did every payload; ``True`` if one was left unreported"""
@@ -230,9 +274,11 @@ class PayloadLedger:
         self._changed()
         self._emitter.emit(PayloadStarted, job_id=job_id, slot=slot)
 
-    def _start(self, job_id: str, slot: str) -> None:
+    def _start(self, job_id: str, slot: str, requested_s: float | None = None) -> None:
         """Enter ``job_id`` into the snapshot's payloads, started now"""
-        self._status.payloads[job_id] = Payload(job_id=job_id, slot=slot, started_at=utcnow())
+        self._status.payloads[job_id] = Payload(
+            job_id=job_id, slot=slot, started_at=utcnow(), requested_s=requested_s
+        )
         self._started[job_id] = time.monotonic()
 
     def adopt_unknown(self, slots: list[SlotInfo], why: str) -> None:

@@ -212,15 +212,16 @@ class StartdObserver:
         await self._apply_accepting()
         await self.drain(reason, fast=False)
 
-    async def drain(self, reason: str, *, fast: bool) -> None:
-        """``condor_drain`` the startd (``fast``: ``-fast``, else ``-graceful``)"""
+    async def drain(self, reason: str, *, fast: bool) -> bool:
+        """``condor_drain`` the startd (``fast``: ``-fast``, else ``-graceful``); accepted?"""
         assert self.startd is not None
         try:
             result = await self.startd.drain(reason or "cobald-remote drain", fast=fast)
         except StartdError as err:
             log.warning("condor_drain failed: %s", err, extra=self._parts.extra)
-            return
+            return False
         if not result.accepted:
             log.warning("condor_drain refused: %s", result.detail, extra=self._parts.extra)
-            return
+            return False
         self.exits_when_empty = True
+        return True

@@ -10,10 +10,11 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import time
 from collections.abc import Callable
 
 from remote_agent.agent.state import Lifecycle
-from remote_agent.protocol.events import DrainIntent, DroneState, Payload, Snapshot
+from remote_agent.protocol.events import DrainIntent, DroneEnd, DroneState, Payload, Snapshot
 
 S = DroneState
 
@@ -54,6 +55,12 @@ class DroneStatus:
         self.stop_signal: int | None = None
         #: the worker has ended (or never started): no new activity begins
         self.winding_down = False
+        #: when the batch system ends the drone, on the monotonic clock (``None``: unknown);
+        #: it only ever moves up (``remote_agent/agent/lifetime.py``)
+        self.end_at: float | None = None
+        #: where the agent learned its end, and the signal that announced it, if one did
+        self.end_source = ""
+        self.end_notice = ""
         self._gate_listeners: list[Callable[[], None]] = []
 
     @property
@@ -75,6 +82,32 @@ class DroneStatus:
             drain=self.drain,
             worker_pid=self.worker_pid,
             started_at=self.started_at,
+            end=self._end(),
+        )
+
+    # ------------------------------------------------------------------ the end
+
+    def _end(self) -> DroneEnd | None:
+        left = self.end_left_s()
+        if left is None:
+            return None
+        return DroneEnd(in_s=max(0.0, left), source=self.end_source, notice=self.end_notice)
+
+    def end_left_s(self) -> float | None:
+        """Seconds until the batch system ends the drone (negative once past); ``None``: unknown"""
+        return None if self.end_at is None else self.end_at - time.monotonic()
+
+    def end_refusal(self, runtime_s: float, margin_s: float) -> str | None:
+        """
+        Why a payload that runs ``runtime_s`` cannot start now: it would not end
+        ``margin_s`` before the drone's end; ``None`` if it can, or no end is known
+        """
+        left = self.end_left_s()
+        if left is None or runtime_s <= left - margin_s:
+            return None
+        return (
+            f"it may run {runtime_s:.0f}s, and the drone's batch job ends in {max(0.0, left):.0f}s"
+            f" ({margin_s:.0f}s of it kept for the drone's own end)"
         )
 
     # ------------------------------------------------------------------ worker

@@ -47,6 +47,8 @@ class RecordWatch:
     Claims the record before the gate may open, then acts on what it says
 
     :param claimable: set once the claim may start (the startd is ready)
+    :param end_known: set once the drone's end was asked for: the gate judges every
+        payload by it
     """
 
     def __init__(
@@ -56,12 +58,14 @@ class RecordWatch:
         drain: Drain,
         *,
         claimable: asyncio.Event,
+        end_known: asyncio.Event,
     ) -> None:
         self._parts = parts
         self._record = controls.record
         self._worker = controls.worker
         self._drain = drain
         self._claimable = claimable
+        self._end_known = end_known
         #: set once the command and record-hint subscriptions are in (by the command server)
         self.listening = asyncio.Event()
         self._recheck = asyncio.Event()
@@ -84,6 +88,7 @@ class RecordWatch:
     async def claim(self) -> None:
         """Claim the record before the gate may open; act on what it says"""
         await self._claimable.wait()
+        await self._end_known.wait()
         # subscribed first: every write to the record after the claim's read is a hint
         await self.listening.wait()
         parts = self._parts

@@ -63,16 +63,21 @@ class Worker:
         End the drone's batch job: the worker ends by itself or is terminated
 
         :param exits_itself: the startd accepted a drain with exit on completion: the worker
-            gets ``end_grace_s`` to follow; otherwise nothing would end it, and it is
-            terminated at once
+            gets ``end_grace_s`` to follow, but no longer than leaves ``kill_after_s`` before
+            the drone's end; otherwise nothing would end it, and it is terminated at once
         """
-        self._parts.status.ending = reason
-        worker = self._parts.status.worker
+        status, settings = self._parts.status, self._parts.settings
+        status.ending = reason
+        worker = status.worker
         if worker is None or worker.returncode is not None:
             return
+        grace = settings.end_grace_s
+        left = status.end_left_s()
+        if left is not None:
+            grace = min(grace, max(0.0, left - settings.kill_after_s))
         if exits_itself:
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(worker.wait(), self._parts.settings.end_grace_s)
+                await asyncio.wait_for(worker.wait(), grace)
         if worker.returncode is None:
             log.info("ending the worker (%s)", reason, extra=self._parts.extra)
             await self.terminate()

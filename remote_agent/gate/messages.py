@@ -50,6 +50,8 @@ class PrepareJobRequest(GateRequest, frozen=True, kw_only=True, tag="prepare_job
     job_id: JobIdText
     slot: NameText = ""
     owner: NameText = ""
+    #: the runtime the job ad requests or expects, in seconds (``None``: it gives none)
+    requested_s: Seconds | None = None
 
 
 class JobExitRequest(GateRequest, frozen=True, kw_only=True, tag="job_exit"):

@@ -268,7 +268,12 @@ class GateServer:
             if isinstance(request, PrepareJobRequest):
                 self.counts["prepare_job"] += 1
                 decision = self.handler.prepare_job(
-                    JobStart(job_id=request.job_id, slot=request.slot, owner=request.owner)
+                    JobStart(
+                        job_id=request.job_id,
+                        slot=request.slot,
+                        owner=request.owner,
+                        requested_s=request.requested_s,
+                    )
                 )
                 return self._decision_reply(decision, extra)
             self.counts["job_exit"] += 1

@@ -20,6 +20,9 @@ TARDIS_ENV_PREFIX: Final = "TardisDrone"
 TARDIS_UUID_ENV: Final = "TardisDroneUuid"
 #: the drone's cores as TARDIS's HTCondor site adapter exports them
 TARDIS_CORES_ENV: Final = "TardisDroneCores"
+#: the time limit TARDIS's Slurm site adapter asked for (``sbatch --time``, plain minutes for
+#: a number), passed beside the ``TardisDrone*`` variables (``tardis/adapters/sites/slurm.py:221``)
+TARDIS_WALLTIME_ENV: Final = "SLURM_Walltime"
 #: the project's own variable of each bus setting: the agent reads it before TARDIS's (below),
 #: the operator commands default to it
 BUS_SETTINGS_ENV: Final = {

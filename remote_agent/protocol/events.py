@@ -46,6 +46,8 @@ class Payload(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     job_id: str
     slot: str = ""
     started_at: UtcTime
+    #: the runtime its job ad requests or expects, in seconds (nil: the ad gives none)
+    requested_s: Seconds | None = None
 
 
 class DrainIntent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
@@ -68,6 +70,23 @@ class DrainIntent(msgspec.Struct, frozen=True, kw_only=True, gc=False):
         return max(0.0, (self.deadline - self.requested_at).total_seconds())
 
 
+class DroneEnd(msgspec.Struct, frozen=True, kw_only=True, gc=False):
+    """
+    When the drone's batch job ends, as its agent knows it: a span, never a time
+
+    :attr:`in_s` counts from the ``at`` of the event that carries it (a reply's: from when
+    the agent sent it), so a reader places the end on its own clock as the time it learned
+    of the event plus the span, and no reader compares the drone's clock with its own.
+    """
+
+    in_s: Seconds  #: seconds left until the end
+    #: where the agent learned it, for people: ``SLURM_JOB_END_TIME``, ``squeue``, ...
+    source: str = ""
+    #: the signal by which the batch system announced the end ahead (``SIGTERM``,
+    #: ``SIGUSR1``, ...); empty for an end the agent learned at its start
+    notice: str = ""
+
+
 class Snapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     """Everything the agent knows about its drone; carried by heartbeats and replies"""
 
@@ -79,6 +98,8 @@ class Snapshot(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     drain: DrainIntent | None = None
     worker_pid: int | None = None
     started_at: UtcTime  #: when this incarnation of the agent started
+    #: when the batch system ends the drone; nil: the agent knows of no end
+    end: DroneEnd | None = None
 
 
 # --------------------------------------------------------------------------- messages
@@ -146,6 +167,9 @@ class PayloadFinished(Event, frozen=True, kw_only=True, tag="payload_finished"):
     how: PayloadEnd
     exit_code: int | None = None
     duration_s: Seconds | None = None
+    #: the agent evicted it through the startd (the drone's end, or the ``kill`` deadline
+    #: policy), which puts it back into the overlay pool's queue: vacated, not killed
+    vacated: bool = False
 
 
 class GateOpened(Event, frozen=True, kw_only=True, tag="gate_opened"):

@@ -22,7 +22,9 @@ from remote_agent.classad import parse_ad
 from remote_agent.gate.paths import GATE_ENV, PYTHON_ENV
 from remote_agent.gate.server import GateServer
 from remote_agent.interfaces import AGENT_UNREACHABLE_STATUS, GATE_CLOSED_STATUS, JobStart
+from remote_agent.jobruntime import RUNTIME_ENV, format_attributes
 from remote_agent.protocol.events import PayloadEnd
+from remote_agent.settings import DEFAULT_RUNTIME_ATTRIBUTES as DEFAULTS
 
 JOB_AD = b"""\
 ClusterId = 4711
@@ -73,6 +75,31 @@ async def test_prepare_job_allows_silently(
     assert agent.started == [
         JobStart(job_id="4711.2", slot="slot1_3@glidein_9@wn042.example.org", owner="alice")
     ]
+
+
+@pytest.mark.parametrize(
+    ("ad", "requested_s"),
+    [
+        (b"MaxWallTimeMins = 90\n", 5400.0),
+        (
+            b"MaxWallTimeMins = Retry ? 60 : OriginalMaxWallTimeMins\n"
+            b"OriginalMaxWallTimeMins = 30\n",
+            1800.0,
+        ),
+        (b"AllowedJobDuration = 120\n", 120.0),
+        (b"", None),
+    ],
+)
+async def test_prepare_job_tells_the_runtime_the_ad_requests(
+    gate: tuple[GateServer, FakeAgent], ad: bytes, requested_s: float | None
+) -> None:
+    """By the attributes the agent names in the worker's environment (its default list)"""
+    server, agent = gate
+    env = hook_env(**{GATE_ENV: str(server.path), RUNTIME_ENV: format_attributes(DEFAULTS)})
+    code, out, _, _ = await run_hook([*MODULE, "prepare-job"], JOB_AD + ad, env)
+    assert (code, out) == (0, "")
+    [started] = agent.started
+    assert started.requested_s == requested_s
 
 
 @pytest.mark.parametrize(

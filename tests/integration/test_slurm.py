@@ -11,6 +11,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import subprocess
 import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
@@ -19,6 +20,8 @@ from typing import Any
 
 import pytest
 from cobald.composite.factory import FactoryPool
+from nats.js import JetStreamContext
+from support.agent import read_events
 from support.buses import BusFactory, Transitions
 from support.slurm import requires_slurm
 from support.tardis import drone_running
@@ -46,6 +49,8 @@ from broker.tardis_adapter import (
     TardisStateNotes,
     create_composite_pool,
 )
+from remote_agent.batchsystem import parse_slurm_time
+from remote_agent.interfaces import END_REFUSED_STATUS
 from remote_agent.protocol import events as ev
 
 pytestmark = [pytest.mark.timeout(240), requires_slurm]
@@ -60,26 +65,45 @@ def slurm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SlurmCluster]:
         yield cluster
 
 
-@pytest.fixture
-async def site(
-    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+@contextlib.asynccontextmanager
+async def _slurm_site(
+    slurm: SlurmCluster,
+    root: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    *,
+    payload_s: float = 3.0,
+    runtime_in_ad: bool = False,
+    walltime_min: int = 60,
+    signal: str | None = None,
+    warning_grace_s: float | None = None,
 ) -> AsyncIterator[SlurmSite]:
     """
     The Slurm site and the overlay pool as TARDIS's Slurm and HTCondor adapters see them:
     the recorded Slurm clients and the fake collector tools on the ``PATH`` of TARDIS's
-    ``ShellExecutor``, ``SLURM_CONF`` naming the test cluster; the overlay offers 3-second
-    payloads to every startd
+    ``ShellExecutor``, ``SLURM_CONF`` naming the test cluster; the overlay offers
+    ``payload_s``-second payloads to every startd
+
+    :param runtime_in_ad: each payload's job ad says how long it runs (``AllowedJobDuration``)
+    :param walltime_min: the drones' time limit (TARDIS's ``Walltime``, ``sbatch --time``)
+    :param signal: ``sbatch --signal`` of the drones, e.g. ``B:USR1@100``
+    :param warning_grace_s: what the site's drone.env tells the agent that signal gives
     """
-    slurm_site = SlurmSite(slurm, tmp_path / "site")
+    slurm_site = SlurmSite(slurm, root / "site", warning_grace_s=warning_grace_s)
     slurm_site.write()
-    truth = GroundTruth(tmp_path / "obs.jsonl")
-    overlay = OverlayPool(tmp_path / "obs", lambda _: 3.0, truth)
+    truth = GroundTruth(root / "obs.jsonl")
+    ad = (lambda job: {"AllowedJobDuration": job.duration_s}) if runtime_in_ad else None
+    overlay = OverlayPool(root / "obs", lambda _: payload_s, truth, ad=ad)
     await overlay.start()
     Configuration._shared_state.clear()
     SiteAdapter.site_configuration.fget.cache_clear()
+    tardis_site = slurm_site.tardis_site("m1", 1)
+    machine = tardis_site["MachineTypeConfiguration"]["m1"]
+    machine["Walltime"] = walltime_min
+    if signal is not None:
+        machine["SubmitOptions"]["long"]["signal"] = signal
     try:
         async with slurm_site.following(overlay):
-            collector = install_fake_collector(tmp_path / "collector-bin", overlay.socket)
+            collector = install_fake_collector(root / "collector-bin", overlay.socket)
             tools = [slurm_site.tools_dir, collector]
             monkeypatch.setenv("PATH", os.pathsep.join([*map(str, tools), os.environ["PATH"]]))
             monkeypatch.setenv("SLURM_CONF", str(slurm.conf))
@@ -98,7 +122,7 @@ async def site(
                             "drone_heartbeat_interval": 1,
                         }
                     ],
-                    "Site1": slurm_site.tardis_site("m1", 1),
+                    "Site1": tardis_site,
                 }
             )
             try:
@@ -111,6 +135,15 @@ async def site(
         truth.close()
         Configuration._shared_state.clear()
         SiteAdapter.site_configuration.fget.cache_clear()
+
+
+@pytest.fixture
+async def site(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> AsyncIterator[SlurmSite]:
+    """The site of 3-second payloads whose ads say nothing of their runtime"""
+    async with _slurm_site(slurm, tmp_path, monkeypatch) as slurm_site:
+        yield slurm_site
 
 
 @dataclass
@@ -494,3 +527,151 @@ async def _throttled_then_fed(remote: Adjusted, stock: Adjusted, fix: Callable[[
         lambda: sum(d.demand for d in remote.drones) >= 2, 60, "the pool feeds the site"
     )
     assert detector.probes[SITE] >= probes + 1
+
+
+# --------------------------------------------------------------------------- the drone's end
+
+_OVER = {"COMPLETED", "FAILED", "CANCELLED", "TIMEOUT"}
+
+
+def _planned_end(cluster: SlurmCluster, job: int) -> float:
+    """The epoch second Slurm ends ``job`` at: its start plus its time limit"""
+    result = subprocess.run(
+        [cluster.programs["scontrol"], "show", "job", "-o", str(job)],
+        env={**cluster.env(), "SLURM_TIME_FORMAT": "%s"},
+        capture_output=True,
+        text=True,
+        check=True,
+        timeout=60,
+    )
+    fields = dict(item.split("=", 1) for item in result.stdout.split() if "=" in item)
+    limit = parse_slurm_time(fields["TimeLimit"])
+    assert limit is not None
+    return float(fields["StartTime"]) + limit
+
+
+async def _drone_events(js: JetStreamContext, drone: SlurmDrone) -> list[ev.AnyEvent]:
+    return [event for _, event in await read_events(js, drone.uuid)]
+
+
+def _vacated(events: list[ev.AnyEvent]) -> list[ev.PayloadFinished]:
+    return [e for e in events if isinstance(e, ev.PayloadFinished) and e.vacated]
+
+
+async def test_a_drone_ends_itself_before_its_time_limit_and_starts_nothing_that_would_not_fit(
+    slurm: SlurmCluster, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, make_bus: BusFactory
+) -> None:
+    """
+    A one-minute drone and 8-second payloads whose ads say so: the agent learns its job's
+    end from squeue, lets in only payloads that end before it, drains itself, and its job
+    completes before Slurm's limit; no payload is killed or vacated
+    """
+    async with _slurm_site(
+        slurm, tmp_path, monkeypatch, payload_s=8.0, runtime_in_ad=True, walltime_min=1
+    ) as site:
+        bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0)
+        tardis = SlurmDrone.make(bus)
+        async with tardis.running():
+            await wait_until(lambda: "BootingState" in tardis.states.states, 90, "submitted")
+            job = tardis.job_id
+            await wait_until(_busy(tardis), 90, "a payload runs")
+            end = _planned_end(site.cluster, job)
+            assert await site.wait_state(job, _OVER, 180) == "COMPLETED"
+        view = tardis.view()
+    assert site.cluster.job(job)["ExitCode"] == "0:0"
+    assert site.scancels_of("RUNNING") == []
+    truth = read_ground_truth(Path(_sandbox(site, job)) / "ep" / "ground_truth.jsonl")
+    started = [e for e in truth if e["event"] == "payload_started"]
+    assert started and len(started) == sum(e["event"] == "payload_finished" for e in truth)
+    assert not [e for e in truth if e["event"] == "payload_killed"]
+    # each payload the gate let in ended, by its ad, before the job's end ...
+    assert all(e["t"] + e["duration_s"] <= end for e in started), (end, started)
+    # ... and each it refused for the end would not have
+    for refused in (e for e in truth if e.get("hook_status_code") == END_REFUSED_STATUS):
+        assert refused["t"] + 8.0 > end - site.end_margin_s, (end, refused)
+    assert view is not None and view.event is not None
+    last = view.event.snapshot.end
+    assert last is not None and last.source == "squeue" and last.notice == ""
+
+
+def _sandbox(site: SlurmSite, job: int) -> str:
+    started = site.started(job)
+    assert started is not None, f"job {job} never ran"
+    return str(started["sandbox"])
+
+
+async def test_a_term_signal_vacates_what_cannot_finish_in_its_grace_and_ends_the_job(
+    slurm: SlurmCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_bus: BusFactory,
+    js: JetStreamContext,
+) -> None:
+    """
+    SIGTERM to every process of the job, as a cancel or a preemption sends it, without the
+    SIGKILL that follows (``scancel --signal=TERM`` alone signals a job's steps, and a drone
+    has none): the agent takes it for the end in ``KillWait``, vacates the payload that
+    would outlive it, and its job completes
+    """
+    async with _slurm_site(
+        slurm, tmp_path, monkeypatch, payload_s=60.0, runtime_in_ad=True
+    ) as site:
+        bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0)
+        tardis = SlurmDrone.make(bus)
+        async with tardis.running():
+            await wait_until(lambda: "AvailableState" in tardis.states.states, 90, "Available")
+            await wait_until(_busy(tardis), 60, "a payload runs")
+            job = tardis.job_id
+            site.cluster.run("scancel", "--signal=TERM", "--full", str(job))
+            assert await site.wait_state(job, _OVER, 90) == "COMPLETED"
+            await wait_until(lambda: tardis.states.states[-1] == "DownState", 90, "TARDIS: Down")
+    assert site.cluster.job(job)["ExitCode"] == "0:0"
+    assert site.scancels_of("RUNNING") == []
+    truth = read_ground_truth(Path(_sandbox(site, job)) / "ep" / "ground_truth.jsonl")
+    killed = [(e["reason"]) for e in truth if e["event"] == "payload_killed"]
+    assert killed == ["drain_fast"]  # the startd evicted it: the overlay pool queues it again
+    assert [e["reason"] for e in truth if e["event"] == "job_exit"] == ["evict"]
+    assert truth[-1]["event"] == "master_exiting"
+    events = await _drone_events(js, tardis)
+    assert [e.how for e in _vacated(events)] == [ev.PayloadEnd.EVICT]
+    notices = {e.snapshot.end.notice for e in events if e.snapshot.end is not None}
+    assert "SIGTERM" in notices
+
+
+async def test_a_warning_signal_sent_ahead_vacates_and_the_job_completes(
+    slurm: SlurmCluster,
+    tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+    make_bus: BusFactory,
+    js: JetStreamContext,
+) -> None:
+    """
+    ``sbatch --signal=B:USR1@100`` (TARDIS's SubmitOptions), to the batch script alone: the
+    site says the signal leaves its drones 6 seconds, so the agent vacates its payload and
+    the job completes long before its time limit
+    """
+    async with _slurm_site(
+        slurm,
+        tmp_path,
+        monkeypatch,
+        payload_s=100.0,
+        runtime_in_ad=True,
+        walltime_min=2,
+        signal="B:USR1@100",
+        warning_grace_s=6.0,
+    ) as site:
+        bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0)
+        tardis = SlurmDrone.make(bus)
+        async with tardis.running():
+            await wait_until(lambda: "BootingState" in tardis.states.states, 90, "submitted")
+            job = tardis.job_id
+            await wait_until(_busy(tardis), 90, "a payload runs")
+            assert await site.wait_state(job, _OVER, 180) == "COMPLETED"
+    assert any("--signal=B:USR1@100" in call["args"] for call in site.calls("sbatch"))
+    assert site.cluster.job(job)["ExitCode"] == "0:0"
+    truth = read_ground_truth(Path(_sandbox(site, job)) / "ep" / "ground_truth.jsonl")
+    assert [e["reason"] for e in truth if e["event"] == "payload_killed"] == ["drain_fast"]
+    events = await _drone_events(js, tardis)
+    assert [e.how for e in _vacated(events)] == [ev.PayloadEnd.EVICT]
+    ends = [e.snapshot.end for e in events if e.snapshot.end is not None]
+    assert ends[0].source == "squeue" and ends[-1].notice == "SIGUSR1"

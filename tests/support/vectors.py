@@ -3,9 +3,9 @@ Examples of every wire message, and the generated sections of docs/protocol.md
 
 The events follow the life of two drones as their agents would publish them,
 each with the snapshot the agent has right after that event: ``DRONE`` starts,
-runs payloads, is drained and ends its job; ``RELEASED_DRONE`` finds its
-record released by the manager and never opens its gate. Sequence numbers
-start where an agent starts them (the current time in microseconds) and grow
+learns its end from Slurm, runs payloads, is drained and ends its job;
+``RELEASED_DRONE`` finds its record released by the manager and never opens its gate.
+Sequence numbers start where an agent starts them (the current time in microseconds) and grow
 by one per event; events of these lives that have no example of their own
 take the numbers in between.
 
@@ -64,9 +64,13 @@ T_BEAT, T_FINISH1, T_DRAIN, DEADLINE = map(at, (_BEAT, _FINISH1, _DRAIN, _DEADLI
 T_DRAINED, T_EXIT = at(_DRAINED), at(_EXIT)
 assert T_DRAINED == T0
 
+#: when Slurm ends ``DRONE``'s job: two days after its start, as ``squeue`` tells the agent
+DRONE_END = START + dt.timedelta(days=2) - dt.timedelta(seconds=1.75)
+
 #: request ids are what the manager makes: 16 hex digits of a uuid4
 DRAIN_ID = "5b1e9c27d04a3f86"
-JOB1 = ev.Payload(job_id="1234.0", slot="slot1_1", started_at=T_JOB1)
+#: the first payload's job ad asks for four hours (``MaxWallTimeMins = 240``); the second's none
+JOB1 = ev.Payload(job_id="1234.0", slot="slot1_1", started_at=T_JOB1, requested_s=14400.0)
 JOB2 = ev.Payload(job_id="1235.0", slot="slot1_2", started_at=T_JOB2)
 INTENT = ev.DrainIntent(
     deadline=DEADLINE, reason="TARDIS drain", request_id=DRAIN_ID, requested_at=T_DRAIN
@@ -84,6 +88,12 @@ S = ev.DroneState
 DRAINING = snap(S.DRAINING, T_DRAIN, payloads=[JOB2], drain=INTENT)
 
 
+def with_end(snapshot: ev.Snapshot, when: dt.datetime) -> ev.Snapshot:
+    """``snapshot`` of ``DRONE`` at ``when``, with the span to its end"""
+    end = ev.DroneEnd(in_s=(DRONE_END - when).total_seconds(), source="squeue")
+    return msgspec.structs.replace(snapshot, end=end)
+
+
 def head(
     before: int, when: dt.datetime, snapshot: ev.Snapshot, drone: str = DRONE, inc: str = INC
 ) -> dict[str, Any]:
@@ -91,10 +101,13 @@ def head(
     The common fields of an event at ``when`` with ``before`` other events before it
 
     A heartbeat every 30 s since the agent started comes on top: each takes a ``seq``.
+    ``DRONE``'s snapshot carries its end, as a span from ``when``.
     """
     start, first = (START, SEQ0) if inc == INC else (T_B, RELEASED_SEQ0)
     beats = math.ceil((when - start).total_seconds() / 30) - 1
     seq = first + before + max(beats, 0)
+    if drone == DRONE:
+        snapshot = with_end(snapshot, when)
     return {
         "site": SITE,
         "drone": drone,
@@ -187,7 +200,7 @@ EXAMPLES: list[ev.Message] = [
         request_id=DRAIN_ID,
         outcome=ev.Outcome.DRAIN_ACCEPTED,
         detail=f"gate closed; 1 payload(s) still running, deadline {DEADLINE.isoformat()}",
-        snapshot=DRAINING,
+        snapshot=with_end(DRAINING, T_DRAIN),
     ),
     ev.ErrorReply(error="malformed command: Input data was truncated"),
     ev.ErrorReply(
@@ -334,7 +347,7 @@ def render_fields() -> str:
     parts += _table("Event `kind`", event_rows)
     others = (*ev.COMMAND_TYPES, ev.Reply, ev.ErrorReply, ev.DroneRecord, ev.TardisState)
     parts += _table("`kind`", [row for t in others for row in _rows(f"`{ev.kind_of(t)}`", t)])
-    nested = (ev.Snapshot, ev.Payload, ev.DrainIntent)
+    nested = (ev.Snapshot, ev.Payload, ev.DrainIntent, ev.DroneEnd)
     parts += _table("Map (no `kind`)", [row for t in nested for row in _rows(t.__name__, t)])
     parts.append(FIELDS_END)
     return "\n".join(parts)

@@ -10,9 +10,10 @@ import pytest
 
 from broker.cli import build_parser
 from remote_agent.errors import SettingsError
+from remote_agent.jobruntime import format_attributes
 from remote_agent.logs import JsonLines
 from remote_agent.options import from_args
-from remote_agent.settings import Settings, default_gate_socket
+from remote_agent.settings import SETTINGS_ENV, Settings, default_gate_socket, field_default
 
 UUID = "site1-0123456789"
 BASE = {"TardisDroneUuid": UUID, "COBALD_REMOTE_URL": "nats://127.0.0.1:4222"}
@@ -154,3 +155,28 @@ def test_domain_from_option_environment_or_tardis(tmp_path: Path) -> None:
     assert domain(both, "--domain", "other") == "other"
     with pytest.raises(SettingsError, match="JetStream domain"):
         domain({"COBALD_REMOTE_DOMAIN": "no.dots"})
+
+
+def test_the_documented_defaults_are_the_settings_defaults() -> None:
+    """docs/agent.md's table of options: each default as :mod:`remote_agent.settings` has it"""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "agent.md").read_text()
+    table = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    by_env = {env: name for name, env in SETTINGS_ENV.items()}
+    checked = set()
+    for row in table.splitlines():
+        cells = [cell.strip() for cell in row.strip("|").split("|")]
+        if len(cells) != 4 or not cells[1].startswith("`COBALD_REMOTE_"):
+            continue
+        name = by_env.get(cells[1].split("`")[1])
+        default = field_default(name) if name else None
+        if isinstance(default, bool) or not isinstance(default, int | float | str | tuple):
+            continue
+        if isinstance(default, tuple):
+            expected = f"`{format_attributes(default)}`"
+        elif isinstance(default, str):
+            expected = f"`{default}`"
+        else:
+            expected = f"{default:g}"
+        assert cells[2] == expected, (name, cells[2])
+        checked.add(name)
+    assert {"heartbeat_s", "end_margin_s", "term_grace_s", "runtime_attributes"} <= checked

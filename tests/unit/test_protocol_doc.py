@@ -195,6 +195,9 @@ def test_every_float_of_every_message_is_finite() -> None:
         "Heartbeat.interval_s",
         "PayloadFinished.duration_s",
         "JobExitRequest.duration_s",
+        "Heartbeat.snapshot.end.in_s",
+        "Heartbeat.snapshot.payloads[].requested_s",
+        "PrepareJobRequest.requested_s",
     }
     for path, number in floats:
         assert number.le is not None and math.isfinite(number.le), path

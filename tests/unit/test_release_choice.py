@@ -31,8 +31,17 @@ from remote_agent.protocol.names import dedupe_id
 NOW = 1_800_000_000.0
 
 
-def busy_view(registry: Registry, drone: str, ages_s: list[float], slots: int = 4) -> DroneView:
-    """``drone`` with payloads that started ``ages_s`` seconds before :data:`NOW`"""
+def busy_view(
+    registry: Registry,
+    drone: str,
+    ages_s: list[float],
+    slots: int = 4,
+    requested_s: float | None = None,
+) -> DroneView:
+    """
+    ``drone`` with payloads that started ``ages_s`` seconds before :data:`NOW`, each job ad
+    asking for ``requested_s``
+    """
     started = [dt.datetime.fromtimestamp(NOW - age, dt.UTC) for age in ages_s]
     at = dt.datetime.fromtimestamp(NOW, dt.UTC)
     snapshot = ev.Snapshot(
@@ -40,7 +49,10 @@ def busy_view(registry: Registry, drone: str, ages_s: list[float], slots: int = 
         since=at,
         gate_open=True,
         slots=slots,
-        payloads=[ev.Payload(job_id=f"{i}.0", started_at=s) for i, s in enumerate(started)],
+        payloads=[
+            ev.Payload(job_id=f"{i}.0", started_at=s, requested_s=requested_s)
+            for i, s in enumerate(started)
+        ],
         started_at=at,
     )
     event = ev.Heartbeat(
@@ -97,6 +109,23 @@ def test_the_order_is_never_announced_idle_then_fewest_idle_core_seconds() -> No
     assert choices["half"].idle_core_s == pytest.approx(200.0)
     assert choices["young"].left_s == pytest.approx(990.0)
     assert choices["full"].reason == ("4 payload(s), about 100s left, 0 core-s idle while draining")
+
+
+def test_the_runtime_a_payloads_ad_requests_counts_before_the_estimate() -> None:
+    registry = Registry()
+    durations = Durations()
+    for _ in range(10):
+        durations.add(1000.0)  # by the estimate, each has 100 s left
+    soon = busy_view(registry, "site1-0000000001", [900] * 4, requested_s=920.0)
+    late = busy_view(registry, "site1-0000000002", [900] * 4, requested_s=4000.0)
+    guessed = busy_view(registry, "site1-0000000003", [900] * 4)
+    choices = {
+        name: release_choice(view, 4.0, 0.0, durations, NOW)
+        for name, view in {"soon": soon, "late": late, "guessed": guessed}.items()
+    }
+    assert sorted(choices, key=lambda name: choices[name].left_s) == ["soon", "guessed", "late"]
+    assert choices["soon"].left_s == pytest.approx(20.0)
+    assert choices["late"].left_s == pytest.approx(3100.0)
 
 
 def test_payload_ends_feed_the_estimate_as_the_registry_applies_them() -> None:

@@ -108,4 +108,6 @@ class StartdAds(StartdState):
         ad.set("JobUniverse", 5)
         ad.set("RemoteHost", job.slot.name)
         ad.set("QDate", int(job.claimed_at))
+        for name, value in job.attributes.items():
+            ad.set(name, value)
         return ad

@@ -70,9 +70,18 @@ class Claims(JobHooks, Draining):
         self._check_drain_done()
 
     async def offer(
-        self, job_id: str, duration_s: float, exit_code: int, owner: str
+        self,
+        job_id: str,
+        duration_s: float,
+        exit_code: int,
+        owner: str,
+        attributes: dict[str, Any] | None = None,
     ) -> dict[str, Any]:
-        """Offer one job, as the overlay pool's negotiator and schedd would"""
+        """
+        Offer one job, as the overlay pool's negotiator and schedd would
+
+        :param attributes: more attributes of its job ad (numbers, strings, booleans)
+        """
         if self.shutting_down or not self.startd_ready:
             reason = "shutting down" if self.shutting_down else "no startd"
             self.truth.record("offer_rejected", job_id=job_id, reason=reason)
@@ -80,6 +89,7 @@ class Claims(JobHooks, Draining):
         self.jobs += 1
         placeholder = Slot("", 0, "Static", 1)
         job = Job(job_id, owner, duration_s, exit_code, placeholder, time.time(), self.jobs)
+        job.attributes = dict(attributes or {})
         slot, reason = self._pick_slot(job)
         if slot is None:
             self.truth.record("offer_rejected", job_id=job_id, reason=reason)

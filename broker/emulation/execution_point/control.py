@@ -22,7 +22,8 @@ class EmulatorControl:
     :func:`~broker.emulation.execution_point.paths.control_socket_path` of its state
     directory. Operations (``op``), each answered with ``ok`` and:
 
-    * ``offer`` (``job_id`` such as "12.0", ``duration_s``, ``exit_code`` 0, ``owner``):
+    * ``offer`` (``job_id`` such as "12.0", ``duration_s``, ``exit_code`` 0, ``owner``,
+      ``attributes``: more of its job ad, e.g. ``{"MaxWallTimeMins": 60}``):
       ``outcome`` ``started``, ``idle``, ``held``, ``rejected`` (``reason``) or ``vacated``;
       ``slot``. Answered once the PREPARE_JOB hook has decided; the payload then runs on;
     * ``status``: slots, drain, gate extras;
@@ -50,6 +51,7 @@ class EmulatorControl:
         *,
         exit_code: int = 0,
         owner: str = "emulated",
+        attributes: dict[str, Any] | None = None,
         timeout_s: float = 120.0,
     ) -> dict[str, Any]:
         """Offer a job; the reply says whether it started (see the module doc)"""
@@ -59,6 +61,7 @@ class EmulatorControl:
             duration_s=duration_s,
             exit_code=exit_code,
             owner=owner,
+            attributes=attributes or {},
             timeout_s=timeout_s,
         )
 

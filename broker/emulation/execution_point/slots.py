@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import dataclasses
 import time
+from typing import Any
 
 
 @dataclasses.dataclass(eq=False)
@@ -25,6 +26,8 @@ class Job:
     sleeper: asyncio.Task[None] | None = None
     hook: asyncio.subprocess.Process | None = None
     retire_timer: asyncio.TimerHandle | None = None
+    #: more attributes of its job ad, e.g. the runtime it requests (``MaxWallTimeMins``)
+    attributes: dict[str, Any] = dataclasses.field(default_factory=dict)
 
     @property
     def cluster_proc(self) -> tuple[int, int]:

@@ -219,6 +219,11 @@ class EmulatedStartd(Claims):
         return self.cancel_drain(request.get("request_id"))
 
     async def _op_offer(self, request: dict[str, Any]) -> dict[str, Any]:
+        attributes = request.get("attributes") or {}
+        if not isinstance(attributes, dict) or not all(
+            isinstance(value, int | float | str) for value in attributes.values()
+        ):
+            return {"ok": False, "error": "attributes must map names to numbers or strings"}
         return {
             "ok": True,
             **await self.offer(
@@ -226,6 +231,7 @@ class EmulatedStartd(Claims):
                 float(request.get("duration_s", 1.0)),
                 int(request.get("exit_code", 0)),
                 str(request.get("owner", "emulated")),
+                {str(name): value for name, value in attributes.items()},
             ),
         }
 

@@ -14,7 +14,7 @@ import contextlib
 import dataclasses
 import logging
 import time
-from collections.abc import Callable, Coroutine
+from collections.abc import Callable, Coroutine, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -56,6 +56,7 @@ class OverlayPool:
         supply of payloads behind the submitted ones; ``None``: only the submitted ones
     :param truth: the ground-truth file of submissions, offers and their outcomes (``None``: none)
     :param cycle_s: seconds between negotiation cycles
+    :param ad: more job ad attributes of each payload, e.g. the runtime it requests
     """
 
     def __init__(
@@ -65,12 +66,14 @@ class OverlayPool:
         truth: GroundTruth | None,
         *,
         cycle_s: float = 0.5,
+        ad: Callable[[PoolJob], Mapping[str, Any]] | None = None,
     ) -> None:
         self.workdir = workdir
         self.socket = workdir / "obs.sock"
         self.payload_duration = payload_duration
         self.truth = truth
         self.cycle_s = cycle_s
+        self.ad = ad
         self.machines: dict[str, Machine] = {}
         self.jobs: dict[str, PoolJob] = {}
         self.counts: collections.Counter[str] = collections.Counter()
@@ -191,7 +194,11 @@ class OverlayPool:
                 return
             try:
                 reply = await machine.control.offer(
-                    job.job_id, job.duration_s, exit_code=job.exit_code, timeout_s=60
+                    job.job_id,
+                    job.duration_s,
+                    exit_code=job.exit_code,
+                    attributes=dict(self.ad(job)) if self.ad is not None else None,
+                    timeout_s=60,
                 )
             except EmulatorUnavailable:
                 self._idle.appendleft(job)

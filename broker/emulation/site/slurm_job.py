@@ -2,18 +2,22 @@
 The node's part of a Slurm drone job (the site's StartupCommand, ``slurm_site.py``)
 
 Its one rule: the job records its start and its end in the site's ground truth and waits
-for the drone it runs; an ``scancel`` signals every process of the job, so this one takes
-SIGTERM as the drone's business and keeps waiting (Slurm's SIGKILL ends it after
-``KillWait``; the site's follower then records the end).
+for the drone it runs. It stands where a site's StartupCommand (the shipped ``drone-job``,
+which execs the agent) is the batch script, so a signal that Slurm sends to the batch
+script alone (``scancel --batch``, ``sbatch --signal=B:...``) is passed on to the drone; an
+``scancel`` signals every process of the job, the drone too, and this one keeps waiting
+(Slurm's SIGKILL ends it after ``KillWait``; the site's follower then records the end).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import subprocess
 from pathlib import Path
+from types import FrameType
 
 from broker.emulation.execution_point.install import install_fake_condor
 from broker.emulation.groundtruth import GroundTruth
@@ -58,8 +62,17 @@ def main(site: str) -> int:
             pid=os.getpid(),
             env=dict(os.environ),  # what Slurm passed to the job
         )
-        signal.signal(signal.SIGTERM, lambda *_: None)
-        code = subprocess.call(argv, env=env)
+        child: list[subprocess.Popen[bytes]] = []
+
+        def forward(signum: int, _: FrameType | None) -> None:
+            for proc in child:
+                with contextlib.suppress(ProcessLookupError):
+                    proc.send_signal(signum)
+
+        for sig in (signal.SIGTERM, signal.SIGUSR1, signal.SIGUSR2):
+            signal.signal(sig, forward)
+        child.append(subprocess.Popen(argv, env=env))
+        code = child[0].wait()
         truth.record("job_exited", job_id=job, drone=drone, returncode=code, killed=False)
     finally:
         truth.close()

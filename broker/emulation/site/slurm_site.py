@@ -74,6 +74,10 @@ class SlurmSite:
     agent_heartbeat_s: float = 2.0
     agent_poll_s: float = 0.2
     end_grace_s: float = 2.0
+    #: what the drone keeps for its own end before the batch system's (the agent's --end-margin)
+    end_margin_s: float = 2.0
+    #: what a warning signal (sbatch --signal=B:USR1@N) gives the drone, if the site sends one
+    warning_grace_s: float | None = None
     joined: set[str] = field(default_factory=set)
     left: set[str] = field(default_factory=set)
 
@@ -113,6 +117,16 @@ class SlurmSite:
             f"COBALD_REMOTE_END_GRACE_S={self.end_grace_s}\n"
             # within Slurm's KillWait (slurm.py): the payloads get their grace time
             f"COBALD_REMOTE_KILL_AFTER_S={KILL_WAIT_S}\n"
+            # a SIGTERM from Slurm is followed by its SIGKILL after KillWait
+            f"COBALD_REMOTE_TERM_GRACE_S={KILL_WAIT_S}\n"
+            f"COBALD_REMOTE_END_MARGIN_S={self.end_margin_s}\n"
+            # the node's Slurm configuration, as a worker node has it: squeue finds the cluster
+            f"SLURM_CONF={self.cluster.conf}\n"
+            + (
+                f"COBALD_REMOTE_WARNING_GRACE_S={self.warning_grace_s}\n"
+                if self.warning_grace_s is not None
+                else ""
+            )
         )
         (self.root / "site.json").write_text(
             json.dumps(
