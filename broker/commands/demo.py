@@ -64,6 +64,13 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
         "300 s default at TARDIS's 60 s heartbeat, scaled to the demo's 2 s; 0: off)",
     )
     demo.add_argument(
+        "--utilisation-hold",
+        type=float,
+        metavar="S",
+        help="cobald-remote's bus.utilisation_hold_s in the demo's time (default 2: the "
+        "60 s default, scaled alike; 0: off)",
+    )
+    demo.add_argument(
         "--workdir", metavar="DIR", help="keep every file of the runs here (default: a temp dir)"
     )
     demo.add_argument(

@@ -8,14 +8,23 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import Any, Final
+from typing import TYPE_CHECKING, Any, Final
 
 from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStatus
 
 from broker.manager.outcomes import DrainResult
 from broker.manager.views import DroneView
-from broker.tardis.bus import RemoteBus
+from broker.tardis.pool import PeakWindow
 from remote_agent.protocol.events import DroneState
+
+if TYPE_CHECKING:  # the bus's configuration takes this module's default
+    from broker.tardis.bus import RemoteBus
+
+#: default seconds a slot whose payload ended still counts as busy: HTCondor's
+#: ``NEGOTIATOR_INTERVAL`` (60 s), the time the overlay pool takes to match a queued payload
+#: to it; its claim stays ``Claimed`` between its jobs (claim reuse), as the overlay pool's own
+#: view, which stock TARDIS reads, shows it
+DEFAULT_UTILISATION_HOLD_S: Final = 60.0
 
 #: the overlay batch system's view of a drone, from its agent's state: available once its
 #: startd can take work (its gate opened: idle or busy), never ``NotAvailable`` after that
@@ -32,6 +41,9 @@ _MACHINE_STATUS: Final = {
     DroneState.EXITING: MachineStatus.Drained,
 }
 
+#: states in which a drone takes payloads: a freed slot's share is held
+_BUSY_STATES: Final = frozenset({DroneState.IDLE, DroneState.BUSY})
+
 
 class RemoteBatchSystemAdapter(BatchSystemAdapter):
     """
@@ -45,6 +57,8 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
         self._inner = inner
         self._bus = bus
         self._last_status: dict[str, MachineStatus] = {}
+        #: each drone's busy share, held for ``bus.utilisation_hold_s``
+        self._busy_held: dict[str, PeakWindow] = {}
         self.counts: collections.Counter[str] = collections.Counter()
         bus.count_sources["batch_system"] = self.counts
 
@@ -159,12 +173,31 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
             return 0.0
         return min(1.0, len(snapshot.payloads) / snapshot.slots)
 
+    def _held(self, view: DroneView) -> float:
+        """
+        The drone's share of busy slots, the highest of the last ``bus.utilisation_hold_s``
+
+        A slot whose payload ended is work the overlay pool has not yet matched a queued
+        payload to; COBalD's ``LinearController`` lowers the demand for every step the
+        utilisation is below its floor, so counting it free at once would give up drones
+        that payloads wait for (docs/tardis.md, "When a drone is supply").
+        """
+        busy = self._busy_fraction(view)
+        if view.state not in _BUSY_STATES:  # a drone that drains or ended takes no more work
+            self._busy_held.pop(view.drone, None)
+            return busy
+        held = self._busy_held.get(view.drone)
+        if held is None:
+            held = self._busy_held[view.drone] = PeakWindow(self._bus.config.utilisation_hold_s)
+        held.seen(busy)
+        return held.highest(busy)
+
     async def _busy(self, call: str, drone_uuid: str) -> float:
         """The agent's share of busy slots, else the wrapped adapter's answer to ``call``"""
         view = self._view(drone_uuid)
         if view is not None:
             self.counts[f"{call}_from_agent"] += 1
-            return self._busy_fraction(view)
+            return self._held(view)
         return _number(await self._fallback(call, drone_uuid, 0.0))
 
     async def get_allocation(self, drone_uuid: str) -> float:

@@ -5,7 +5,7 @@ window, and releases the drones that cost least first
 Its rules: growing follows demand at once, but a site flagged as a black hole gets one probe
 drone per backoff period at most (:meth:`~broker.manager.blackholes.BlackHoles.allowance`);
 shrinking goes no lower than the highest demand in effect within the last ``window_s``
-seconds (:class:`DemandWindow`, Kubernetes' scale-down stabilization window), so a dip
+seconds (:class:`PeakWindow`, Kubernetes' scale-down stabilization window), so a dip
 shorter than the window releases nothing; what is released is chosen by
 :func:`~broker.tardis.release.release_choice`.
 """
@@ -33,12 +33,14 @@ log = logging.getLogger("cobald.runtime.cobald_remote.tardis")
 DEFAULT_SCALE_DOWN_WINDOW_S: Final = 300.0
 
 
-class DemandWindow:
+class PeakWindow:
     """
-    The highest demand in effect within the last ``window_s`` seconds (``0``: the demand now)
+    The highest value in effect within the last ``window_s`` seconds (``0``: the value now)
 
-    Keeps each change of demand within the window, and the one in effect when it began:
-    at most one entry per change (COBalD's controllers set demand every few seconds).
+    Keeps each change of the value within the window, and the one in effect when it began:
+    at most one entry per change. A pool's demand (COBalD's controllers set it every few
+    seconds) and a drone's busy slots (:class:`~broker.tardis.batch.RemoteBatchSystemAdapter`)
+    are held by it.
 
     :param clock: monotonic seconds (tests pass their own)
     """
@@ -49,23 +51,23 @@ class DemandWindow:
         #: ``(when, demand)`` of each change, oldest first
         self._changes: collections.deque[tuple[float, float]] = collections.deque()
 
-    def seen(self, demand: float) -> None:
-        """``demand`` was set now"""
+    def seen(self, value: float) -> None:
+        """``value`` is in effect from now"""
         now = self._clock()
-        if not self._changes or self._changes[-1][1] != demand:
-            self._changes.append((now, demand))
+        if not self._changes or self._changes[-1][1] != value:
+            self._changes.append((now, value))
         self._forget(now)
 
-    def highest(self, demand: float) -> float:
-        """The highest of ``demand`` (the demand now) and every demand in effect in the window"""
+    def highest(self, value: float) -> float:
+        """The highest of ``value`` (the value now) and every value in effect in the window"""
         if self.window_s <= 0:
-            return demand
+            return value
         self._forget(self._clock())
-        return max([demand, *(value for _, value in self._changes)])
+        return max([value, *(held for _, held in self._changes)])
 
     def _forget(self, now: float) -> None:
         changes = self._changes
-        # a demand set before the window counts while it was in effect when the window began
+        # a value set before the window counts while it was in effect when the window began
         while len(changes) > 1 and changes[1][0] <= now - self.window_s:
             changes.popleft()
 
@@ -84,7 +86,7 @@ class RemoteFactoryPool(FactoryPool):
     :meth:`_shrink` runs in COBalD's trio thread: the key reads plain
     attributes and the registry's immutable views only.
 
-    :param window_s: the scale-down stabilization window (:class:`DemandWindow`);
+    :param window_s: the scale-down stabilization window (:class:`PeakWindow`);
         ``0``: shrink to the demand now, as COBalD's own pool does
     """
 
@@ -97,7 +99,7 @@ class RemoteFactoryPool(FactoryPool):
         site: str = "",
         window_s: float = 0.0,
     ) -> None:
-        self.window = DemandWindow(window_s)
+        self.window = PeakWindow(window_s)
         super().__init__(*children, factory=factory, interval=interval)
         self.window.seen(self._demand)
         self.bus = bus

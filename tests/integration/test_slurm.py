@@ -526,7 +526,9 @@ async def _throttled_then_fed(remote: Adjusted, stock: Adjusted, fix: Callable[[
     await wait_until(
         lambda: sum(d.demand for d in remote.drones) >= 2, 60, "the pool feeds the site"
     )
-    assert detector.probes[SITE] >= probes + 1
+    # the probe that ran it may have been asked for before the fix: its job reads drone.env
+    # when Slurm starts it
+    assert detector.probes[SITE] >= max(probes, 1)
 
 
 # --------------------------------------------------------------------------- the drone's end

@@ -240,6 +240,34 @@ async def test_a_drone_answered_available_is_never_answered_not_available_again(
     assert await agent.get_machine_status(drone_uuid=DRONE) is MachineStatus.Draining
 
 
+async def test_a_slot_whose_payload_ended_counts_busy_for_the_hold_then_not() -> None:
+    """
+    COBalD's LinearController lowers the demand for every step utilisation is below its
+    floor: a slot the overlay pool has not yet given the next payload is not idle supply
+    """
+    bus = offline_bus(utilisation_hold_s=3600)
+    agent = BatchSystemAgent(RemoteBatchSystemAdapter(FakeOverlay(), bus))
+    announce(bus.registry, DRONE, ev.DroneState.BUSY, payloads=2)
+    assert await agent.get_utilisation(drone_uuid=DRONE) == 1.0
+    announce(bus.registry, DRONE, ev.DroneState.IDLE, seq=2)  # both payloads ended
+    assert await agent.get_utilisation(drone_uuid=DRONE) == 1.0
+    assert await agent.get_allocation(drone_uuid=DRONE) == 1.0
+    # a drone that drains takes no more work: what it runs is all it uses
+    announce(bus.registry, DRONE, ev.DroneState.DRAINING, payloads=1, seq=3)
+    assert await agent.get_utilisation(drone_uuid=DRONE) == 0.5
+    announce(bus.registry, DRONE, ev.DroneState.DRAINED, seq=4)
+    assert await agent.get_utilisation(drone_uuid=DRONE) == 0.0
+
+
+async def test_without_a_hold_a_freed_slot_is_free_at_once() -> None:
+    bus = offline_bus(utilisation_hold_s=0)
+    agent = BatchSystemAgent(RemoteBatchSystemAdapter(FakeOverlay(), bus))
+    announce(bus.registry, DRONE, ev.DroneState.BUSY, payloads=2)
+    assert await agent.get_utilisation(drone_uuid=DRONE) == 1.0
+    announce(bus.registry, DRONE, ev.DroneState.BUSY, payloads=1, seq=2)
+    assert await agent.get_utilisation(drone_uuid=DRONE) == 0.5
+
+
 @pytest.mark.parametrize("failure", FAILURES, ids=lambda e: type(e).__name__)
 async def test_batch_calls_never_raise(failure: Exception) -> None:
     inner = FakeOverlay(status=MachineStatus.Available)

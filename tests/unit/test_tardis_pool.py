@@ -15,7 +15,7 @@ from support.registry import jobs_gone
 from support.tardis import SITE, announce, offline_bus
 
 from broker.tardis import pool as pool_module
-from broker.tardis.pool import DemandWindow
+from broker.tardis.pool import PeakWindow
 from broker.tardis_adapter import RemoteBus, RemoteFactoryPool
 from remote_agent.protocol import events as ev
 
@@ -130,7 +130,7 @@ def test_a_dip_shorter_than_the_window_releases_nothing_a_lasting_one_the_cheape
     children = _fleet(bus)  # five drones of 2 cores: 10 demanded
     pool = _pool(bus, list(children.values()))
     now = [0.0]
-    pool.window = DemandWindow(300.0, lambda: now[0])
+    pool.window = PeakWindow(300.0, lambda: now[0])
     pool.demand = 10.0
     now[0] = 100.0
     pool.demand = 4.0  # the controller lowers the demand for a while
@@ -158,7 +158,7 @@ def test_a_dip_shorter_than_the_window_releases_nothing_a_lasting_one_the_cheape
 
 
 def test_without_a_window_it_shrinks_to_the_demand_now() -> None:
-    window = DemandWindow(0.0)
+    window = PeakWindow(0.0)
     window.seen(10.0)
     window.seen(4.0)
     assert window.highest(4.0) == 4.0

@@ -90,6 +90,8 @@ def main(args: argparse.Namespace) -> int:
     )
     if args.scale_down_window is not None:
         scenario = dataclasses.replace(scenario, scale_down_window_s=args.scale_down_window)
+    if args.utilisation_hold is not None:
+        scenario = dataclasses.replace(scenario, utilisation_hold_s=args.utilisation_hold)
     modes = ["stock", "remote"] if args.compare else ["remote"]
     keep = args.workdir is not None
     root = Path(args.workdir) if keep else Path(tempfile.mkdtemp(prefix="cobald-remote-demo-"))

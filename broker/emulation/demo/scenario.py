@@ -13,6 +13,9 @@ import itertools
 import random
 from typing import Any
 
+from broker.tardis.batch import DEFAULT_UTILISATION_HOLD_S
+from broker.tardis.pool import DEFAULT_SCALE_DOWN_WINDOW_S
+
 #: how the demo's demand is made (:class:`Scenario`'s ``demand``)
 DEMANDS = ("scripted", "controller")
 
@@ -43,6 +46,8 @@ class Scenario:
     :param lost_after_s: cobald-remote: silence after which an agent counts as lost
     :param scale_down_window_s: cobald-remote: the pools' scale-down stabilization window
         (the default's 300 s at TARDIS's 60 s heartbeat, scaled to the demo's heartbeat)
+    :param utilisation_hold_s: cobald-remote: how long a freed slot counts as busy (the
+        default's 60 s, scaled alike)
     :param agent_heartbeat_s: the agents' heartbeat interval
     :param agent_poll_s: how often agents poll their startd (``condor_who``)
     :param demand: ``scripted``: COBalD's demand follows :meth:`schedule` and the overlay
@@ -80,7 +85,8 @@ class Scenario:
     first_base_s: float | None = None
     vacate_s: float = 1.0
     lost_after_s: float = 10.0
-    scale_down_window_s: float = 10.0
+    scale_down_window_s: float = DEFAULT_SCALE_DOWN_WINDOW_S / TIME_SCALE
+    utilisation_hold_s: float = DEFAULT_UTILISATION_HOLD_S / TIME_SCALE
     agent_heartbeat_s: float = 2.0
     agent_poll_s: float = 2.0
     demand: str = "scripted"

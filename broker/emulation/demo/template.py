@@ -132,5 +132,6 @@ def bus_section(
         "lost_removal_after_s": 600.0,
         "request_timeout_s": 2.0,
         "scale_down_window_s": scenario.scale_down_window_s,
+        "utilisation_hold_s": scenario.utilisation_hold_s,
         **(extra or {}),
     }
