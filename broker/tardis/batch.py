@@ -8,7 +8,8 @@ from __future__ import annotations
 
 import collections
 import math
-from typing import TYPE_CHECKING, Any, Final
+import time
+from typing import TYPE_CHECKING, Any, Final, NamedTuple
 
 from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStatus
 
@@ -45,6 +46,13 @@ _MACHINE_STATUS: Final = {
 _BUSY_STATES: Final = frozenset({DroneState.IDLE, DroneState.BUSY})
 
 
+class _Held(NamedTuple):
+    """A drone's busy shares of the hold, and when its gate was first seen open (monotonic)"""
+
+    window: PeakWindow
+    opened: float
+
+
 class RemoteBatchSystemAdapter(BatchSystemAdapter):
     """
     Wraps TARDIS's batch-system adapter instance (the overlay batch system)
@@ -57,8 +65,8 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
         self._inner = inner
         self._bus = bus
         self._last_status: dict[str, MachineStatus] = {}
-        #: each drone's busy share, held for ``bus.utilisation_hold_s``
-        self._busy_held: dict[str, PeakWindow] = {}
+        #: each drone's busy share, held for ``bus.utilisation_hold_s``, while its gate is open
+        self._busy_held: dict[str, _Held] = {}
         self.counts: collections.Counter[str] = collections.Counter()
         bus.count_sources["batch_system"] = self.counts
 
@@ -173,31 +181,37 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
             return 0.0
         return min(1.0, len(snapshot.payloads) / snapshot.slots)
 
-    def _held(self, view: DroneView) -> float:
+    def _held(self, view: DroneView, call: str) -> float:
         """
-        The drone's share of busy slots, the highest of the last ``bus.utilisation_hold_s``
+        The drone's share of busy slots, the highest of the last ``bus.utilisation_hold_s``;
+        its utilisation is whole for as long after its gate opened
 
-        A slot whose payload ended is work the overlay pool has not yet matched a queued
-        payload to; COBalD's ``LinearController`` lowers the demand for every step the
-        utilisation is below its floor, so counting it free at once would give up drones
-        that payloads wait for (docs/tardis.md, "When a drone is supply").
+        A slot whose payload ended, and a drone whose gate just opened, are work the overlay
+        pool has not yet had a negotiation cycle to match a queued payload to; COBalD's
+        ``LinearController`` lowers the demand for every step the utilisation is below its
+        floor, so counting them idle at once gives up drones that payloads wait for. A new
+        drone's allocation is its own (nothing allocated yet): it raises no demand either
+        (docs/tardis.md, "When a drone is supply").
         """
         busy = self._busy_fraction(view)
         if view.state not in _BUSY_STATES:  # a drone that drains or ended takes no more work
             self._busy_held.pop(view.drone, None)
             return busy
+        hold_s = self._bus.config.utilisation_hold_s
         held = self._busy_held.get(view.drone)
         if held is None:
-            held = self._busy_held[view.drone] = PeakWindow(self._bus.config.utilisation_hold_s)
-        held.seen(busy)
-        return held.highest(busy)
+            held = self._busy_held[view.drone] = _Held(PeakWindow(hold_s), time.monotonic())
+        held.window.seen(busy)
+        if call == "get_utilisation" and time.monotonic() - held.opened < hold_s:
+            return 1.0
+        return held.window.highest(busy)
 
     async def _busy(self, call: str, drone_uuid: str) -> float:
         """The agent's share of busy slots, else the wrapped adapter's answer to ``call``"""
         view = self._view(drone_uuid)
         if view is not None:
             self.counts[f"{call}_from_agent"] += 1
-            return self._held(view)
+            return self._held(view, call)
         return _number(await self._fallback(call, drone_uuid, 0.0))
 
     async def get_allocation(self, drone_uuid: str) -> float:

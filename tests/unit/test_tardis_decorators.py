@@ -211,7 +211,7 @@ async def test_status_comes_from_the_agent_while_its_facts_are_fresh() -> None:
 async def test_machine_status_comes_from_the_agent_available_once_its_gate_opened(
     state: ev.DroneState, status: MachineStatus
 ) -> None:
-    bus = offline_bus()
+    bus = offline_bus(utilisation_hold_s=0)
     announce(bus.registry, DRONE, state, payloads=1 if state is ev.DroneState.BUSY else 0)
     inner = FakeOverlay(status=MachineStatus.NotAvailable)
     agent = BatchSystemAgent(RemoteBatchSystemAdapter(inner, bus))
@@ -248,7 +248,7 @@ async def test_a_slot_whose_payload_ended_counts_busy_for_the_hold_then_not() ->
     bus = offline_bus(utilisation_hold_s=3600)
     agent = BatchSystemAgent(RemoteBatchSystemAdapter(FakeOverlay(), bus))
     announce(bus.registry, DRONE, ev.DroneState.BUSY, payloads=2)
-    assert await agent.get_utilisation(drone_uuid=DRONE) == 1.0
+    assert await agent.get_allocation(drone_uuid=DRONE) == 1.0
     announce(bus.registry, DRONE, ev.DroneState.IDLE, seq=2)  # both payloads ended
     assert await agent.get_utilisation(drone_uuid=DRONE) == 1.0
     assert await agent.get_allocation(drone_uuid=DRONE) == 1.0
@@ -257,6 +257,17 @@ async def test_a_slot_whose_payload_ended_counts_busy_for_the_hold_then_not() ->
     assert await agent.get_utilisation(drone_uuid=DRONE) == 0.5
     announce(bus.registry, DRONE, ev.DroneState.DRAINED, seq=4)
     assert await agent.get_utilisation(drone_uuid=DRONE) == 0.0
+
+
+async def test_a_drone_whose_gate_just_opened_neither_lowers_nor_raises_the_demand() -> None:
+    """Whole utilisation (no step below the floor), its own allocation (none above the top)"""
+    bus = offline_bus(utilisation_hold_s=3600)
+    agent = BatchSystemAgent(RemoteBatchSystemAdapter(FakeOverlay(), bus))
+    announce(bus.registry, DRONE, ev.DroneState.IDLE)
+    assert await agent.get_utilisation(drone_uuid=DRONE) == 1.0
+    assert await agent.get_allocation(drone_uuid=DRONE) == 0.0
+    announce(bus.registry, DRONE, ev.DroneState.BUSY, payloads=1, seq=2)
+    assert await agent.get_allocation(drone_uuid=DRONE) == 0.5
 
 
 async def test_without_a_hold_a_freed_slot_is_free_at_once() -> None:
