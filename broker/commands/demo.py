@@ -50,11 +50,11 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
     )
     demo.add_argument(
         "--demand",
-        choices=("scripted", "controller"),
-        default="scripted",
-        help="who sets COBalD's demand: the scenario's script, with an endless supply of "
-        "payloads (default), or COBalD's LinearController from the pool's utilisation and "
-        "allocation, as at a site, with payloads arriving in seeded swings (docs/tardis.md)",
+        choices=("controller", "scripted"),
+        help="who sets COBalD's demand: COBalD's LinearController from the pool's utilisation "
+        "and allocation, as at a site, with payloads arriving in seeded swings (default), or "
+        "the scenario's script, with an endless supply of payloads: the swings under which "
+        "TARDIS kills payloads (docs/tardis.md)",
     )
     demo.add_argument(
         "--scale-down-window",

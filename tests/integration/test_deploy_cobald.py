@@ -165,7 +165,7 @@ async def test_the_demo_config_builds(
 ) -> None:
     section = {"servers": "nats://127.0.0.1:4222", "lost_after_s": 10} if bus else None
     path = tmp_path / "demo.yaml"
-    scenario = Scenario(tardis_adapters=adapters)
+    scenario = Scenario(tardis_adapters=adapters, demand="scripted")
     path.write_text(render_config(scenario, tmp_path, start=0.0, bus=section))
     with load(str(path)) as config:
         [pool] = _pools(_pipeline(config))

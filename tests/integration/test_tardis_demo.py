@@ -28,6 +28,7 @@ pytestmark = pytest.mark.timeout(420)
 #: spike whose drones start while TARDIS's cached views (30 s) still show them queued,
 #: then a trough: COBalD releases the booting drones first (tardis#172)
 SCENARIO = Scenario(
+    demand="scripted",
     seed=3,
     duration_s=52.0,
     cooldown_s=20.0,

@@ -85,9 +85,10 @@ def main(args: argparse.Namespace) -> int:
         seed=args.seed,
         duration_s=args.duration,
         max_drones=args.drones,
-        demand=args.demand,
         tardis_adapters=args.tardis_adapters,
     )
+    if args.demand is not None:
+        scenario = dataclasses.replace(scenario, demand=args.demand)
     if args.scale_down_window is not None:
         scenario = dataclasses.replace(scenario, scale_down_window_s=args.scale_down_window)
     if args.utilisation_hold is not None:

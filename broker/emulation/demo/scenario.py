@@ -89,7 +89,7 @@ class Scenario:
     utilisation_hold_s: float = DEFAULT_UTILISATION_HOLD_S / TIME_SCALE
     agent_heartbeat_s: float = 2.0
     agent_poll_s: float = 2.0
-    demand: str = "scripted"
+    demand: str = "controller"
     controller_rate: float = 1.0
     controller_interval_s: float = 1.0 / TIME_SCALE
     tardis_adapters: str = "emulated"
