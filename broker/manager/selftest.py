@@ -68,7 +68,7 @@ TOKEN_VALID_S: Final = 600.0
 #: lines of the agent's log a failed step quotes
 LOG_LINES: Final = 5
 #: the events the agent publishes from its start to the claim, without a startd
-FIRST_EVENTS: Final = ("started", "gate_opened")
+FIRST_EVENTS: Final = ("agent_started", "worker_started", "gate_opened")
 #: the variables of the operator's environment the stand-in agent must not inherit
 _DRONE_ENV: Final = frozenset(
     {*BUS_SETTINGS_ENV.values(), *TARDIS_SETTINGS_ENV.values(), "TardisDroneUuid"}
@@ -157,6 +157,11 @@ def _command(options: Options, *words: str) -> str:
     if options.domain:
         line += ["--domain", options.domain]
     return " ".join(line)
+
+
+def _kind(row: Row) -> str:
+    """The kind of event a timeline row shows (``gate_opened``), ``""`` for the drone's end"""
+    return row.drone_event.split(" ")[0].rstrip(":") if row.source == "agent" else ""
 
 
 class SelfTest:
@@ -566,7 +571,6 @@ class SelfTest:
             self.result.drone,
             self.result.site,
             domain=self.options.domain,
-            heartbeats=True,
         )
 
     async def _events(self, step: Step) -> None:
@@ -576,7 +580,7 @@ class SelfTest:
         async def published() -> bool:
             nonlocal rows
             rows = await self._rows()
-            seen = {row.drone_event.split(" ")[0] for row in rows}
+            seen = {_kind(row) for row in rows}
             return all(kind in seen for kind in FIRST_EVENTS)
 
         if not await self._wait(published):
@@ -587,17 +591,26 @@ class SelfTest:
                 "see the agent's log above",
             )
         self._wrote.add("events")
+        await self._manager_read(step, rows)
+        step.detail = (
+            f"{len(rows)} events stored ({', '.join(dict.fromkeys(map(_kind, rows)))}), "
+            f"read and acknowledged by the manager's consumer {DEFAULT_DURABLE}"
+        )
+
+    async def _manager_read(self, step: Step, rows: list[Row]) -> None:
+        """Wait until the running manager's durable consumer acknowledged every row's event"""
+        assert self._js is not None
+        js, stream = self._js, self.namespace.event_stream
         last = max(row.stream_seq or 0 for row in rows)
-        js = self._js
         acked = 0
 
         async def consumed() -> bool:
             nonlocal acked
-            info = await js.consumer_info(self.namespace.event_stream, DEFAULT_DURABLE)
+            info = await js.consumer_info(stream, DEFAULT_DURABLE)
             acked = info.ack_floor.stream_seq if info.ack_floor else 0
             return acked >= last
 
-        if not await self._wait(consumed):
+        if not await self._wait(consumed, agent=False):
             raise self._fail(
                 step,
                 f"{len(rows)} events stored (the last at stream sequence {last}), but the "
@@ -605,10 +618,6 @@ class SelfTest:
                 "the manager is not running or not reading: systemctl status "
                 "cobald-remote-manager, and its log (journalctl -u cobald-remote-manager)",
             )
-        step.detail = (
-            f"{len(rows)} events stored ({', '.join(dict.fromkeys(r.drone_event for r in rows))}), "
-            f"read and acknowledged by the manager's consumer {DEFAULT_DURABLE}"
-        )
 
     async def _drain(self, step: Step) -> None:
         assert self._control is not None
@@ -663,7 +672,10 @@ class SelfTest:
                 "the drone's last events did not reach the stream; see the agent's log",
             )
         self.result.timeline = rows
-        step.detail = f"{len(rows)} rows, ending with: {rows[-1].drone_event}"
+        await self._manager_read(step, rows)
+        step.detail = (
+            f"{len(rows)} rows, ending with: {rows[-1].drone_event}; the manager read them"
+        )
 
     # ------------------------------------------------------------------ clean-up
 
