@@ -139,6 +139,10 @@ class _Failed(Exception):
     """A step failed; its :class:`Step` says why and what to do; later steps are not run"""
 
 
+#: what a step may fail with besides :class:`_Failed`: said in its detail
+_STEP_ERRORS: Final = (BrokerError, HandshakeError, nats.errors.Error, OSError, TimeoutError)
+
+
 def _mode(options: Options) -> str:
     if options.drone_creds and options.bootstrap_creds:
         raise BrokerError("give --drone-creds or --bootstrap-creds, not both")
@@ -263,20 +267,22 @@ class SelfTest:
             ("timeline", self._timeline),
         ]
         failed = False
-        for name, run in steps:
-            step = Step(name)
-            self.result.steps.append(step)
-            if failed:
-                continue
-            try:
-                await run(step)
-                step.ok = True
-            except _Failed:
-                step.ok, failed = False, True
-            except (BrokerError, HandshakeError, nats.errors.Error, OSError, TimeoutError) as err:
-                step.ok, failed = False, True
-                step.detail = step.detail or f"{type(err).__name__}: {err}"
-        await self._clean_up()
+        try:
+            for name, run in steps:
+                step = Step(name)
+                self.result.steps.append(step)
+                if failed:
+                    continue
+                try:
+                    await run(step)
+                    step.ok = True
+                except _Failed:
+                    step.ok, failed = False, True
+                except _STEP_ERRORS as err:
+                    step.ok, failed = False, True
+                    step.detail = step.detail or f"{type(err).__name__}: {err}"
+        finally:  # also when cancelled (Ctrl-C): its agent runs in a session of its own
+            await self._clean_up()
         return self.result
 
     def _fail(self, step: Step, detail: str, fix: str) -> _Failed:
@@ -502,7 +508,7 @@ class SelfTest:
                 stdout=log,
                 stderr=log,
                 env=env,
-                start_new_session=True,  # a Ctrl-C of the self-test reaches it through us
+                start_new_session=True,  # a Ctrl-C reaches the self-test alone, which stops it
             )
         step.detail = (
             f"agent (pid {self._agent.pid}) for {site}/{drone} around a stand-in worker, "
