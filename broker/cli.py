@@ -16,7 +16,17 @@ import sys
 from collections.abc import Sequence
 from typing import Any, Final
 
-from broker.commands import auth, broker, config, demo, deploy, ops, protocol, timeline
+from broker.commands import (
+    auth,
+    broker,
+    config,
+    demo,
+    deploy,
+    ops,
+    protocol,
+    selftest,
+    timeline,
+)
 from broker.commands.failures import run
 from broker.commands.lazy import Commands, Fill
 from broker.commands.options import add_before, before_the_command, refused_before, takes_before
@@ -45,6 +55,11 @@ COMMANDS: Final[tuple[tuple[str, Fill, str], ...]] = (
         "one drone's life: its agent's events beside TARDIS's state",
     ),
     ("auth", auth.add_commands, "per-drone NATS credentials (operator mode)"),
+    (
+        "selftest",
+        selftest.add_arguments,
+        "prove a site end to end: one stand-in drone's whole life against the server and manager",
+    ),
     (
         "check-config",
         config.add_arguments,
