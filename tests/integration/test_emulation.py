@@ -1,5 +1,5 @@
 """
-The emulated execution point with the shipped remote_agent/deploy/htcondor configuration:
+The emulated execution point with the shipped deploy/htcondor configuration:
 offers go through START and the real PREPARE_JOB / JOB_EXIT hooks to a gate
 served here (by a plain fake agent); drains and signals end it as HTCondor would
 """
