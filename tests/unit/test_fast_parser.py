@@ -19,7 +19,7 @@ from hypothesis import strategies as st
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
 
-from broker.jetstream.fastpath import FastParser
+from broker.jetstream.fastpath import TESTED_NATS_PY, FastParser, nats_py_version
 
 Call = tuple[object, ...]
 
@@ -196,3 +196,8 @@ def test_malformed_message_lines_are_protocol_errors(line: bytes) -> None:
     for parser_type in (FastParser, Parser):
         with pytest.raises(ProtocolError):
             _run(parser_type, [line + b"data\r\n"])
+
+
+def test_the_installed_nats_py_is_one_the_fast_path_was_tested_with() -> None:
+    """Another nats-py release falls back safely, but is checked here before it is allowed"""
+    assert nats_py_version() in TESTED_NATS_PY
