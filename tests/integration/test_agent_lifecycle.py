@@ -352,9 +352,11 @@ async def test_a_master_that_ends_before_the_drain_is_confirmed_ends_the_job_as_
 
     class SlowStartd(FakeStartd):
         stuck = False
+        asked_stuck = False  # someone waits for condor_who's answer
 
         async def slots(self) -> list[SlotInfo]:
             if self.stuck:  # condor_who of a startd that is shutting down
+                self.asked_stuck = True
                 await asyncio.Event().wait()
             return await super().slots()
 
@@ -374,7 +376,7 @@ async def test_a_master_that_ends_before_the_drain_is_confirmed_ends_the_job_as_
         startd.stuck = True
         startd.run_job(0, None)
         agent.job_exited("5.0", ev.PayloadEnd.EXIT, 0, None)  # the last payload ends
-        await asyncio.sleep(0.2)  # the drain flow now waits for condor_who
+        await wait_until(lambda: startd.asked_stuck, what="the drain flow to wait for condor_who")
         flag.touch()  # ... and the master exits first
         assert await run.exit_code() == 0
     exiting = [e for _, e in await read_events(js, DRONE) if isinstance(e, ev.AgentExiting)]

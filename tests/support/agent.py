@@ -71,11 +71,13 @@ class FakeStartd:
         self.slot_list = [SlotInfo(f"slot1_{i}@wn042", "Unclaimed", "Idle") for i in range(slots)]
         self.calls: list[tuple[Any, ...]] = []
         self.fail = False
+        self.slot_reads = 0  #: how often it was asked what its slots run (condor_who)
 
     async def ready(self) -> bool:
         return self.is_ready
 
     async def slots(self) -> list[SlotInfo]:
+        self.slot_reads += 1
         if self.fail:
             raise StartdError("condor_who: cannot connect to the startd")
         return list(self.slot_list)
