@@ -16,7 +16,7 @@ from nats.js import JetStreamContext
 from broker.manager.service import ManagerService
 from remote_agent.agent import Agent
 from remote_agent.errors import StartdError
-from remote_agent.interfaces import DrainResult, SlotInfo
+from remote_agent.interfaces import DrainResult, JobStart, SlotInfo
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 from remote_agent.protocol.senders import check_sender
@@ -126,6 +126,21 @@ async def running(agent: Agent) -> AsyncIterator[Running]:
                 run.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await run.task
+
+
+@contextlib.asynccontextmanager
+async def admitted(
+    agent: Agent, startd: FakeStartd, job: JobStart, slot: int = 0
+) -> AsyncIterator[Running]:
+    """
+    :func:`running`, with a payload in: once the gate opens it admits ``job``, which
+    then runs on ``startd``'s slot number ``slot``
+    """
+    async with running(agent) as run:
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
+        assert agent.prepare_job(job).allow
+        startd.run_job(slot, job.job_id)
+        yield run
 
 
 async def drone_life(
