@@ -5,7 +5,8 @@ The only module that touches nats-py's private attributes. Each connection is ch
 (:func:`self_check`) before its first pull: where its nats-py is not what this module
 was written against, the connection takes nats-py's normal path, loudly (a WARNING
 line, ``ConsumerStats.direct_fallbacks``). Written and tested against the nats-py
-releases in :data:`TESTED_NATS_PY`; ``tests/unit/test_fast_parser.py`` fails on any other.
+releases in :data:`TESTED_NATS_PY`, which the ``test`` extra pins;
+``tests/unit/test_fast_parser.py`` fails on any other.
 """
 
 from __future__ import annotations

@@ -12,12 +12,14 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from importlib import metadata
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
+from packaging.requirements import Requirement
 
 from broker.jetstream.fastpath import TESTED_NATS_PY, FastParser, nats_py_version
 
@@ -198,6 +200,11 @@ def test_malformed_message_lines_are_protocol_errors(line: bytes) -> None:
             _run(parser_type, [line + b"data\r\n"])
 
 
-def test_the_installed_nats_py_is_one_the_fast_path_was_tested_with() -> None:
-    """Another nats-py release falls back safely, but is checked here before it is allowed"""
+def test_the_tests_run_the_nats_py_the_fast_path_was_tested_with() -> None:
+    """The test extra pins it: another release is checked here before it is named"""
+    requires = [Requirement(text) for text in metadata.requires("cobald-remote") or []]
+    (pin,) = [r for r in requires if r.name == "nats-py" and r.marker is not None]
+    assert pin.marker is not None and pin.marker.evaluate({"extra": "test"})
+    (spec,) = pin.specifier
+    assert spec.operator == "==" and spec.version in TESTED_NATS_PY
     assert nats_py_version() in TESTED_NATS_PY
