@@ -40,10 +40,12 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-import _common
+import _common  # also puts the repository on sys.path
+
+from remote_agent.deploy_files import DEPLOY_DIR
 
 ROOT = _common.ROOT
-INSTALL_DRONE = ROOT / "remote_agent" / "deploy" / "image" / "install-drone"
+INSTALL_DRONE = DEPLOY_DIR / "image" / "install-drone"
 #: what ``python -m venv`` puts into every venv, and install-drone takes out again
 TOOLING = {"pip", "setuptools"}
 _SKIP = shutil.ignore_patterns(

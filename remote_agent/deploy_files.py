@@ -1,10 +1,12 @@
 """
-The deployment files that ship inside the package (``remote_agent/deploy/``)
+The deployment files: ``deploy/`` in the repository, ``remote_agent/deploy/`` in the wheel
 
-One rule: code, tests and ``cobald-remote deploy`` find them through
-:data:`DEPLOY_DIR`, never through the checkout's layout, so a wheel install
-has the same files as a clone. A name given on the command line is looked up
-among the shipped files, never joined onto a path.
+The build maps the repository's top-level ``deploy/`` into the package
+(``pyproject.toml``, ``[tool.setuptools.package-dir]``). One rule: code, tests
+and ``cobald-remote deploy`` find the files through :data:`DEPLOY_DIR`, never
+through either layout, so a wheel install has the same files as a clone. A
+name given on the command line is looked up among the shipped files, never
+joined onto a path.
 """
 
 from __future__ import annotations
@@ -18,8 +20,21 @@ from remote_agent.errors import DeployFileError
 
 __all__ = ["DEPLOY_DIR", "DeployFileError", "copy", "select", "shipped"]
 
+
+def _deploy_dir() -> Path:
+    """
+    Inside the installed package; in an editable install, the checkout's ``deploy/``
+
+    An editable install imports ``remote_agent`` from the checkout, where the
+    files sit beside the package instead of inside it.
+    """
+    package = Path(str(files("remote_agent")))
+    installed = package / "deploy"
+    return installed if installed.is_dir() else package.parent / "deploy"
+
+
 #: the deployment files: one directory per group (``htcondor``, ``nats``, ...)
-DEPLOY_DIR: Final = Path(str(files("remote_agent").joinpath("deploy")))
+DEPLOY_DIR: Final = _deploy_dir()
 #: mode of a copied file: executable when it starts with ``#!`` (hooks, drone job)
 SCRIPT_MODE: Final = 0o755
 DATA_MODE: Final = 0o644

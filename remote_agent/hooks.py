@@ -236,7 +236,7 @@ def _add_hooks(commands: _Subparsers[argparse.ArgumentParser]) -> None:
 def add_hook_commands(agent_subparsers: _Subparsers[argparse.ArgumentParser]) -> None:
     """Add ``hook prepare-job`` and ``hook job-exit`` below ``cobald-remote agent``"""
     hook = agent_subparsers.add_parser(
-        "hook", help="HTCondor job hooks that ask the agent's gate (remote_agent/deploy/htcondor/)"
+        "hook", help="HTCondor job hooks that ask the agent's gate (deploy/htcondor/)"
     )
     _add_hooks(hook.add_subparsers(dest="hook", required=True, metavar="HOOK"))
 

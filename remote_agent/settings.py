@@ -58,7 +58,7 @@ class Settings:
     :param creds: NATS credentials file for this drone, if the broker wants one
     :param prefix: first subject token of everything cobald-remote publishes
     :param domain: JetStream domain of the central stream and bucket, when the
-        drone reaches them through a site's leaf node (``remote_agent/deploy/nats/leaf.conf``)
+        drone reaches them through a site's leaf node (``deploy/nats/leaf.conf``)
     :param heartbeat_s: seconds between heartbeats (full snapshots)
     :param poll_s: seconds between ``condor_who`` polls (backstop for the hooks)
     :param spool_dir: directory of the event spool and (by default) the gate socket

@@ -1,8 +1,12 @@
 """
 Direct dispatch: messages of chosen subscriptions straight from nats-py's protocol parser
 
-The only module that touches nats-py's private attributes; it checks them when it
-installs itself, and without them the pull loop takes nats-py's normal path.
+The only module that touches nats-py's private attributes. Each connection is checked
+(:func:`self_check`) before its first pull: where its nats-py is not what this module
+was written against, the connection takes nats-py's normal path, loudly (a WARNING
+line, ``ConsumerStats.direct_fallbacks``). Written and tested against the nats-py
+releases in :data:`TESTED_NATS_PY`, which the ``test`` extra pins;
+``tests/unit/test_fast_parser.py`` fails on any other.
 """
 
 from __future__ import annotations
@@ -12,6 +16,7 @@ import inspect
 import logging
 import weakref
 from collections.abc import Awaitable, Callable
+from importlib import metadata
 from typing import ClassVar, Final
 
 import nats.errors
@@ -29,6 +34,62 @@ log = logging.getLogger("cobald.runtime.cobald_remote.consumer")
 RawCallback = Callable[[bytes, bytes, bytes, "bytes | None"], "Awaitable[None] | None"]
 
 _H: Final = ord("H")
+
+#: the nats-py releases this module's use of nats-py's internals was tested against
+TESTED_NATS_PY: Final = ("2.16.0",)
+
+#: the private methods of ``Client`` it calls or replaces, with their parameters
+_METHODS: Final = {
+    "_process_msg": ["sid", "subject", "reply", "data", "headers"],
+    "_send_command": ["cmd", "priority"],
+    "_flush_pending": ["force_flush"],
+}
+#: what it reads and sets of nats-py's parser, its module, and the client's counters
+_PARSER_STATE: Final = ("buf", "state", "needed", "header_needed", "msg_arg", "nc")
+_PARSER_NAMES: Final = ("AWAITING_CONTROL_LINE", "AWAITING_MSG_PAYLOAD", "MAX_CONTROL_LINE_SIZE")
+_STATS: Final = ("in_msgs", "in_bytes", "out_msgs", "out_bytes")
+
+
+def nats_py_version() -> str:
+    """The installed nats-py's version, or ``"unknown"``"""
+    try:
+        return metadata.version("nats-py")
+    except metadata.PackageNotFoundError:
+        return "unknown"
+
+
+def self_check(nc: Client) -> str | None:
+    """
+    What of ``nc``'s nats-py internals is not as direct dispatch expects; ``None``: all is
+
+    Checks every private method it calls (a coroutine function with exactly these
+    parameters), the flush queue, the parser (nats-py's own class, with the state
+    :class:`FastParser` takes over), the parser module's states and the client's
+    counters.
+    """
+    for name, parameters in _METHODS.items():
+        method = getattr(nc, name, None)
+        if method is None or not inspect.iscoroutinefunction(method):
+            return f"Client.{name} is not a coroutine method"
+        try:
+            found = list(inspect.signature(method).parameters)
+        except (TypeError, ValueError):
+            found = []
+        if found != parameters:
+            return f"Client.{name} takes ({', '.join(found)}), not ({', '.join(parameters)})"
+    if getattr(nc, "_flush_queue", None) is None:
+        return "Client._flush_queue is missing"
+    parser = getattr(nc, "_ps", None)
+    if type(parser) is not nats_parser.Parser:
+        return f"the client's parser is a {type(parser).__qualname__}, not nats-py's Parser"
+    missing = [name for name in _PARSER_STATE if not hasattr(parser, name)]
+    missing += [name for name in _PARSER_NAMES if not hasattr(nats_parser, name)]
+    if missing:
+        return f"nats-py's parser lacks {', '.join(missing)}"
+    stats = getattr(nc, "stats", None)
+    if not isinstance(stats, dict) or not all(key in stats for key in _STATS):
+        return "Client.stats lacks the message counters"
+    return None
 
 
 def _msg_args(line: bytes, with_headers: bool) -> tuple[bytes, int, bytes, int, int]:
@@ -152,12 +213,15 @@ class Direct:
     are written leaves those messages unacknowledged, and the server
     redelivers them (which the registry treats as duplicates).
 
-    This relies on private methods of nats-py, so :meth:`install` checks them:
-    if the installed nats-py does not have them as expected it returns
-    ``None`` and the pull loop uses a normal subscription callback instead.
+    This relies on private methods of nats-py, so :meth:`install` checks them
+    (:func:`self_check`): if the installed nats-py does not have them as expected
+    it says so in a WARNING line and returns ``None``, and the pull loop uses a
+    normal subscription callback instead.
     """
 
     _installed: ClassVar[weakref.WeakKeyDictionary[Client, Direct]] = weakref.WeakKeyDictionary()
+    #: clients found unfit, with the reason (checked and logged once per connection)
+    _refused: ClassVar[weakref.WeakKeyDictionary[Client, str]] = weakref.WeakKeyDictionary()
 
     def __init__(self, nc: Client) -> None:
         self.nc = nc
@@ -170,32 +234,25 @@ class Direct:
 
     @classmethod
     def install(cls, nc: Client) -> Direct | None:
+        """``nc``'s direct dispatch, installed on first use; ``None`` if its nats-py differs"""
         direct = cls._installed.get(nc)
-        if direct is not None:
+        if direct is not None or nc in cls._refused:
             return direct
-        expected = {
-            "_process_msg": ["sid", "subject", "reply", "data", "headers"],
-            "_send_command": ["cmd", "priority"],
-            "_flush_pending": ["force_flush"],
-        }
-        for name, parameters in expected.items():
-            method = getattr(nc, name, None)
-            if method is None or not inspect.iscoroutinefunction(method):
-                return None
-            try:
-                if list(inspect.signature(method).parameters) != parameters:
-                    return None
-            except (TypeError, ValueError):
-                return None
-        if getattr(nc, "_flush_queue", None) is None:
+        reason = self_check(nc)
+        if reason is not None:
+            cls._refused[nc] = reason
+            log.warning(
+                "direct dispatch is off on this connection, messages take nats-py's slower "
+                "Msg path: %s (nats-py %s; tested with %s)",
+                reason,
+                nats_py_version(),
+                ", ".join(TESTED_NATS_PY),
+            )
             return None
         direct = cls(nc)
-        parser = getattr(nc, "_ps", None)
-        if type(parser) is nats_parser.Parser and all(
-            hasattr(parser, name) for name in ("buf", "state", "needed", "header_needed", "msg_arg")
-        ):
-            parser.routes = direct.routes  # type: ignore[attr-defined]
-            parser.__class__ = FastParser
+        parser = nc._ps
+        parser.routes = direct.routes  # type: ignore[attr-defined]
+        parser.__class__ = FastParser
         original = nc._process_msg
         routes = direct.routes
         stats = direct._stats
@@ -263,6 +320,12 @@ def route(nc: Client, sub: Subscription, callback: RawCallback) -> Direct | None
     """
     sid = getattr(sub, "_id", None)
     if not isinstance(sid, int):
+        log.warning(
+            "direct dispatch is off for this subscription, its messages take nats-py's "
+            "slower Msg path: Subscription._id is not an int (nats-py %s; tested with %s)",
+            nats_py_version(),
+            ", ".join(TESTED_NATS_PY),
+        )
         return None
     direct = Direct.install(nc)
     if direct is not None:

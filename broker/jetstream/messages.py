@@ -87,6 +87,9 @@ class ConsumerStats:
     expired: int = 0  #: 404/408 answers
     cut_short: int = 0  #: 409 answers
     watchdog: int = 0  #: re-issues because of silence
+    #: starts that wanted direct dispatch and took nats-py's Msg path: its internals
+    #: were not what :mod:`broker.jetstream.fastpath` expects
+    direct_fallbacks: int = 0
     statuses: dict[str, int] = field(default_factory=dict)
 
 

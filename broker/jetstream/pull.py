@@ -112,11 +112,11 @@ class PullConsumer:
             pending_msgs_limit=-1,  # at most 1.5 batches are ever owed
             pending_bytes_limit=-1,
         )
-        direct = route(self.nc, self._sub, self._on_raw) if self.direct else None
-        if direct is not None:
-            self._direct = direct
-        elif self.direct:
-            log.warning("this nats-py does not allow direct dispatch; using the slower Msg path")
+        if self.direct:
+            # route() logs why when the connection's nats-py does not allow it
+            self._direct = route(self.nc, self._sub, self._on_raw)
+            if self._direct is None:
+                self.stats.direct_fallbacks += 1
         if self.acks:
             self._advisories = await self.nc.subscribe(
                 f"{MAX_DELIVERIES_ADVISORY}.{self.stream}.{self.consumer}",

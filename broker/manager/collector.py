@@ -259,6 +259,12 @@ class ManagerCollector(Collector):
             "Pull requests re-issued because neither messages nor heartbeats came",
             value=stats.watchdog,
         )
+        yield CounterMetricFamily(
+            PREFIX + "consumer_direct_fallbacks",
+            "Consumer starts that took nats-py's slower Msg path because its internals "
+            "are not what direct dispatch expects (see the WARNING line)",
+            value=stats.direct_fallbacks,
+        )
 
     def _manager(self) -> Iterator[Metric]:
         sources = self.sources

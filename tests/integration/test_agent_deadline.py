@@ -14,7 +14,7 @@ from pathlib import Path
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from support.agent import SITE, FakeStartd, command, drain, read_events, running, settings
+from support.agent import SITE, FakeStartd, admitted, command, drain, read_events, settings
 from support.waiting import wait_until
 
 from broker.server.embedded import EmbeddedServer
@@ -47,10 +47,7 @@ async def test_the_command_after_its_record_sets_the_deadline_of_the_drain(
     """The record is read first (a day's deadline), the command then ends the drain on time"""
     startd = FakeStartd()
     agent = Agent(settings(tmp_path, nats_server.url, startd=True), startd=startd)
-    async with running(agent) as run:
-        await wait_until(lambda: agent.gate_open, what="the gate to open")
-        assert agent.prepare_job(JobStart("5.0", "slot1_1@wn042")).allow
-        startd.run_job(0, "5.0")
+    async with admitted(agent, startd, JobStart("5.0", "slot1_1@wn042")) as run:
         request = drain(DRONE, request_id="r7", deadline_s=1.5)
         intent = ev.DrainIntent(
             deadline=request.deadline,
@@ -102,10 +99,7 @@ async def test_a_drain_command_moves_a_deadline_up_and_never_out(
 ) -> None:
     startd = FakeStartd()
     agent = Agent(settings(tmp_path, nats_server.url, startd=True), startd=startd)
-    async with running(agent):
-        await wait_until(lambda: agent.gate_open, what="the gate to open")
-        assert agent.prepare_job(JobStart("5.0", "slot1_1@wn042")).allow
-        startd.run_job(0, "5.0")
+    async with admitted(agent, startd, JobStart("5.0", "slot1_1@wn042")):
         first = drain(DRONE, request_id="r1", deadline_s=600)
         reply = await command(nc, first)
         assert isinstance(reply, ev.Reply) and reply.outcome is ev.Outcome.DRAIN_ACCEPTED

@@ -18,7 +18,7 @@ from typing import Any
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
-from support.agent import FakeStartd, command, drain, read_events, running, settings
+from support.agent import FakeStartd, admitted, command, drain, read_events, running, settings
 from support.waiting import wait_until
 
 from broker.emulation.execution_point import EmulatorControl, install_fake_condor
@@ -175,10 +175,7 @@ async def test_the_end_moves_the_deadline_of_a_drain_in_progress_up_and_vacates(
         settings(tmp_path, nats_server.url, startd=True, warning_grace_s=2.0, end_margin_s=1.0),
         startd=startd,
     )
-    async with running(agent) as run:
-        await wait_until(lambda: agent.gate_open, what="the gate to open")
-        assert agent.prepare_job(JobStart("5.0", "slot1_0@wn042", requested_s=7200.0)).allow
-        startd.run_job(0, "5.0")
+    async with admitted(agent, startd, JobStart("5.0", "slot1_0@wn042", requested_s=7200.0)) as run:
         reply = await command(nc, drain(DRONE, deadline_s=86400.0))
         assert isinstance(reply, ev.Reply) and reply.outcome is ev.Outcome.DRAIN_ACCEPTED
         agent.notice(signal.SIGUSR1)
@@ -210,10 +207,7 @@ async def test_a_drain_past_its_deadline_under_wait_vacates_at_the_drones_end(
         settings(tmp_path, nats_server.url, startd=True, warning_grace_s=1.5, end_margin_s=0.5),
         startd=startd,
     )
-    async with running(agent) as run:
-        await wait_until(lambda: agent.gate_open, what="the gate to open")
-        assert agent.prepare_job(JobStart("6.0", "slot1_0@wn042")).allow
-        startd.run_job(0, "6.0")
+    async with admitted(agent, startd, JobStart("6.0", "slot1_0@wn042")) as run:
         reply = await command(nc, drain(DRONE, deadline_s=0.2))
         assert isinstance(reply, ev.Reply) and reply.outcome is ev.Outcome.DRAIN_ACCEPTED
 

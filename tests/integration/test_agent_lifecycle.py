@@ -12,6 +12,7 @@ from nats.js import JetStreamContext
 from support.agent import (
     SITE,
     FakeStartd,
+    admitted,
     command,
     drain,
     kinds,
@@ -43,10 +44,7 @@ async def test_lifecycle_publishes_the_right_events_in_order(
 ) -> None:
     startd = FakeStartd()
     agent = Agent(settings(tmp_path, nats_server.url, startd=True), startd=startd)
-    async with running(agent) as run:
-        await wait_until(lambda: agent.gate_open, what="the gate to open")
-        assert agent.prepare_job(JobStart("1234.0", "slot1_1@wn042")).allow
-        startd.run_job(0, "1234.0")
+    async with admitted(agent, startd, JobStart("1234.0", "slot1_1@wn042")) as run:
         assert agent.state is ev.DroneState.BUSY
 
         reply = await command(nc, drain(DRONE))
@@ -154,10 +152,7 @@ async def test_commands_repeated_give_the_same_outcome(
 ) -> None:
     startd = FakeStartd()
     agent = Agent(settings(tmp_path, nats_server.url, startd=True, end_grace_s=60.0), startd=startd)
-    async with running(agent) as run:
-        await wait_until(lambda: agent.gate_open, what="the gate to open")
-        assert agent.prepare_job(JobStart("1.0", "slot1_1@wn042")).allow
-        startd.run_job(0, "1.0")
+    async with admitted(agent, startd, JobStart("1.0", "slot1_1@wn042")) as run:
 
         async def outcome(message: ev.AnyCommand) -> ev.Outcome:
             reply = await command(nc, message)
@@ -232,10 +227,7 @@ async def test_drain_deadline_expires(
     agent = Agent(
         settings(tmp_path, nats_server.url, startd=True, deadline_policy=policy), startd=startd
     )
-    async with running(agent) as run:
-        await wait_until(lambda: agent.gate_open, what="the gate to open")
-        assert agent.prepare_job(JobStart("5.0", "slot1_1@wn042")).allow
-        startd.run_job(0, "5.0")
+    async with admitted(agent, startd, JobStart("5.0", "slot1_1@wn042")) as run:
         reply = await command(nc, drain(DRONE, deadline_s=0.3))
         assert isinstance(reply, ev.Reply) and reply.outcome is ev.Outcome.DRAIN_ACCEPTED
 
@@ -274,10 +266,7 @@ async def test_the_startd_poll_is_a_backstop_for_the_hooks(
 ) -> None:
     startd = FakeStartd()
     agent = Agent(settings(tmp_path, nats_server.url, startd=True), startd=startd)
-    async with running(agent) as run:
-        await wait_until(lambda: agent.gate_open, what="the gate to open")
-        assert agent.prepare_job(JobStart("1.0", "slot1_1@wn042")).allow
-        startd.run_job(0, "1.0")
+    async with admitted(agent, startd, JobStart("1.0", "slot1_1@wn042")) as run:
         startd.run_job(1, "2.0")  # never passed the gate (an earlier agent let it in)
         await wait_until(lambda: len(agent.payloads) == 2, what="the unknown payload counted")
         startd.run_job(0, None)  # vanished without a JOB_EXIT hook
@@ -352,9 +341,11 @@ async def test_a_master_that_ends_before_the_drain_is_confirmed_ends_the_job_as_
 
     class SlowStartd(FakeStartd):
         stuck = False
+        asked_stuck = False  # someone waits for condor_who's answer
 
         async def slots(self) -> list[SlotInfo]:
             if self.stuck:  # condor_who of a startd that is shutting down
+                self.asked_stuck = True
                 await asyncio.Event().wait()
             return await super().slots()
 
@@ -365,16 +356,13 @@ async def test_a_master_that_ends_before_the_drain_is_confirmed_ends_the_job_as_
         settings(tmp_path, nats_server.url, startd=True, command=worker, poll_s=60.0),
         startd=startd,
     )
-    async with running(agent) as run:
-        await wait_until(lambda: agent.gate_open, what="the gate to open")
-        assert agent.prepare_job(JobStart("5.0", "slot1_1@wn042")).allow
-        startd.run_job(0, "5.0")
+    async with admitted(agent, startd, JobStart("5.0", "slot1_1@wn042")) as run:
         reply = await command(nc, drain(DRONE))
         assert isinstance(reply, ev.Reply) and reply.outcome is ev.Outcome.DRAIN_ACCEPTED
         startd.stuck = True
         startd.run_job(0, None)
         agent.job_exited("5.0", ev.PayloadEnd.EXIT, 0, None)  # the last payload ends
-        await asyncio.sleep(0.2)  # the drain flow now waits for condor_who
+        await wait_until(lambda: startd.asked_stuck, what="the drain flow to wait for condor_who")
         flag.touch()  # ... and the master exits first
         assert await run.exit_code() == 0
     exiting = [e for _, e in await read_events(js, DRONE) if isinstance(e, ev.AgentExiting)]

@@ -2,17 +2,17 @@
 
 from __future__ import annotations
 
-import asyncio
 import logging
 import os
 import signal
 from collections.abc import AsyncIterator
 from pathlib import Path
 
+import nats.errors
 import pytest
 from nats.js import JetStreamContext
 from support.agent import running, settings
-from support.waiting import wait_until
+from support.waiting import wait_until, wait_until_async
 
 from broker.cli import main
 from broker.server.embedded import EmbeddedServer
@@ -56,6 +56,25 @@ class Operator:
         assert main(["auth", "revoke", drone, *self.given, *config]) == 0
         assert self.server.pid is not None
         os.kill(self.server.pid, signal.SIGHUP)
+
+    async def refuses(self, creds: Path) -> bool:
+        """Whether the server refuses a connection with ``creds`` (the reload took effect)"""
+        try:
+            nc = await connect(
+                self.server.url,
+                user_credentials=str(creds),
+                allow_reconnect=False,
+                connect_timeout=2,
+                error_cb=_quiet,
+            )
+        except nats.errors.Error as err:
+            return "authorization" in str(err).lower()
+        await nc.close()
+        return False
+
+
+async def _quiet(_: Exception) -> None:
+    """nats-py logs every connection error unless given a callback"""
 
 
 @pytest.fixture
@@ -105,7 +124,7 @@ async def test_an_agent_refused_at_connect_says_so_once_and_keeps_its_gate_shut(
     caplog.set_level(logging.DEBUG, logger="remote_agent")
     creds = operator.creds(DRONE)
     operator.revoke(DRONE)
-    await asyncio.sleep(0.5)  # the reload
+    await wait_until_async(lambda: operator.refuses(creds), what="the reload")
     agent = Agent(settings(tmp_path, operator.server.url, DRONE, creds=creds))
     async with running(agent) as run:
         await wait_until(lambda: attempts(agent) >= 5, what="attempts to connect")

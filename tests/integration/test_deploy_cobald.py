@@ -1,5 +1,5 @@
 """
-remote_agent/deploy/cobald: every COBalD/TARDIS configuration loads with COBalD's own machinery and
+deploy/cobald: every COBalD/TARDIS configuration loads with COBalD's own machinery and
 builds TARDIS wrapped in the decorators; the real daemon starts with it; the drone job
 template and script run the agent as documented
 """

@@ -1,4 +1,4 @@
-"""remote_agent/deploy/nats: every server configuration is valid and runs as documented"""
+"""deploy/nats: every server configuration is valid and runs as documented"""
 
 from __future__ import annotations
 

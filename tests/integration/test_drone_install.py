@@ -3,7 +3,7 @@ The drone image's install steps, run as the recipes run them: ``install-drone`` 
 the built wheel into a fresh venv, offline, then the installed drone job in that venv
 around an emulated startd that uses the installed hooks and startd configuration
 
-The script is the shipped file itself (``remote_agent/deploy/image/install-drone``),
+The script is the shipped file itself (``deploy/image/install-drone``),
 with its paths in temporary directories and the wheels of the dependencies repacked
 from this environment (``PIP_NO_INDEX``: nothing is downloaded). The fake ``condor_*``
 tools come from the checkout's emulation, which a drone install does not have; they

@@ -154,7 +154,10 @@ async def test_forged_job_exits_do_not_make_a_busy_drone_idle(
         reply = await command(nc, drain(DRONE))
         assert isinstance(reply, ev.Reply)
         assert reply.outcome is ev.Outcome.DRAIN_ACCEPTED
-        await asyncio.sleep(1.0)  # 20 poll intervals
+        asked = d.startd.slot_reads
+        await wait_until(
+            lambda: d.startd.slot_reads >= asked + 5, what="the drain to ask the startd again"
+        )
         assert d.agent.state is ev.DroneState.DRAINING
         assert await _phase(store) is ev.RecordPhase.DRAINING
         reply = await command(nc, release_if_idle(DRONE, "q2"))

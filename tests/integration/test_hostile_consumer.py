@@ -14,7 +14,6 @@ import asyncio
 import contextlib
 import dataclasses
 import logging
-import time
 from collections.abc import AsyncIterator, Mapping
 from typing import Any
 
@@ -289,7 +288,7 @@ async def test_a_message_never_answered_stops_after_max_deliver(
 
 
 async def test_read_all_reads_past_poison(nc: Client, stream: JetStreamContext) -> None:
-    """Handlers raising on some messages: read_all still returns every message, quickly"""
+    """Handlers raising on some messages: read_all still reads every message, and ends there"""
     drones = [FakeDrone(SITE, f"site1-{i:010x}") for i in range(4)]
     for drone in drones:
         await _publish_story(stream, drone, 3)
@@ -303,10 +302,9 @@ async def test_read_all_reads_past_poison(nc: Client, stream: JetStreamContext) 
         msgspec.msgpack.decode(data)
 
     config = ConsumerConfig(filter_subject=NS.all_events)
-    started = time.monotonic()
+    # it ends on the last message: a read that waited for more would raise TimeoutError
     count = await read_all(nc, stream, NS.event_stream, config, handler, timeout_s=15.0)
     assert count == total
-    assert time.monotonic() - started < 10
     stats = ConsumerStats()
     count = await read_all(nc, stream, NS.event_stream, config, handler, stats=stats)
     assert count == total == stats.delivered
@@ -322,9 +320,8 @@ async def test_status_answers_on_a_quiet_bus_holding_one_poison_message(
     drone = FakeDrone(SITE, "site1-00000000b1")
     await _publish_story(stream, drone, 3)
     await _poison(stream, drone)  # its newest heartbeat
-    started = time.monotonic()
+    # answers at all: run_process fails the test if it has not ended within 20 s
     code, out, err = await run_process(*CLI, "status", "--server", nats_server.url, timeout_s=20)
-    assert time.monotonic() - started < 20
     assert code == 0, err
     rows = {line.split()[0]: line.split() for line in out.splitlines()[1:]}
     assert drone.drone in rows

@@ -4,7 +4,8 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import AsyncIterator
+import logging
+from collections.abc import AsyncIterator, Awaitable, Callable
 
 import pytest
 from nats.aio.client import Client
@@ -13,10 +14,10 @@ from nats.js.api import ConsumerConfig
 from nats.protocol.parser import Parser
 from support.drones import FakeDrone, publish
 from support.stories import FAST, NS, SITE, expected, fleet, publish_story, state_of
-from support.waiting import wait_until
+from support.waiting import wait_until, wait_until_async
 
 from broker.errors import ConsumerError
-from broker.jetstream.fastpath import FastParser
+from broker.jetstream.fastpath import FastParser, self_check
 from broker.jetstream.messages import PullSettings
 from broker.jetstream.pull import PullConsumer
 from broker.manager.handler import event_handler
@@ -87,6 +88,72 @@ async def test_portable_path_works_too(nc: Client, stream: JetStreamContext) -> 
     assert pull.stats.acked == registry.metrics().applied
 
 
+async def test_this_nats_py_passes_the_self_check(nc: Client) -> None:
+    assert self_check(nc) is None
+
+
+async def _unexpected_process_msg(nc: Client) -> None:
+    """A nats-py whose ``Client._process_msg`` takes one more parameter"""
+    original = nc._process_msg
+
+    async def process_msg(
+        sid: int, subject: bytes, reply: bytes, data: bytes, headers: bytes | None, extra: int = 0
+    ) -> None:
+        await original(sid, subject, reply, data, headers)  # type: ignore[arg-type]
+
+    nc._process_msg = process_msg  # type: ignore[method-assign]
+
+
+async def _unexpected_parser(nc: Client) -> None:
+    """A nats-py whose connection parses with a class of its own"""
+
+    class OtherParser(Parser):
+        pass
+
+    nc._ps.__class__ = OtherParser
+
+
+@pytest.mark.parametrize(
+    ("differ", "reason"),
+    [
+        (_unexpected_process_msg, "Client._process_msg takes"),
+        (_unexpected_parser, "the client's parser is a"),
+    ],
+    ids=["process_msg", "parser"],
+)
+async def test_a_nats_py_that_differs_falls_back_loudly(
+    nc: Client,
+    stream: JetStreamContext,
+    caplog: pytest.LogCaptureFixture,
+    differ: Callable[[Client], Awaitable[None]],
+    reason: str,
+) -> None:
+    """Internals not as expected: a WARNING, a counted fallback, every event still applied"""
+    await differ(nc)
+    parser_type = type(nc._ps)
+    await ensure_consumer(stream, NS.event_stream, durable_config(NS.all_events, "other"))
+    drones = fleet(3)
+    for drone in drones:
+        await publish_story(stream, drone, 5)
+    registry = Registry(NS)
+    pull = PullConsumer(
+        nc, NS.event_stream, "other", event_handler(registry), settings=FAST, headers=True
+    )
+    with caplog.at_level(logging.WARNING, logger="cobald.runtime.cobald_remote.consumer"):
+        async with _running(pull):
+            await wait_until(lambda: state_of(registry) == expected(drones), what="all applied")
+    assert not pull.is_direct
+    assert pull.stats.direct_fallbacks == 1
+    assert type(nc._ps) is parser_type  # left as it was
+    warnings = [
+        r.getMessage()
+        for r in caplog.records
+        if r.levelno == logging.WARNING and r.name == "cobald.runtime.cobald_remote.consumer"
+    ]
+    assert len(warnings) == 1 and reason in warnings[0] and "tested with" in warnings[0]
+    assert pull.stats.acked == registry.metrics().applied
+
+
 async def test_crash_before_ack_means_redelivery(nc: Client, stream: JetStreamContext) -> None:
     config = durable_config(NS.all_events, "crashy", ack_wait_s=1.0)
     await ensure_consumer(stream, NS.event_stream, config)
@@ -153,8 +220,13 @@ async def test_garbage_and_forgeries_are_termed_and_counted(
     async with _running(pull):
         await wait_until(lambda: pull.stats.delivered >= 4, what="all delivered")
         await wait_until(lambda: pull.stats.termed == 3, what="termed")
-        # terminated messages are not redelivered after ack_wait (1 s)
-        await asyncio.sleep(2.5)
+
+        async def answered() -> bool:
+            info = await stream.consumer_info(NS.event_stream, "strict")
+            return info.num_ack_pending == 0
+
+        # the server took every answer: nothing waits for an ack, so nothing comes again
+        await wait_until_async(answered, what="the server to take the answers")
         assert pull.stats.delivered == 4
     metrics = registry.metrics()
     assert metrics.rejected[Rejection.MALFORMED] == 1
@@ -163,7 +235,7 @@ async def test_garbage_and_forgeries_are_termed_and_counted(
     view = registry.view(SITE, honest.drone)
     assert view is not None and view.seq == honest.seq - 2  # only its first heartbeat
     info = await stream.consumer_info(NS.event_stream, "strict")
-    assert info.num_ack_pending == 0
+    assert info.num_ack_pending == 0 and info.num_redelivered == 0  # the terms held
 
 
 async def test_ephemeral_reader_reads_what_was_there(nc: Client, stream: JetStreamContext) -> None:

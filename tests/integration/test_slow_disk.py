@@ -1,6 +1,7 @@
 """
-An agent on a scratch disk whose fsync takes 1 s: the gate, heartbeats and the loop keep
-their pace, and what the gate confirmed is in the spool after a SIGKILL
+An agent on a scratch disk whose fsync takes 1 s: the gate answers within the hook's
+budget, heartbeats keep going, the fsync stays off the event loop, and what the gate
+confirmed is in the spool after a SIGKILL
 """
 
 from __future__ import annotations
@@ -9,6 +10,7 @@ import asyncio
 import os
 import signal
 import sys
+import threading
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -32,8 +34,6 @@ from remote_agent.spool import Spool
 
 DRONE = "site1-00000000fd"
 SLOW_FSYNC_S = 1.0
-#: a loop stall this long would be the fsync itself, on the loop
-STALL_BOUND_S = SLOW_FSYNC_S / 2
 #: the agent, started with its spool's fsync slowed down to ``SLOW_FSYNC_S``
 SLOW_AGENT = (
     sys.executable,
@@ -45,42 +45,25 @@ SLOW_AGENT = (
     "from broker.cli import main\n"
     "sys.exit(main())\n",
 )
+#: the threads the slowed fsync ran in
+FSYNC_THREADS: set[int] = set()
 
 
 def _slow_fsync(fd: int) -> None:
+    FSYNC_THREADS.add(threading.get_ident())
     time.sleep(SLOW_FSYNC_S)
     os.fsync(fd)
 
 
-class LagProbe:
-    """How late the loop wakes a task that sleeps in small steps: the longest stall"""
+async def _start(path: Path, job_id: str) -> AnyGateReply:
+    """
+    A start hook's question, asked from a thread as the hook asks it
 
-    def __init__(self, step_s: float = 0.02) -> None:
-        self.step_s = step_s
-        self.worst_s = 0.0
-        self._task: asyncio.Task[None] | None = None
-
-    async def _run(self) -> None:
-        while True:
-            before = time.monotonic()
-            await asyncio.sleep(self.step_s)
-            self.worst_s = max(self.worst_s, time.monotonic() - before - self.step_s)
-
-    async def __aenter__(self) -> LagProbe:
-        self._task = asyncio.create_task(self._run())
-        return self
-
-    async def __aexit__(self, *exc: object) -> None:
-        assert self._task is not None
-        self._task.cancel()
-
-
-async def _start(path: Path, job_id: str) -> tuple[AnyGateReply, float]:
-    """A start hook's question, asked from a thread as the hook asks it; reply and seconds"""
-    before = time.monotonic()
+    With the hook's own budget: :func:`ask` raises ``GateUnavailable`` when no
+    answer comes within ``DEFAULT_TIMEOUT_S``.
+    """
     request = PrepareJobRequest(job_id=job_id, slot="slot1_1")
-    reply = await asyncio.to_thread(ask, path, request, DEFAULT_TIMEOUT_S)
-    return reply, time.monotonic() - before
+    return await asyncio.to_thread(ask, path, request, DEFAULT_TIMEOUT_S)
 
 
 @pytest.fixture
@@ -110,13 +93,15 @@ async def test_the_gate_answers_within_its_budget_while_fsync_takes_a_second(
 ) -> None:
     agent, gate = gate_agent
     before = len(await read_events(js, DRONE))
-    async with LagProbe() as probe:
-        answers = [await _start(gate.path, f"{n}.0") for n in range(3)]
-        together = await asyncio.gather(*(_start(gate.path, f"{n}.1") for n in range(2)))
-    for reply, seconds in [*answers, *together]:
+    FSYNC_THREADS.clear()
+    # each answer within the hook's budget (ask raises otherwise), one after another
+    # and two at once, while every fsync takes a second
+    answers = [await _start(gate.path, f"{n}.0") for n in range(3)]
+    together = await asyncio.gather(*(_start(gate.path, f"{n}.1") for n in range(2)))
+    for reply in [*answers, *together]:
         assert isinstance(reply, GateDecisionReply) and reply.allow
-        assert seconds < DEFAULT_TIMEOUT_S
-    assert probe.worst_s < STALL_BOUND_S
+    # the fsyncs ran, and never on the event loop's thread
+    assert FSYNC_THREADS and threading.get_ident() not in FSYNC_THREADS
     events = [e for _, e in await read_events(js, DRONE)]
     assert len(events) - before >= 5  # heartbeats kept going to the broker meanwhile
     assert sum(isinstance(e, ev.Heartbeat) for e in events[before:]) >= 1
@@ -163,12 +148,12 @@ async def test_a_confirmed_start_survives_a_sigkill_on_a_slow_disk(
         )
         assert agent.returncode is None
         for _ in range(200):  # the gate opens once the agent has told the broker it runs
-            reply, _ = await _start(gate_path, "warmup.0")
+            reply = await _start(gate_path, "warmup.0")
             if isinstance(reply, GateDecisionReply) and reply.allow:
                 break
             await asyncio.sleep(0.1)
         await nats_server.stop()  # from now on events stay in the spool
-        reply, seconds = await _start(gate_path, "7.0")
+        reply = await _start(gate_path, "7.0")  # within the hook's budget
         agent.send_signal(signal.SIGKILL)  # no chance to write anything more
         await agent.wait()
     finally:
@@ -176,7 +161,6 @@ async def test_a_confirmed_start_survives_a_sigkill_on_a_slow_disk(
             agent.kill()
             await agent.wait()
     assert isinstance(reply, GateDecisionReply) and reply.allow
-    assert seconds < DEFAULT_TIMEOUT_S
     with Spool.open(spool_dir) as spool:
         started = [ev.decode_event(e.data) for e in spool if e.kind == "payload_started"]
     assert "7.0" in {e.job_id for e in started if isinstance(e, ev.PayloadStarted)}

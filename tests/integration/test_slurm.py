@@ -12,7 +12,6 @@ import asyncio
 import contextlib
 import os
 import subprocess
-import time
 from collections.abc import AsyncIterator, Awaitable, Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -299,7 +298,7 @@ async def test_a_drone_whose_agent_never_connects_runs_as_stock_tardis_would(
     assert "payload_started" not in startd  # the gate never opened
 
 
-async def test_an_operators_scancel_is_seen_as_the_drones_end_within_a_heartbeat(
+async def test_an_operators_scancel_is_told_by_the_agent_as_the_drones_end(
     site: SlurmSite, make_bus: BusFactory
 ) -> None:
     bus = await make_bus(lost_after_s=10.0, request_timeout_s=5.0)
@@ -309,16 +308,14 @@ async def test_an_operators_scancel_is_seen_as_the_drones_end_within_a_heartbeat
         await wait_until(_busy(tardis), 60, "a payload runs")
         view = tardis.view()
         assert view is not None
-        # the site's operator cancels the job, outside TARDIS
-        cancelled = time.monotonic()
+        # the site's operator cancels the job, outside TARDIS; the agent's last event says
+        # the drone exits (a silent end would make it lost instead, after lost_after_s)
         site.cluster.run("scancel", str(tardis.job_id))
         await wait_until(
             lambda: (view := tardis.view()) is not None and view.state is ev.DroneState.EXITING,
             site.agent_heartbeat_s * 10,
             "the agent's last event",
         )
-        seen_after_s = time.monotonic() - cancelled
-        assert seen_after_s < site.agent_heartbeat_s * 5, seen_after_s  # generous: a heartbeat
         await wait_until(lambda: tardis.states.states[-1] == "DownState", 90, "TARDIS: Down")
     view = tardis.view()
     assert view is not None and view.state is ev.DroneState.EXITING

@@ -16,7 +16,7 @@ from nats.js import JetStreamContext
 from broker.manager.service import ManagerService
 from remote_agent.agent import Agent
 from remote_agent.errors import StartdError
-from remote_agent.interfaces import DrainResult, SlotInfo
+from remote_agent.interfaces import DrainResult, JobStart, SlotInfo
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import Namespace
 from remote_agent.protocol.senders import check_sender
@@ -71,11 +71,13 @@ class FakeStartd:
         self.slot_list = [SlotInfo(f"slot1_{i}@wn042", "Unclaimed", "Idle") for i in range(slots)]
         self.calls: list[tuple[Any, ...]] = []
         self.fail = False
+        self.slot_reads = 0  #: how often it was asked what its slots run (condor_who)
 
     async def ready(self) -> bool:
         return self.is_ready
 
     async def slots(self) -> list[SlotInfo]:
+        self.slot_reads += 1
         if self.fail:
             raise StartdError("condor_who: cannot connect to the startd")
         return list(self.slot_list)
@@ -124,6 +126,21 @@ async def running(agent: Agent) -> AsyncIterator[Running]:
                 run.task.cancel()
                 with contextlib.suppress(asyncio.CancelledError):
                     await run.task
+
+
+@contextlib.asynccontextmanager
+async def admitted(
+    agent: Agent, startd: FakeStartd, job: JobStart, slot: int = 0
+) -> AsyncIterator[Running]:
+    """
+    :func:`running`, with a payload in: once the gate opens it admits ``job``, which
+    then runs on ``startd``'s slot number ``slot``
+    """
+    async with running(agent) as run:
+        await wait_until(lambda: agent.gate_open, what="the gate to open")
+        assert agent.prepare_job(job).allow
+        startd.run_job(slot, job.job_id)
+        yield run
 
 
 async def drone_life(

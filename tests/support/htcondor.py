@@ -2,7 +2,7 @@
 TARDIS's own HTCondor adapters in front of the emulated site, for the integration tests
 
 :func:`htcondor_site` sets up fake condor tools before an emulated local batch system and
-overlay pool, configured as ``remote_agent/deploy/cobald/htcondor.yaml`` is;
+overlay pool, configured as ``deploy/cobald/htcondor.yaml`` is;
 :class:`HTCondorDrone` is a real TARDIS drone on those adapters, wrapped by the decorators.
 """
 
@@ -48,9 +48,9 @@ async def htcondor_site(
 ) -> AsyncIterator[SiteFactory]:
     """
     The site and the overlay pool as TARDIS's own HTCondor adapters see them, configured
-    like ``remote_agent/deploy/cobald/htcondor.yaml``: fake schedd tools
+    like ``deploy/cobald/htcondor.yaml``: fake schedd tools
     (``broker/emulation/site/schedd.py``) in
-    front of an emulated local batch system whose jobs run ``remote_agent/deploy/cobald/drone-job``
+    front of an emulated local batch system whose jobs run ``deploy/cobald/drone-job``
     (the real agent around an emulated startd with the real hooks), and fake collector
     tools (``broker/emulation/site/collector.py``) in front of an emulated overlay pool that offers
     3-second payloads to every startd; all on the ``PATH`` of TARDIS's ``ShellExecutor``

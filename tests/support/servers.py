@@ -30,7 +30,7 @@ def hub_and_leaf(
     """
     A central server and a site's leaf node connected to it (not started yet)
 
-    With the environment ``remote_agent/deploy/systemd`` gives them: the hub's JetStream
+    With the environment ``deploy/systemd`` gives them: the hub's JetStream
     store and leaf listener, the leaf's node name and its hub URL.
     """
     (leaf_port,) = free_ports(1)

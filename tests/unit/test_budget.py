@@ -14,6 +14,7 @@ import math
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from support.clock import FakeClock
 from support.drones import FakeDrone
 from support.registry import NS, SITE, event_subject
 from support.waiting import wait_until
@@ -289,12 +290,12 @@ async def test_the_handler_applies_the_held_event_without_a_newer_one() -> None:
 
 
 def test_the_waker_counts_state_runs_that_waited_and_their_drones_for_a_minute() -> None:
-    now = [100.0]
-    waker = Waker(lambda drone: True, clock=lambda: now[0])
+    now = FakeClock(100.0)
+    waker = Waker(lambda drone: True, clock=now)
     for drone in (DRONE, DRONE, OTHER):
         waker.delayed(drone, SMALL)
     assert (waker.counts["state_runs_delayed"], waker.noisy()) == (3, 2)
-    now[0] += NOISY_FOR_S / 2
+    now.advance(NOISY_FOR_S / 2)
     waker.delayed(OTHER, SMALL)
-    now[0] += NOISY_FOR_S / 2
+    now.advance(NOISY_FOR_S / 2)
     assert waker.noisy() == 1  # only the one delayed again since

@@ -3,19 +3,12 @@
 import logging
 
 import pytest
+from support.clock import FakeClock
 
 from broker.tardis.failures import DRONE_LINES, CallLog
 
 LOG = "test.calllog"
 FLEET = 5_000
-
-
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
 
 
 def _drone(number: int) -> str:
@@ -26,7 +19,7 @@ def test_an_outage_of_the_whole_fleet_writes_a_bounded_number_of_lines(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.WARNING, LOG)
-    clock = Clock()
+    clock = FakeClock()
     log = CallLog(logging.getLogger(LOG), 300.0, clock)
     down = OSError("condor_q: connection refused")
     per_heartbeat: list[int] = []
@@ -68,7 +61,7 @@ def test_an_outage_of_the_whole_fleet_writes_a_bounded_number_of_lines(
 
 def test_every_failure_is_in_exactly_one_line(caplog: pytest.LogCaptureFixture) -> None:
     caplog.set_level(logging.WARNING, LOG)
-    clock = Clock()
+    clock = FakeClock()
     log = CallLog(logging.getLogger(LOG), 300.0, clock, drone_lines=3)
     failures = 0
     for heartbeat in range(20):

@@ -17,6 +17,7 @@ import remote_agent
 from broker.cli import build_parser, main
 from broker.commands.broker import default_store_dir
 from broker.commands.options import ALL_ENV, SERVER_ENV, from_env
+from remote_agent.deploy_files import DEPLOY_DIR
 from remote_agent.protocol.names import DEFAULT_PREFIX
 from remote_agent.settings import Settings
 
@@ -244,7 +245,7 @@ def test_every_command_that_prints_a_result_takes_json() -> None:
 
 
 def test_check_config_prints_its_report_as_json() -> None:
-    config = ROOT / "remote_agent" / "deploy" / "cobald" / "htcondor.yaml"
+    config = DEPLOY_DIR / "cobald" / "htcondor.yaml"
     done = _cli("check-config", "--json", str(config))
     assert done.returncode == 0, done.stderr
     report = json.loads(done.stdout)

@@ -1,4 +1,4 @@
-"""remote_agent/deploy/systemd: the units verify, start what the install provides, are hardened"""
+"""deploy/systemd: the units verify, start what the install provides, are hardened"""
 
 from __future__ import annotations
 

@@ -1,5 +1,5 @@
 """
-The drone image recipes (``remote_agent/deploy/image``): every file they name ships
+The drone image recipes (``deploy/image``): every file they name ships
 
 Images cannot be built here; what is checked is that the Containerfile and the
 Apptainer definition run the same install steps, that every deployment file and

@@ -12,14 +12,16 @@ from __future__ import annotations
 
 import asyncio
 from collections.abc import Awaitable, Callable
+from importlib import metadata
 
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from nats.errors import ProtocolError
 from nats.protocol.parser import Parser
+from packaging.requirements import Requirement
 
-from broker.jetstream.fastpath import FastParser
+from broker.jetstream.fastpath import TESTED_NATS_PY, FastParser, nats_py_version
 
 Call = tuple[object, ...]
 
@@ -196,3 +198,13 @@ def test_malformed_message_lines_are_protocol_errors(line: bytes) -> None:
     for parser_type in (FastParser, Parser):
         with pytest.raises(ProtocolError):
             _run(parser_type, [line + b"data\r\n"])
+
+
+def test_the_tests_run_the_nats_py_the_fast_path_was_tested_with() -> None:
+    """The test extra pins it: another release is checked here before it is named"""
+    requires = [Requirement(text) for text in metadata.requires("cobald-remote") or []]
+    (pin,) = [r for r in requires if r.name == "nats-py" and r.marker is not None]
+    assert pin.marker is not None and pin.marker.evaluate({"extra": "test"})
+    (spec,) = pin.specifier
+    assert spec.operator == "==" and spec.version in TESTED_NATS_PY
+    assert nats_py_version() in TESTED_NATS_PY

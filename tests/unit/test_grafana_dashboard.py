@@ -1,5 +1,5 @@
 """
-remote_agent/deploy/grafana/cobald-remote.json: valid, every query names what the manager exports
+deploy/grafana/cobald-remote.json: valid, every query names what the manager exports
 
 The names and labels a query uses are read with a small PromQL scan and checked
 against a scrape of the collector with every source present; where promtool

@@ -1,5 +1,5 @@
 """
-remote_agent/deploy/htcondor/: every command the drone's startd configuration names exists,
+deploy/htcondor/: every command the drone's startd configuration names exists,
 and its knobs are the ones the agent's code uses
 """
 

@@ -5,7 +5,7 @@ The ``htcondor`` wheel (PyPI) carries HTCondor's ClassAd library and its
 configuration reader, though no daemons. With it these tests check, without
 an HTCondor installation:
 
-- that HTCondor reads ``remote_agent/deploy/htcondor/cobald-remote-drone.conf`` as we
+- that HTCondor reads ``deploy/htcondor/cobald-remote-drone.conf`` as we
   intend (START gate, hooks, master shutdown), and that the emulator's config
   reader and ClassAd evaluator agree with HTCondor's on it;
 - that the agent reads every ``Attr = value`` line exactly as HTCondor reads

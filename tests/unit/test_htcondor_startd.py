@@ -1,7 +1,7 @@
 """
 CondorStartd against the fake condor_* executables of an emulated execution point
 
-The emulated startd runs the shipped remote_agent/deploy/htcondor configuration with the job
+The emulated startd runs the shipped deploy/htcondor configuration with the job
 hooks switched off (the gate and the hooks are tested in tests/integration/).
 """
 

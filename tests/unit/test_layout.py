@@ -32,6 +32,19 @@ def _modules() -> Iterator[tuple[str, Path]]:
 
 MODULES = dict(_modules())
 
+#: the repository's top level as the design names it: the two packages, the tests, the
+#: deployment files (shipped inside the wheel, ``remote_agent.deploy_files``) and the project
+LAYOUT_DIRECTORIES = ("remote_agent", "broker", "tests", "deploy")
+LAYOUT_FILES = ("pyproject.toml",)
+
+
+def test_the_repository_has_the_layout_the_design_names() -> None:
+    assert [name for name in LAYOUT_DIRECTORIES if not (ROOT / name).is_dir()] == []
+    assert [name for name in LAYOUT_FILES if not (ROOT / name).is_file()] == []
+    # the deployment files are data, not code, and live at the top level only
+    assert list((ROOT / "deploy").rglob("*.py")) == []
+    assert not (ROOT / "remote_agent" / "deploy").exists()
+
 
 def _imports(path: Path) -> Iterator[str]:
     """Every module ``path`` imports, lazily (inside functions) or not"""

@@ -3,20 +3,13 @@
 import logging
 
 import pytest
+from support.clock import FakeClock
 
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 100.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 def test_repeated_lines_are_held_back_and_counted(caplog: pytest.LogCaptureFixture) -> None:
-    clock = Clock()
+    clock = FakeClock(100.0)
     log = RateLimitedLog(logging.getLogger("test.ratelog"), interval_s=10.0, clock=clock)
     with caplog.at_level(logging.WARNING, "test.ratelog"):
         assert log.warning("malformed", "rejected %s", "a")
@@ -34,7 +27,7 @@ def test_repeated_lines_are_held_back_and_counted(caplog: pytest.LogCaptureFixtu
 
 
 def test_kinds_are_bounded() -> None:
-    log = RateLimitedLog(logging.getLogger("test.ratelog"), clock=Clock())
+    log = RateLimitedLog(logging.getLogger("test.ratelog"), clock=FakeClock(100.0))
     for number in range(5000):
         kind = str(number)
         log.log(logging.WARNING, kind, "line")

@@ -10,6 +10,7 @@ import logging
 import time
 
 import pytest
+from support.clock import FakeClock
 from support.tardis import (
     DRONE,
     SITE,
@@ -62,20 +63,12 @@ def _lines(caplog: pytest.LogCaptureFixture, name: str, level: int) -> list[str]
     return [r.getMessage() for r in caplog.records if r.name == name and r.levelno == level]
 
 
-class Clock:
-    def __init__(self) -> None:
-        self.now = 0.0
-
-    def __call__(self) -> float:
-        return self.now
-
-
 async def test_a_failing_submit_is_logged_once_per_drone_and_cause_with_a_count(
     caplog: pytest.LogCaptureFixture,
 ) -> None:
     caplog.set_level(logging.DEBUG)
     bus = offline_bus()
-    clock = Clock()
+    clock = FakeClock()
     bus.call_log = CallLog(logging.getLogger(OUR_LOG), 300.0, clock)
     missing = FileNotFoundError(2, "No such file or directory", "condor_submit")
     site = FakeSite(fail=missing, fail_on=frozenset({"deploy_resource"}))

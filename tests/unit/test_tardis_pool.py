@@ -11,6 +11,7 @@ import threading
 from collections.abc import Iterator
 from typing import Any
 
+from support.clock import FakeClock
 from support.registry import jobs_gone
 from support.tardis import SITE, announce, offline_bus
 
@@ -129,26 +130,26 @@ def test_a_dip_shorter_than_the_window_releases_nothing_a_lasting_one_the_cheape
     bus = offline_bus()
     children = _fleet(bus)  # five drones of 2 cores: 10 demanded
     pool = _pool(bus, list(children.values()))
-    now = [0.0]
-    pool.window = PeakWindow(300.0, lambda: now[0])
+    now = FakeClock()
+    pool.window = PeakWindow(300.0, now)
     pool.demand = 10.0
-    now[0] = 100.0
+    now.now = 100.0
     pool.demand = 4.0  # the controller lowers the demand for a while
-    now[0] = 250.0
+    now.now = 250.0
     pool.demand = 8.0  # and raises it again
-    for now[0] in (260.0, 399.0):  # the 10 of before 100 s is still in the window
+    for now.now in (260.0, 399.0):  # the 10 of before 100 s is still in the window
         pool._shrink(target=pool.demand)
         assert _released(list(children.values())) == []
-    now[0] = 420.0  # the window holds 4 (in effect at its start) and 8: one drone goes
+    now.now = 420.0  # the window holds 4 (in effect at its start) and 8: one drone goes
     pool._shrink(target=pool.demand)
     assert set(_released(list(children.values()))) <= {"site1-000000000b", "site1-000000000c"}
     assert len(_released(list(children.values()))) == 1
-    now[0] = 600.0
+    now.now = 600.0
     pool.demand = 4.0  # a lasting dip: after the window, down to 4, cheapest first
-    now[0] = 899.0
+    now.now = 899.0
     pool._shrink(target=pool.demand)
     assert len(_released(list(children.values()))) == 1
-    now[0] = 900.0
+    now.now = 900.0
     pool._shrink(target=pool.demand)
     assert set(_released(list(children.values()))) == {
         "site1-000000000b",
@@ -191,19 +192,19 @@ def test_a_black_hole_site_grows_by_one_probe_per_period_a_healthy_one_as_it_nee
     other = RemoteFactoryPool(factory=lambda: Child("site2-ffffffffff"), bus=bus, site="site2")
     jobs_gone(bus.registry, SITE)
     assert SITE in bus.black_holes.flags
-    clock = [1000.0]
+    clock = FakeClock(1000.0)
     with monkeypatch_clock(clock):
         pool._grow(target=10.0)  # five drones wanted: none before the first period
         assert made == []
-        clock[0] += 10.0
+        clock.advance(10.0)
         pool._grow(target=10.0)
         assert len(made) == 1  # one probe
         pool._grow(target=10.0)
         assert len(made) == 1
-        clock[0] += 19.0
+        clock.advance(19.0)
         pool._grow(target=10.0)
         assert len(made) == 1  # the period doubled to 20 s
-        clock[0] += 1.0
+        clock.advance(1.0)
         pool._grow(target=10.0)
         assert len(made) == 2
         other._grow(target=6.0)  # another site is not touched
@@ -217,10 +218,10 @@ def test_a_black_hole_site_grows_by_one_probe_per_period_a_healthy_one_as_it_nee
 
 
 @contextlib.contextmanager
-def monkeypatch_clock(clock: list[float]) -> Iterator[None]:
-    """The pool's monotonic clock reads ``clock[0]`` for the block"""
+def monkeypatch_clock(clock: FakeClock) -> Iterator[None]:
+    """The pool's monotonic clock reads ``clock`` for the block"""
     real = pool_module.time.monotonic
-    pool_module.time.monotonic = lambda: clock[0]  # type: ignore[assignment]
+    pool_module.time.monotonic = clock  # type: ignore[assignment]
     try:
         yield
     finally:

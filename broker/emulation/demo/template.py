@@ -30,7 +30,7 @@ def render_config(
     bus: Mapping[str, Any] | None,
     template: Path = CONFIG_TEMPLATE,
 ) -> str:
-    """``remote_agent/deploy/cobald/demo.yaml`` filled in for one run under ``root``"""
+    """``deploy/cobald/demo.yaml`` filled in for one run under ``root``"""
     # the controller's demand is bounded by the site's quota, as at a site; the scripted
     # demand never reaches a quota of three times its most
     quota = scenario.max_drones * scenario.slots * (1 if scenario.demand == "controller" else 3)
