@@ -23,6 +23,7 @@ _TIMING = (
     "retain_lost_s",
     "clock_skew_warn_s",
     "scale_down_window_s",
+    "drone_start_s",
     "black_hole_lifetime_s",
     "black_hole_backoff_s",
     "black_hole_backoff_max_s",
