@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import math
 import statistics
 from collections import Counter
@@ -27,9 +28,29 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[index]
 
 
+#: how each job of a real Slurm ended, by job id (``scontrol``'s ``JobState``), read after
+#: the run by ``slurm_run.py``; absent for the emulated local batch system
+SLURM_STATES = "slurm_states.json"
+#: Slurm's states of a job that the batch system ended at the drone's end: its walltime
+#: (``TIMEOUT``), a preemption, a deadline; the kill reason of what still ran
+END_STATES = {
+    "TIMEOUT": "the drone's end (walltime: Slurm's TIMEOUT)",
+    "PREEMPTED": "the drone's end (preempted)",
+    "DEADLINE": "the drone's end (Slurm's deadline)",
+}
+#: the reason a startd gives a payload a fast drain stopped: a vacate, which HTCondor
+#: queues again (the agent's drain at the drone's end or on a notice)
+VACATED = "drain_fast"
+#: the payload rows of a run whose drones have walltimes
+KILLED_AT_END = "killed at the drone's end"
+VACATED_ON_NOTICE = "vacated on notice"
+
+
 def _site_jobs(root: Path, end: float) -> dict[str, dict[str, Any]]:
     """Each drone job of the local batch system, by job id, as its records until ``end`` say"""
     jobs: dict[str, dict[str, Any]] = {}
+    states_file = root / SLURM_STATES
+    states: dict[str, str] = json.loads(states_file.read_text()) if states_file.exists() else {}
     for entry in read_ground_truth(root / "lbs.jsonl"):
         if entry["t"] > end:
             continue
@@ -48,6 +69,8 @@ def _site_jobs(root: Path, end: float) -> dict[str, dict[str, Any]]:
         elif event == "job_exited":
             job["ended"] = entry["t"]
             job["exit_removed"] = bool(entry.get("removed"))
+    for job_id, job in jobs.items():
+        job["batch_state"] = states.get(job_id, "")
     return jobs
 
 
@@ -85,7 +108,10 @@ class _Tally:
         self.busy_s += sum(max(0.0, gone - t) for t in running.values())
         if ended is not None and running:
             self.payloads["killed"] += len(running)
-            self.kill_reasons["drone removed by the site (condor_rm)"] += len(running)
+            at_end = END_STATES.get(job["batch_state"]) if "removed" not in job else None
+            if at_end is not None:  # the batch system's own kill, not TARDIS's removal
+                self.payloads[KILLED_AT_END] += len(running)
+            self.kill_reasons[at_end or "drone removed by the site (condor_rm)"] += len(running)
             killed_here += len(running)
         elif running:
             self.payloads["running at the end"] += len(running)
@@ -109,6 +135,10 @@ class _Tally:
             elif event == "payload_finished":
                 self.payloads["finished"] += 1
                 self.done_s += entry.get("runtime_s", 0.0)
+                self.busy_s += entry.get("runtime_s", 0.0)
+                running.pop(entry["job_id"], None)
+            elif event == "payload_killed" and entry.get("reason") == VACATED:
+                self.payloads[VACATED_ON_NOTICE] += 1
                 self.busy_s += entry.get("runtime_s", 0.0)
                 running.pop(entry["job_id"], None)
             elif event == "payload_killed":
@@ -326,6 +356,7 @@ def analyze(
     end: float,
     cores_per_drone: float = 1.0,
     controller_interval_s: float | None = None,
+    end_rows: bool = False,
 ) -> dict[str, Any]:
     """
     The numbers of one run whose files are under ``root``
@@ -342,6 +373,10 @@ def analyze(
     :param controller_interval_s: the interval of COBalD's controller, for a run whose demand
         it set: adds the rows of the queue (``obs.jsonl``'s submissions) and of the
         controller (``demand.jsonl``, by ``broker.emulation.demo.demand.DemandRecorder``)
+    :param end_rows: add the rows of a run whose drones have walltimes: payloads killed at
+        the drone's end (what ran when Slurm ended a job no ``scancel`` removed:
+        ``TIMEOUT``, a preemption; :data:`SLURM_STATES`) and payloads vacated (the
+        agent's fast drain at the drone's end or on a notice, not counted as killed)
     """
     jobs = _site_jobs(root, end)
     tally = _Tally(end)
@@ -362,6 +397,11 @@ def analyze(
             "killed": payloads["killed"],
             "running at the end": payloads["running at the end"],
             "refused at the gate": tally.gate_refusals,
+            **(
+                {key: payloads[key] for key in (KILLED_AT_END, VACATED_ON_NOTICE)}
+                if end_rows
+                else {}
+            ),
         },
         "goodput": _goodput(tally, _tardis_down(root, end), cores_per_drone),
         "kill_reasons": dict(tally.kill_reasons),

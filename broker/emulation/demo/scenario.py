@@ -10,8 +10,11 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
 from typing import Any
+
+from broker.tardis.pool import DEFAULT_DRONE_START_S
 
 #: how the demo's demand is made (:class:`Scenario`'s ``demand``)
 DEMANDS = ("scripted", "controller")
@@ -61,6 +64,11 @@ class Scenario:
         ``condor_status`` cached for ``batch_max_age_s``); ``slurm``: TARDIS's Slurm site
         adapter against a real single-node Slurm (``squeue`` every heartbeat; no seeded
         queue delay: Slurm schedules) and TARDIS's HTCondor batch-system adapter as above
+    :param walltime_s: ``slurm``: each drone job's walltime, a whole number of minutes in
+        seconds (Slurm counts minutes; TARDIS's ``Walltime``); each payload's job ad then
+        asks for the longest payload duration (``AllowedJobDuration``). ``None``: an hour
+    :param drone_start_s: cobald-remote, with a walltime: ``bus.drone_start_s`` (its
+        default scaled by :data:`TIME_SCALE`: 20 s)
     """
 
     seed: int = 1
@@ -87,10 +95,31 @@ class Scenario:
     controller_rate: float = 1.0
     controller_interval_s: float = 1.0 / TIME_SCALE
     tardis_adapters: str = "emulated"
+    walltime_s: float | None = None
+    drone_start_s: float = DEFAULT_DRONE_START_S / TIME_SCALE
 
     def __post_init__(self) -> None:
         if self.demand not in DEMANDS:
             raise ValueError(f"demand must be one of {', '.join(DEMANDS)}, not {self.demand!r}")
+        if self.walltime_s is not None:
+            if self.tardis_adapters != "slurm":
+                raise ValueError("a walltime needs the real Slurm (--tardis-adapters slurm)")
+            if self.walltime_s <= 0 or self.walltime_s % 60:
+                raise ValueError(
+                    f"a walltime is a whole number of minutes > 0 (Slurm counts minutes), "
+                    f"in seconds, not {self.walltime_s:g}"
+                )
+
+    @property
+    def walltime_min(self) -> int:
+        """The drone jobs' walltime in minutes, as TARDIS's Slurm adapter passes it"""
+        return 60 if self.walltime_s is None else int(self.walltime_s // 60)
+
+    def payload_ad(self) -> dict[str, Any]:
+        """More job ad of each payload: with a walltime, the runtime it asks for"""
+        if self.walltime_s is None:
+            return {}
+        return {"AllowedJobDuration": math.ceil(self.payload_s[1])}
 
     @property
     def total_s(self) -> float:

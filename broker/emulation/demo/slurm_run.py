@@ -8,6 +8,7 @@ daemons by :class:`SlurmCluster`, the drone jobs by ``scancel`` before slurmd st
 from __future__ import annotations
 
 import asyncio
+import json
 import os
 import statistics
 import time
@@ -15,6 +16,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from broker.emulation.demo.analysis import SLURM_STATES
 from broker.emulation.demo.run import (
     Progress,
     arriving,
@@ -117,6 +119,9 @@ async def run_slurm_mode(
                 await stop_daemon(daemon)
                 finished = time.time()
                 await asyncio.to_thread(cluster.cancel_all)
+                # how each job ended, in Slurm's words: TIMEOUT tells a kill at its walltime
+                states = await asyncio.to_thread(site.final_states)
+                (root / SLURM_STATES).write_text(json.dumps(states))
     finally:
         await overlay.close()
         obs_truth.close()

@@ -98,7 +98,9 @@ def _adapters(scenario: Scenario, root: Path) -> dict[str, Any]:
         return {
             "batch_system": htcondor_batch_system,
             "site_adapter": "Slurm",
-            "site_section": tardis_site(startup_command(root), "drone", scenario.slots),
+            "site_section": tardis_site(
+                startup_command(root), "drone", scenario.slots, scenario.walltime_min
+            ),
         }
     if scenario.tardis_adapters != "emulated":
         raise ValueError(
@@ -132,5 +134,6 @@ def bus_section(
         "lost_removal_after_s": 600.0,
         "request_timeout_s": 2.0,
         "scale_down_window_s": scenario.scale_down_window_s,
+        **({"drone_start_s": scenario.drone_start_s} if scenario.walltime_s is not None else {}),
         **(extra or {}),
     }

@@ -152,6 +152,17 @@ class SlurmSite:
         """TARDIS's section of this site (its ``SlurmAdapter``)"""
         return tardis_site(self.startup_command, machine_type, cores)
 
+    def final_states(self) -> dict[str, str]:
+        """
+        Slurm's own word on how each job submitted so far ended (``scontrol``'s
+        ``JobState``: ``COMPLETED``, ``TIMEOUT``, ``CANCELLED``, ``PREEMPTED``, ...), by job id;
+        ``""`` for a job Slurm forgot
+        """
+        jobs = [
+            e["job_id"] for e in read_ground_truth(self.truth_file) if e["event"] == "job_submitted"
+        ]
+        return {job: self.state(job) for job in jobs}
+
     # ------------------------------------------------------------ reading the records
 
     def calls(self, tool: str | None = None) -> list[dict[str, Any]]:
@@ -239,15 +250,20 @@ def startup_command(root: Path) -> Path:
     return root / "drone-job"
 
 
-def tardis_site(startup: Path, machine_type: str, cores: int) -> dict[str, Any]:
-    """TARDIS's section of a Slurm site whose StartupCommand is ``startup``"""
+def tardis_site(
+    startup: Path, machine_type: str, cores: int, walltime_min: int = 60
+) -> dict[str, Any]:
+    """
+    TARDIS's section of a Slurm site whose StartupCommand is ``startup``; TARDIS submits
+    each drone with ``--time`` ``walltime_min`` and passes it as ``SLURM_Walltime``
+    """
     # sbatch writes a job's output to the submit directory (the daemon's) unless told
     output = {"long": {"output": str(startup.parent / "jobs" / "slurm-%j.out")}}
     return {
         "MachineTypes": [machine_type],
         "MachineTypeConfiguration": {
             machine_type: {
-                "Walltime": 60,
+                "Walltime": walltime_min,
                 "Partition": PARTITION,
                 "StartupCommand": str(startup),
                 "SubmitOptions": output,
