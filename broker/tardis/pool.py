@@ -10,10 +10,10 @@ shorter than the window releases nothing; what is released is chosen by
 :func:`~broker.tardis.release.release_choice`.
 
 Make before break: a drone whose batch job ends before a new drone would start
-(:class:`StartLatency`) is *ending*. It no longer counts toward the pool's supply, demand,
-utilisation and allocation, so the pool grows its replacement while it still runs; once the
-drones that count supply the demand, the ending drone is released (it drains, and its
-payloads, which the gate let in only if they end in time, finish).
+(:class:`StartLatency`) and run a payload is *ending*. It no longer counts toward the pool's
+supply, demand, utilisation and allocation, so the pool grows its replacement while it still
+runs; once the drones that count supply the demand, the ending drone is released (it
+drains, and its payloads, which the gate let in only if they end in time, finish).
 """
 
 from __future__ import annotations
@@ -193,10 +193,20 @@ class RemoteFactoryPool(FactoryPool):
         view = self.bus.registry.view(self.site, drone)
         return view.ends_in_s(time.time()) if view is not None else None
 
+    @property
+    def lead_s(self) -> float:
+        """
+        How long before its batch job's end a drone is replaced: the time a new drone takes to
+        start, and a payload's mean runtime (the gate lets in only payloads that end before
+        the drone does, so its slots empty about one payload before its end)
+        """
+        mean = self.bus.durations.left(0.0) if self.bus is not None else None
+        return self.start.estimate_s + (mean or 0.0)
+
     def _observe(self) -> None:
         """
         Measure the starts of the children that became supply, and find the ending ones:
-        supply whose batch job ends within the time a new drone takes to start
+        supply whose batch job ends within :attr:`lead_s`
         """
         now = time.time()
         for child in self._hatchery:
@@ -205,7 +215,7 @@ class RemoteFactoryPool(FactoryPool):
                 requested = _requested(child)
                 if requested is not None:
                     self.start.seen(now - requested)
-        lead_s = self.start.estimate_s
+        lead_s = self.lead_s
         ending = set()
         for child in self._hatchery:
             if child.supply <= 0:
@@ -223,12 +233,12 @@ class RemoteFactoryPool(FactoryPool):
         counted = sum(child.supply for child in self._hatchery if self._counts_as_supply(child))
         if counted < target:
             return  # the replacements are not up yet: the ending drones work on
-        lead_s = self.start.estimate_s
+        lead_s = self.lead_s
         for child in ending:
             left = self.ends_in_s(child)
             reason = (
-                f"its drone ends in {left or 0.0:.0f}s, within a new drone's start "
-                f"({lead_s:.0f}s), and the drones that replace it are up"
+                f"its drone ends in {left or 0.0:.0f}s, before a new drone would start and "
+                f"run a payload ({lead_s:.0f}s), and the drones that replace it are up"
             )
             self._note_release(child, reason)
             self._release_child(child)

@@ -271,7 +271,8 @@ def test_a_drone_that_ends_before_a_new_one_starts_is_replaced_before_it_is_rele
     pool._grow(target=pool.demand)
     assert _released([ending, steady, far, *made]) == ["site1-0000000001"]
     assert bus.release_reasons["site1-0000000001"].startswith(
-        "chosen for release: its drone ends in 300s, within a new drone's start (600s)"
+        "chosen for release: its drone ends in 300s, before a new drone would start and run "
+        "a payload (600s), and the drones that replace it are up"
     )
 
 
@@ -359,3 +360,25 @@ def test_the_start_is_measured_from_the_pools_own_drones() -> None:
     )
     pool._grow(target=pool.demand - 2.0)
     assert _released(children) == ["site1-0000000000"]
+
+
+def test_a_drone_is_replaced_a_payloads_mean_runtime_earlier() -> None:
+    """Its gate lets in only payloads that end in time: its slots empty a payload before its end"""
+    bus = offline_bus()
+    drone = Child("site1-0000000001", supply=2)
+    announce(bus.registry, "site1-0000000001", ev.DroneState.IDLE, end=ev.DroneEnd(in_s=150.0))
+    pool = RemoteFactoryPool(
+        drone,
+        factory=lambda: Child("site1-ffffffffff"),
+        interval=1,
+        bus=bus,
+        site=SITE,
+        start_s=60.0,
+    )
+    pool._grow(target=2.0)
+    assert pool.lead_s == 60.0 and pool.supply == 2.0  # too few payload ends seen
+    for _ in range(5):
+        bus.durations.add(100.0)
+    pool._grow(target=2.0)
+    assert pool.lead_s == 160.0 and pool.supply == 0.0  # 150 s left: ending
+    assert len(pool.children) == 2
