@@ -84,6 +84,15 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
         "drone's end and vacated (default: an hour, longer than the run)",
     )
     demo.add_argument(
+        "--preempt",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --tardis-adapters slurm: the site preempts N running drone jobs during "
+        "the run, as Slurm's PreemptMode=CANCEL does (SIGTERM, SIGKILL after KillWait); "
+        "each payload then asks for the longest payload duration (default 0)",
+    )
+    demo.add_argument(
         "--bootstrap",
         action=argparse.BooleanOptionalAction,
         default=True,

@@ -115,7 +115,8 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
         demand now, as COBalD's own pool
     :param drone_start_s: how long a new drone is taken to need from TARDIS's request until
         it is supply, until the pool has measured its own drones' starts: a drone whose
-        batch job ends within that no longer counts, and the pool grows its replacement
+        batch job ends within that and a payload's mean runtime no longer counts, and the
+        pool grows its replacement
         (:class:`~broker.tardis.pool.StartLatency`)
     :param drone_environment: pass ``servers``/site/prefix into each drone job
     :param note_buffer: TARDIS state notes kept while the bus is unreachable

@@ -35,9 +35,11 @@ SLURM_STATES = "slurm_states.json"
 #: (``TIMEOUT``), a preemption, a deadline; the kill reason of what still ran
 END_STATES = {
     "TIMEOUT": "the drone's end (walltime: Slurm's TIMEOUT)",
-    "PREEMPTED": "the drone's end (preempted)",
+    "PREEMPTED": "the drone's end (preempted by the site)",
     "DEADLINE": "the drone's end (Slurm's deadline)",
 }
+#: the kill reason of what ran when the site preempted the drone (``job_preempted``)
+PREEMPTED = END_STATES["PREEMPTED"]
 #: the reason a startd gives a payload a fast drain stopped: a vacate, which HTCondor
 #: queues again (the agent's drain at the drone's end or on a notice)
 VACATED = "drain_fast"
@@ -66,6 +68,8 @@ def _site_jobs(root: Path, end: float) -> dict[str, dict[str, Any]]:
             job["removed_was"] = entry["was"]
         elif event == "job_suspended":
             job.setdefault("suspended", entry["t"])
+        elif event == "job_preempted":
+            job["preempted"] = entry["t"]
         elif event == "job_exited":
             job["ended"] = entry["t"]
             job["exit_removed"] = bool(entry.get("removed"))
@@ -108,7 +112,7 @@ class _Tally:
         self.busy_s += sum(max(0.0, gone - t) for t in running.values())
         if ended is not None and running:
             self.payloads["killed"] += len(running)
-            at_end = END_STATES.get(job["batch_state"]) if "removed" not in job else None
+            at_end = _end_of(job) if "removed" not in job else None
             if at_end is not None:  # the batch system's own kill, not TARDIS's removal
                 self.payloads[KILLED_AT_END] += len(running)
             self.kill_reasons[at_end or "drone removed by the site (condor_rm)"] += len(running)
@@ -154,12 +158,24 @@ class _Tally:
         return running, killed
 
 
+def _end_of(job: dict[str, Any]) -> str | None:
+    """The batch system's end of a drone job (preempted, its walltime), as a kill reason"""
+    if "preempted" in job and job.get("ended", 0.0) >= job["preempted"]:
+        return PREEMPTED
+    return END_STATES.get(job["batch_state"])
+
+
 def _outcome_of(job: dict[str, Any], killed_here: int) -> str:
     """How a drone job that started ended"""
     if "removed" in job:
         if killed_here:
             return "removed by the site with payloads running"
         return "removed by the site while idle"
+    at_end = _end_of(job) if job.get("ended") is not None else None
+    if at_end == PREEMPTED:
+        return "preempted by the site"
+    if at_end is not None:
+        return "ended by the batch system at its walltime"
     if job.get("ended") is not None:
         return "ended by itself (drained)"
     return "running at the end"

@@ -90,11 +90,13 @@ def main(args: argparse.Namespace) -> int:
     )
     if args.scale_down_window is not None:
         scenario = dataclasses.replace(scenario, scale_down_window_s=args.scale_down_window)
-    if args.walltime is not None:
+    if args.walltime is not None or args.preempt:
         try:
-            scenario = dataclasses.replace(scenario, walltime_s=args.walltime)
+            scenario = dataclasses.replace(
+                scenario, walltime_s=args.walltime, preemptions=args.preempt
+            )
         except ValueError as err:  # the CLI's one line, not a traceback
-            raise RuntimeError(f"--walltime: {err}") from None
+            raise RuntimeError(str(err)) from None
     modes = ["stock", "remote"] if args.compare else ["remote"]
     keep = args.workdir is not None
     root = Path(args.workdir) if keep else Path(tempfile.mkdtemp(prefix="cobald-remote-demo-"))
@@ -114,10 +116,11 @@ def main(args: argparse.Namespace) -> int:
             f"at zero; schedule {scenario.schedule()}"
         )
     if scenario.walltime_s is not None:
-        demand += (
-            f"; each drone job's walltime {scenario.walltime_s:.0f}s, each payload asks for "
-            f"{scenario.payload_ad()['AllowedJobDuration']}s"
-        )
+        demand += f"; each drone job's walltime {scenario.walltime_s:.0f}s"
+    if scenario.preemptions:
+        demand += f"; the site preempts a drone job at {scenario.preemption_times()} s"
+    if scenario.payload_ad():
+        demand += f"; each payload asks for {scenario.payload_ad()['AllowedJobDuration']}s"
     to_stderr(
         f"cobald-remote demo: seed {scenario.seed}, up to {scenario.max_drones} drones of "
         f"{scenario.slots} slots, {demand}"

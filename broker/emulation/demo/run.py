@@ -196,7 +196,7 @@ def numbers(scenario: Scenario, root: Path, end: float) -> dict[str, Any]:
         end,
         cores_per_drone=scenario.slots,
         controller_interval_s=scenario.controller_interval_s if controlled else None,
-        end_rows=scenario.walltime_s is not None,
+        end_rows=scenario.drones_end,
     )
 
 

@@ -134,6 +134,6 @@ def bus_section(
         "lost_removal_after_s": 600.0,
         "request_timeout_s": 2.0,
         "scale_down_window_s": scenario.scale_down_window_s,
-        **({"drone_start_s": scenario.drone_start_s} if scenario.walltime_s is not None else {}),
+        **({"drone_start_s": scenario.drone_start_s} if scenario.drones_end else {}),
         **(extra or {}),
     }

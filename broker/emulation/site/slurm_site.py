@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -151,6 +152,40 @@ class SlurmSite:
     def tardis_site(self, machine_type: str, cores: int) -> dict[str, Any]:
         """TARDIS's section of this site (its ``SlurmAdapter``)"""
         return tardis_site(self.startup_command, machine_type, cores)
+
+    def preempt(self, rng: random.Random) -> str | None:
+        """
+        Preempt one drone job that runs (chosen by ``rng``) as Slurm's ``PreemptMode=CANCEL``
+        does: SIGTERM to each of its processes now, SIGKILL after ``KillWait``
+        (:meth:`kill_preempted`); recorded as ``job_preempted`` in the ground truth. The
+        job preempted, ``None`` if none runs
+        """
+        entries = read_ground_truth(self.truth_file)
+        over = {e["job_id"] for e in entries if e["event"] in ("job_exited", "job_preempted")}
+        running = sorted(
+            (
+                e["job_id"]
+                for e in entries
+                if e["event"] == "job_started" and e["job_id"] not in over
+            ),
+            key=int,
+        )
+        running = [job for job in running if self.state(job) == "RUNNING"]
+        if not running:
+            return None
+        job = str(rng.choice(running))
+        truth = GroundTruth(self.truth_file)
+        try:
+            truth.record("job_preempted", job_id=job)
+        finally:
+            truth.close()
+        self.cluster.run("scancel", "--signal=TERM", "--full", job, check=False)
+        return job
+
+    def kill_preempted(self, job: str) -> None:
+        """The SIGKILL of a preemption (``KillWait`` after its SIGTERM) to what still runs"""
+        if self.state(job) in ("RUNNING", "COMPLETING"):
+            self.cluster.run("scancel", "--signal=KILL", "--full", job, check=False)
 
     def final_states(self) -> dict[str, str]:
         """
