@@ -246,11 +246,8 @@ class RemoteFactoryPool(FactoryPool):
     def release_key(self, child: Any) -> Choice:
         base = float(child.supply * child.utilisation)
         bus = self.bus
-        try:
-            drone = child.resource_attributes["drone_uuid"]
-        except (AttributeError, KeyError, TypeError):
-            return Choice(1, 0.0, 0.0, 0.0, 0, math.inf, base)
-        if bus is None:
+        drone = _drone_of(child)
+        if drone is None or bus is None:
             return Choice(1, 0.0, 0.0, 0.0, 0, math.inf, base)
         view = bus.registry.view(self.site, drone)
         cores = float(getattr(child, "maximum_demand", child.demand))

@@ -265,13 +265,14 @@ async def test_the_controller_demand_runs_and_its_accounting_closes(
 
 
 #: two drones wanted throughout, each with a walltime of a minute (Slurm's least), payloads
-#: without end: a stock drone still runs payloads when Slurm ends its job
+#: without end: a stock drone still runs payloads when Slurm ends its job, up to 30 s after
+#: its walltime (``slurmctld`` checks time limits every 30 s), before the demand falls
 WALLTIME_SCENARIO = Scenario(
     seed=1,
-    duration_s=80.0,
+    duration_s=110.0,
     cooldown_s=10.0,
     max_drones=2,
-    first_base_s=80.0,
+    first_base_s=110.0,
     tardis_adapters="slurm",
     walltime_s=60.0,
 )
@@ -287,7 +288,7 @@ async def test_with_walltimes_stock_tardis_loses_payloads_at_the_end_and_cobald_
     a minute allows: Slurm ends stock drones at their TIMEOUT with payloads running, the
     drones with cobald-remote end themselves before it and lose none
     """
-    assert WALLTIME_SCENARIO.schedule() == [(0.0, 4.0), (80.0, 0.0)]
+    assert WALLTIME_SCENARIO.schedule() == [(0.0, 4.0), (110.0, 0.0)]
     results = await demo(WALLTIME_SCENARIO, ["stock", "remote"], tmp_path, progress=lambda _: None)
     stock, remote = results["stock"], results["remote"]
     killed_at_end = "killed at the drone's end"
