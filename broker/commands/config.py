@@ -24,6 +24,7 @@ _TIMING = (
     "clock_skew_warn_s",
     "scale_down_window_s",
     "utilisation_hold_s",
+    "drone_start_s",
     "black_hole_lifetime_s",
     "black_hole_backoff_s",
     "black_hole_backoff_max_s",

@@ -82,6 +82,24 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
         "adapter against a real single-node Slurm it starts (root, slurm-wlm; docs/tardis.md)",
     )
     demo.add_argument(
+        "--walltime",
+        type=float,
+        metavar="S",
+        help="with --tardis-adapters slurm: each drone job's walltime in seconds, a whole "
+        "number of minutes (TARDIS's Walltime, sbatch --time); each payload then asks for "
+        "the longest payload duration, and the table adds the payloads killed at the "
+        "drone's end and vacated (default: an hour, longer than the run)",
+    )
+    demo.add_argument(
+        "--preempt",
+        type=int,
+        default=0,
+        metavar="N",
+        help="with --tardis-adapters slurm: the site preempts N running drone jobs during "
+        "the run, as Slurm's PreemptMode=CANCEL does (SIGTERM, SIGKILL after KillWait); "
+        "each payload then asks for the longest payload duration (default 0)",
+    )
+    demo.add_argument(
         "--bootstrap",
         action=argparse.BooleanOptionalAction,
         default=True,

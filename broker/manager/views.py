@@ -166,6 +166,19 @@ class DroneView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
             return False
         return offset > warn_s or -offset > warn_s + (self.heartbeat_interval_s or 0.0)
 
+    def ends_in_s(self, now: float) -> float | None:
+        """
+        Seconds from ``now`` (the manager's clock) until the drone's batch job ends, by its
+        newest snapshot's ``end``; ``None``: its agent knows of no end
+
+        The agent's span counts from its event, the manager's clock from when the bus stored
+        that event: no clock of the drone is read. Never negative.
+        """
+        event = self.event
+        if event is None or self.received_time is None:
+            return None
+        return ends_in_s(event, self.received_time, now)
+
     @property
     def payloads(self) -> list[Payload]:
         snapshot = self.snapshot
@@ -218,6 +231,19 @@ def elapsed_since(then: dt.datetime, event: AnyEvent, received_time: float, now:
     clock that is off by any amount changes nothing. Never negative.
     """
     return max(0.0, (event.at - then).total_seconds() + now - received_time)
+
+
+def ends_in_s(event: AnyEvent, received_time: float, now: float) -> float | None:
+    """
+    Seconds from ``now``, a time on the manager's clock, until the drone's batch job ends, by
+    the ``end`` of ``event``'s snapshot, which reached the bus at ``received_time``; ``None``:
+    its agent knows of no end. The agent's span counts from its event, the bus's clock from
+    storing it, as in :func:`elapsed_since`. Never negative.
+    """
+    end = event.snapshot.end
+    if end is None:
+        return None
+    return max(0.0, end.in_s - (now - received_time))
 
 
 class Applied(enum.StrEnum):

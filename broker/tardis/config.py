@@ -34,7 +34,7 @@ from broker.manager.service import ManagerSettings
 from broker.manager.views import DEFAULT_CLOCK_SKEW_WARN_S
 from broker.server.durable import DEFAULT_DURABLE
 from broker.tardis.batch import DEFAULT_UTILISATION_HOLD_S
-from broker.tardis.pool import DEFAULT_SCALE_DOWN_WINDOW_S
+from broker.tardis.pool import DEFAULT_DRONE_START_S, DEFAULT_SCALE_DOWN_WINDOW_S
 from remote_agent.protocol.environment import URL_SCHEMES, server_url_problem, split_urls
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.names import DEFAULT_PREFIX, Namespace, check_token
@@ -69,6 +69,7 @@ EXPECTED: Final[Mapping[str, str]] = {
     "clock_skew_warn_s": _SECONDS,
     "scale_down_window_s": "0 (off) or a number of seconds (at most 10 years)",
     "utilisation_hold_s": "0 (off) or a number of seconds (at most 10 years)",
+    "drone_start_s": _SECONDS,
     "retain_lost_s": "0 (never) or a number of seconds at least lost_after_s and "
     "lost_removal_after_s (at most 10 years)",
     "drone_environment": "true or false",
@@ -117,6 +118,11 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     :param utilisation_hold_s: a slot whose payload ended counts as busy in a drone's
         utilisation and allocation for this many seconds, the time the overlay pool takes to
         match a queued payload to it; ``0``: free at once
+    :param drone_start_s: how long a new drone is taken to need from TARDIS's request until
+        it is supply, until the pool has measured its own drones' starts: a drone whose
+        batch job ends within that and a payload's mean runtime no longer counts, and the
+        pool grows its replacement
+        (:class:`~broker.tardis.pool.StartLatency`)
     :param drone_environment: pass ``servers``/site/prefix into each drone job
     :param note_buffer: TARDIS state notes kept while the bus is unreachable
     :param metrics: ``host:port`` to serve Prometheus metrics on (``/metrics``);
@@ -151,6 +157,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     clock_skew_warn_s: Seconds = DEFAULT_CLOCK_SKEW_WARN_S
     scale_down_window_s: SecondsOrNever = DEFAULT_SCALE_DOWN_WINDOW_S
     utilisation_hold_s: SecondsOrNever = DEFAULT_UTILISATION_HOLD_S
+    drone_start_s: Seconds = DEFAULT_DRONE_START_S
     drone_environment: bool = True
     note_buffer: Annotated[int, msgspec.Meta(gt=0)] = 10_000
     metrics: str | None = None

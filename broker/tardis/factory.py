@@ -196,6 +196,7 @@ def create_composite_pool(
                     bus=remote,
                     site=site_adapter.bus_site,
                     window_s=remote.config.scale_down_window_s,
+                    start_s=remote.config.drone_start_s,
                 )
             else:
                 pool = FactoryPool(*restored, factory=drone_factory, interval=interval)

@@ -4,11 +4,13 @@ Whom to release when COBalD shrinks a pool: the drone whose draining leaves the 
 Its rule (:func:`release_choice`): drones whose agent never announced itself first (their
 release is a handshake, nothing runs on them), then idle drones, then drones with payloads
 by the core-seconds that would sit idle while they drain (each free slot waits for the
-payload that ends last), then by the work left on them. A payload's work left is its
-requested runtime minus its runtime so far where known, else the mean remaining runtime of
-the payloads seen to end (:class:`Durations`) that ran at least as long, else as long again
-as it has run so far. Its runtime so far is counted by the agent's clock from its start to
-the agent's newest event and by the bus's from then on (:func:`elapsed_since`), so a wrong
+payload that ends last), then by the work left on them; among equals, the drone whose batch
+job ends soonest first (it gives least anyway). A payload's work left is its requested
+runtime minus its runtime so far where known, else the mean remaining runtime of the
+payloads seen to end (:class:`Durations`) that ran at least as long, else as long again as
+it has run so far; never more than the time until its drone's end, after which nothing
+runs on it. Its runtime so far is counted by the agent's clock from its start to the
+agent's newest event and by the bus's from then on (:func:`elapsed_since`), so a wrong
 drone clock changes nothing. Every key is a number that sorts: whatever a drone sent, no key
 is NaN, which would leave the order to chance.
 """
@@ -22,7 +24,7 @@ import math
 import time
 from typing import NamedTuple
 
-from broker.manager.views import DroneView, elapsed_since
+from broker.manager.views import DroneView, elapsed_since, ends_in_s
 from remote_agent.protocol.events import PayloadFinished
 
 #: the registry's event kind of a payload's end
@@ -118,17 +120,20 @@ class Choice(NamedTuple):
     idle_core_s: float  #: core-seconds idle while it drains
     left_s: float  #: seconds until its last payload ends
     payloads: int
+    #: seconds until the drone's batch job ends (infinity: its agent knows of no end)
+    ends_in_s: float
     base: float  #: COBalD's own order: supply x utilisation
 
     @property
     def reason(self) -> str:
         if self.rank == 0:
             return f"its agent never announced itself (queued {self.waited_s:.0f}s)"
+        end = f", its drone ends in {self.ends_in_s:.0f}s" if math.isfinite(self.ends_in_s) else ""
         if self.rank == 1:
-            return "no payload runs"
+            return f"no payload runs{end}"
         return (
             f"{self.payloads} payload(s), about {self.left_s:.0f}s left, "
-            f"{self.idle_core_s:.0f} core-s idle while draining"
+            f"{self.idle_core_s:.0f} core-s idle while draining{end}"
         )
 
 
@@ -150,12 +155,14 @@ def release_choice(
     at = time.time() if now is None else now
     if view is None or event is None or view.received_time is None:
         waited = max(0.0, at - requested) if requested is not None else 0.0
-        return Choice(0, _sortable(waited), 0.0, 0.0, 0, base)
+        return Choice(0, _sortable(waited), 0.0, 0.0, 0, math.inf, base)
     snapshot = event.snapshot
     payloads = snapshot.payloads
-    if not payloads:
-        return Choice(1, 0.0, 0.0, 0.0, 0, base)
     received = view.received_time
+    ends_in = ends_in_s(event, received, at)
+    life = math.inf if ends_in is None else min(ends_in, LONGEST_S)
+    if not payloads:
+        return Choice(1, 0.0, 0.0, 0.0, 0, life, base)
     lefts = [
         work_left(
             elapsed_since(payload.started_at, event, received, at),
@@ -164,11 +171,11 @@ def release_choice(
         )
         for payload in payloads
     ]
-    lefts = [min(left, LONGEST_S) for left in lefts]
+    lefts = [min(left, LONGEST_S, life) for left in lefts]
     last = max(lefts)
     slots = max(snapshot.slots, len(payloads))
     idle = (slots * last - sum(lefts)) * (cores / slots)
-    return Choice(2, 0.0, _sortable(idle), _sortable(last), len(payloads), base)
+    return Choice(2, 0.0, _sortable(idle), _sortable(last), len(payloads), life, base)
 
 
 def _sortable(key: float) -> float:

@@ -16,6 +16,7 @@ from support.processes import CLI, run_process
 from support.slurm import requires_slurm
 from support.waiting import wait_until
 
+from broker.emulation.demo.command import demo
 from broker.emulation.demo.run import run_mode
 from broker.emulation.demo.scenario import Scenario
 from broker.emulation.groundtruth import read_ground_truth
@@ -262,3 +263,45 @@ async def test_the_controller_demand_runs_and_its_accounting_closes(
         for pid in _pids(tmp_path / "work" / mode)
         if _running(pid)
     ]
+
+
+#: two drones wanted throughout, each with a walltime of a minute (Slurm's least), payloads
+#: without end: a stock drone still runs payloads when Slurm ends its job, up to 30 s after
+#: its walltime (``slurmctld`` checks time limits every 30 s), before the demand falls
+WALLTIME_SCENARIO = Scenario(
+    seed=1,
+    duration_s=110.0,
+    cooldown_s=10.0,
+    max_drones=2,
+    first_base_s=110.0,
+    tardis_adapters="slurm",
+    walltime_s=60.0,
+)
+
+
+@requires_slurm
+@pytest.mark.timeout(600)
+async def test_with_walltimes_stock_tardis_loses_payloads_at_the_end_and_cobald_remote_none(
+    tmp_path: Path,
+) -> None:
+    """
+    ``demo --compare --tardis-adapters slurm --walltime 60``, kept as short as a walltime of
+    a minute allows: Slurm ends stock drones at their TIMEOUT with payloads running, the
+    drones with cobald-remote end themselves before it and lose none
+    """
+    assert WALLTIME_SCENARIO.schedule() == [(0.0, 4.0), (110.0, 0.0)]
+    results = await demo(WALLTIME_SCENARIO, ["stock", "remote"], tmp_path, progress=lambda _: None)
+    stock, remote = results["stock"], results["remote"]
+    killed_at_end = "killed at the drone's end"
+    assert stock["payloads"][killed_at_end] > 0, stock
+    assert stock["kill_reasons"]["the drone's end (walltime: Slurm's TIMEOUT)"] > 0, stock
+    assert remote["payloads"][killed_at_end] == 0, remote
+    assert remote["payloads"]["killed"] == 0, remote
+    assert remote["kill_reasons"] == {}, remote
+    assert remote["payloads"]["finished"] > 0, remote
+    # the drones with cobald-remote ended themselves: none was cancelled, none timed out
+    states = json.loads((tmp_path / "remote" / "slurm_states.json").read_text())
+    assert "TIMEOUT" in json.loads((tmp_path / "stock" / "slurm_states.json").read_text()).values()
+    assert "TIMEOUT" not in states.values(), states
+    assert remote["slurm"]["scancel of a running job"] == 0, remote
+    assert remote["drones"]["ended by itself (drained)"] >= 2, remote

@@ -286,8 +286,12 @@ def announce(
     seq: int = 1,
     received: float | None = None,
     site: str = SITE,
+    end: ev.DroneEnd | None = None,
 ) -> None:
-    """Put a heartbeat of ``drone`` in ``state`` into ``registry``, as if it came off the stream"""
+    """
+    Put a heartbeat of ``drone`` in ``state`` into ``registry``, as if it came off the stream;
+    ``end``: when its batch job ends
+    """
     now = ev.utcnow()
     snapshot = ev.Snapshot(
         state=state,
@@ -296,6 +300,7 @@ def announce(
         slots=2,
         payloads=[ev.Payload(job_id=f"{i}.0", started_at=now) for i in range(payloads)],
         started_at=now,
+        end=end,
     )
     event = ev.Heartbeat(
         site=site,

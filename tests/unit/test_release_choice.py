@@ -37,10 +37,11 @@ def busy_view(
     ages_s: list[float],
     slots: int = 4,
     requested_s: float | None = None,
+    ends_in_s: float | None = None,
 ) -> DroneView:
     """
     ``drone`` with payloads that started ``ages_s`` seconds before :data:`NOW`, each job ad
-    asking for ``requested_s``
+    asking for ``requested_s``, its batch job ending ``ends_in_s`` after :data:`NOW`
     """
     started = [dt.datetime.fromtimestamp(NOW - age, dt.UTC) for age in ages_s]
     at = dt.datetime.fromtimestamp(NOW, dt.UTC)
@@ -54,6 +55,7 @@ def busy_view(
             for i, s in enumerate(started)
         ],
         started_at=at,
+        end=ev.DroneEnd(in_s=ends_in_s, source="squeue") if ends_in_s is not None else None,
     )
     event = ev.Heartbeat(
         site=SITE,
@@ -83,6 +85,34 @@ def test_the_estimate_is_the_mean_remaining_runtime_of_the_payloads_that_ran_as_
     assert durations.left(5000.0) == 0.0  # outlived every one seen
     assert work_left(250.0, durations, requested_s=300.0) == 50.0
     assert work_left(400.0, durations, requested_s=300.0) == 0.0
+
+
+def test_a_drone_that_ends_soon_is_cheap_and_its_work_left_ends_with_it() -> None:
+    """No payload runs past its drone's end: its work left, and the idle cores, stop there"""
+    registry = Registry()
+    # each payload asks for 1000 s and ran 100: 900 s left, were it not for the drone's end
+    long_lived = busy_view(registry, "site1-0000000001", [100, 100], requested_s=1000.0)
+    ending = busy_view(registry, "site1-0000000002", [100, 100], requested_s=1000.0, ends_in_s=60.0)
+    far = release_choice(long_lived, 4.0, 0.0, now=NOW + 10)
+    soon = release_choice(ending, 4.0, 0.0, now=NOW + 10)  # learned 10 s ago: 50 s left
+    assert far.left_s == 890.0 and far.ends_in_s == math.inf
+    assert soon.left_s == 50.0 and soon.ends_in_s == 50.0
+    assert soon.idle_core_s == 2 * 50.0 and far.idle_core_s == 2 * 890.0
+    assert soon < far
+    assert soon.reason.endswith("its drone ends in 50s")
+    # of two idle drones, the one whose batch job ends first goes first
+    idle_far = busy_view(registry, "site1-0000000003", [], ends_in_s=3600.0)
+    idle_soon = busy_view(registry, "site1-0000000004", [], ends_in_s=120.0)
+    idle_never = busy_view(registry, "site1-0000000005", [])
+    keys = {
+        name: release_choice(view, 4.0, 0.0, now=NOW)
+        for name, view in (("far", idle_far), ("soon", idle_soon), ("never", idle_never))
+    }
+    assert sorted(keys, key=keys.__getitem__) == ["soon", "far", "never"]
+    assert keys["soon"].reason == "no payload runs, its drone ends in 120s"
+    # a drone whose end has passed by the manager's clock: nothing left, never negative
+    gone = release_choice(ending, 4.0, 0.0, now=NOW + 600)
+    assert gone.left_s == 0.0 and gone.ends_in_s == 0.0 and gone.idle_core_s == 0.0
 
 
 def test_the_order_is_never_announced_idle_then_fewest_idle_core_seconds() -> None:

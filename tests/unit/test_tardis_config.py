@@ -18,6 +18,7 @@ from broker.tardis.config import (
     site_problems,
     site_token,
 )
+from broker.tardis.pool import DEFAULT_DRONE_START_S
 from remote_agent.errors import SettingsError
 from remote_agent.settings import Settings
 
@@ -287,4 +288,14 @@ def test_the_black_hole_keys_make_the_detectors_rules() -> None:
     assert (
         BusConfig.from_mapping({"servers": URL, "black_hole_drones": 0}).black_hole_rules().drones
         == 0
+    )
+
+
+def test_a_new_drones_start_is_a_span_with_a_default() -> None:
+    assert BusConfig.from_mapping({"servers": URL}).drone_start_s == DEFAULT_DRONE_START_S
+    assert BusConfig.from_mapping({"servers": URL, "drone_start_s": 120}).drone_start_s == 120.0
+    with pytest.raises(ConfigError) as refused:
+        BusConfig.from_mapping({"servers": URL, "drone_start_s": 0})
+    assert str(refused.value) == (
+        "bus.drone_start_s: expected a number of seconds > 0 (at most 10 years), got 0"
     )

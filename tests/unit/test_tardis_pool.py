@@ -226,3 +226,160 @@ def monkeypatch_clock(clock: FakeClock) -> Iterator[None]:
         yield
     finally:
         pool_module.time.monotonic = real  # type: ignore[assignment]
+
+
+def _created(child: Child, seconds_ago: float) -> Child:
+    """``child`` as TARDIS requested it ``seconds_ago``"""
+    when = dt.datetime.now() - dt.timedelta(seconds=seconds_ago)
+    child.resource_attributes["created"] = when  # type: ignore[assignment]
+    return child
+
+
+def test_a_drone_that_ends_before_a_new_one_starts_is_replaced_before_it_is_released() -> None:
+    """Make before break: the replacement is asked for while the ending drone still works"""
+    bus = offline_bus()
+    made: list[Child] = []
+
+    def factory() -> Child:
+        made.append(Child(f"site1-{0xF0 + len(made):010x}"))
+        return made[-1]
+
+    ending = Child("site1-0000000001", supply=2, utilisation=0.0)
+    steady = Child("site1-0000000002", supply=2, utilisation=1.0)
+    far = Child("site1-0000000003", supply=2, utilisation=1.0)
+    announce(bus.registry, "site1-0000000001", ev.DroneState.IDLE, end=ev.DroneEnd(in_s=300.0))
+    announce(bus.registry, "site1-0000000002", ev.DroneState.BUSY, payloads=2)
+    announce(
+        bus.registry,
+        "site1-0000000003",
+        ev.DroneState.BUSY,
+        payloads=2,
+        end=ev.DroneEnd(in_s=7200.0),
+    )
+    pool = RemoteFactoryPool(
+        ending, steady, far, factory=factory, interval=1, bus=bus, site=SITE, start_s=600.0
+    )
+    pool.demand = 6.0
+    # COBalD's pool would see its demand met; the ending drone's end comes before a new
+    # drone's start (600 s), so it no longer counts
+    pool._grow(target=pool.demand)
+    assert len(made) == 1 and ending.demand == 2.0
+    assert pool.supply == 4.0
+    assert pool.utilisation == 1.0 and pool.allocation == 1.0  # its idle slots drag nothing
+    pool._grow(target=pool.demand)  # the replacement boots: nothing more, nothing released
+    assert len(made) == 1 and ending.demand == 2.0
+    made[0].supply = 2.0  # TARDIS sees the replacement available: now the old one goes
+    pool._grow(target=pool.demand)
+    assert _released([ending, steady, far, *made]) == ["site1-0000000001"]
+    assert bus.release_reasons["site1-0000000001"].startswith(
+        "chosen for release: its drone ends in 300s, before a new drone would start and run "
+        "a payload (600s), and the drones that replace it are up"
+    )
+
+
+def test_an_ending_drone_goes_at_once_when_the_demand_falls_and_counts_for_nothing() -> None:
+    bus = offline_bus()
+    ending = Child("site1-0000000001", supply=2)
+    steady = Child("site1-0000000002", supply=2, utilisation=1.0)
+    announce(
+        bus.registry,
+        "site1-0000000001",
+        ev.DroneState.BUSY,
+        payloads=1,
+        end=ev.DroneEnd(in_s=30.0, notice="SIGTERM"),
+    )
+    announce(bus.registry, "site1-0000000002", ev.DroneState.BUSY, payloads=2)
+    pool = _pool(bus, [ending, steady])
+    pool._shrink(target=2.0)  # the steady drone covers the demand: the ending one goes
+    assert _released([ending, steady]) == ["site1-0000000001"]
+    pool._shrink(target=0.0)
+    assert _released([ending, steady]) == ["site1-0000000001", "site1-0000000002"]
+
+
+def test_a_booting_drone_or_one_with_a_distant_end_counts_as_before() -> None:
+    """Only supply can be ending: a walltime shorter than a start asks for no stream of drones"""
+    bus = offline_bus()
+    made: list[Child] = []
+
+    def factory() -> Child:
+        made.append(Child(f"site1-{0xF0 + len(made):010x}"))
+        return made[-1]
+
+    booting = Child("site1-0000000001")  # its agent spoke, TARDIS does not count it yet
+    later = Child("site1-0000000002", supply=2, utilisation=1.0)
+    announce(
+        bus.registry, "site1-0000000001", ev.DroneState.STARTD_READY, end=ev.DroneEnd(in_s=60.0)
+    )
+    announce(
+        bus.registry,
+        "site1-0000000002",
+        ev.DroneState.BUSY,
+        payloads=2,
+        end=ev.DroneEnd(in_s=601.0),
+    )
+    pool = RemoteFactoryPool(
+        booting, later, factory=factory, interval=1, bus=bus, site=SITE, start_s=600.0
+    )
+    for _ in range(3):
+        pool._grow(target=4.0)
+    assert made == [] and _released([booting, later]) == []
+    assert pool.supply == 2.0
+
+
+def test_the_start_is_measured_from_the_pools_own_drones() -> None:
+    """From TARDIS's request until TARDIS counts the drone: the 90th percentile of the newest"""
+    bus = offline_bus()
+    restored = _created(Child("site1-00000000aa", supply=2), 86_400)  # not the pool's start
+    pool = RemoteFactoryPool(
+        restored,
+        factory=lambda: Child("site1-ffffffffff"),
+        interval=1,
+        bus=bus,
+        site=SITE,
+        start_s=600.0,
+    )
+    children = [_created(Child(f"site1-{i:010x}"), 10.0 * (i + 1)) for i in range(10)]
+    pool._hatchery.update(children)
+    pool._grow(target=pool.demand)
+    assert pool.start.estimate_s == 600.0  # none became supply yet: the default
+    for child in children[:2]:
+        child.supply = 2.0
+    pool._grow(target=pool.demand)
+    assert pool.start.estimate_s == 600.0  # two seen: still the default
+    for child in children[2:]:
+        child.supply = 2.0
+    pool._grow(target=pool.demand)
+    assert 80.0 <= pool.start.estimate_s < 120.0  # 9th of 10 starts of 10 to 100 s
+    pool._grow(target=pool.demand)  # each drone is measured once
+    assert 80.0 <= pool.start.estimate_s < 120.0
+    # an ending drone is judged by the measured start, no longer by the default
+    announce(bus.registry, "site1-0000000000", ev.DroneState.IDLE, end=ev.DroneEnd(in_s=300.0))
+    pool._grow(target=pool.demand)
+    assert _released(children) == []
+    announce(
+        bus.registry, "site1-0000000000", ev.DroneState.IDLE, seq=2, end=ev.DroneEnd(in_s=60.0)
+    )
+    pool._grow(target=pool.demand - 2.0)
+    assert _released(children) == ["site1-0000000000"]
+
+
+def test_a_drone_is_replaced_a_payloads_mean_runtime_earlier() -> None:
+    """Its gate lets in only payloads that end in time: its slots empty a payload before its end"""
+    bus = offline_bus()
+    drone = Child("site1-0000000001", supply=2)
+    announce(bus.registry, "site1-0000000001", ev.DroneState.IDLE, end=ev.DroneEnd(in_s=150.0))
+    pool = RemoteFactoryPool(
+        drone,
+        factory=lambda: Child("site1-ffffffffff"),
+        interval=1,
+        bus=bus,
+        site=SITE,
+        start_s=60.0,
+    )
+    pool._grow(target=2.0)
+    assert pool.lead_s == 60.0 and pool.supply == 2.0  # too few payload ends seen
+    for _ in range(5):
+        bus.durations.add(100.0)
+    pool._grow(target=2.0)
+    assert pool.lead_s == 160.0 and pool.supply == 0.0  # 150 s left: ending
+    assert len(pool.children) == 2

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import bisect
 import itertools
+import json
 import math
 import statistics
 from collections import Counter
@@ -27,9 +28,31 @@ def _percentile(values: list[float], share: float) -> float:
     return ordered[index]
 
 
+#: how each job of a real Slurm ended, by job id (``scontrol``'s ``JobState``), read after
+#: the run by ``slurm_run.py``; absent for the emulated local batch system
+SLURM_STATES = "slurm_states.json"
+#: Slurm's states of a job that the batch system ended at the drone's end: its walltime
+#: (``TIMEOUT``), a preemption, a deadline; the kill reason of what still ran
+END_STATES = {
+    "TIMEOUT": "the drone's end (walltime: Slurm's TIMEOUT)",
+    "PREEMPTED": "the drone's end (preempted by the site)",
+    "DEADLINE": "the drone's end (Slurm's deadline)",
+}
+#: the kill reason of what ran when the site preempted the drone (``job_preempted``)
+PREEMPTED = END_STATES["PREEMPTED"]
+#: the reason a startd gives a payload a fast drain stopped: a vacate, which HTCondor
+#: queues again (the agent's drain at the drone's end or on a notice)
+VACATED = "drain_fast"
+#: the payload rows of a run whose drones have walltimes
+KILLED_AT_END = "killed at the drone's end"
+VACATED_ON_NOTICE = "vacated on notice"
+
+
 def _site_jobs(root: Path, end: float) -> dict[str, dict[str, Any]]:
     """Each drone job of the local batch system, by job id, as its records until ``end`` say"""
     jobs: dict[str, dict[str, Any]] = {}
+    states_file = root / SLURM_STATES
+    states: dict[str, str] = json.loads(states_file.read_text()) if states_file.exists() else {}
     for entry in read_ground_truth(root / "lbs.jsonl"):
         if entry["t"] > end:
             continue
@@ -45,9 +68,13 @@ def _site_jobs(root: Path, end: float) -> dict[str, dict[str, Any]]:
             job["removed_was"] = entry["was"]
         elif event == "job_suspended":
             job.setdefault("suspended", entry["t"])
+        elif event == "job_preempted":
+            job["preempted"] = entry["t"]
         elif event == "job_exited":
             job["ended"] = entry["t"]
             job["exit_removed"] = bool(entry.get("removed"))
+    for job_id, job in jobs.items():
+        job["batch_state"] = states.get(job_id, "")
     return jobs
 
 
@@ -85,7 +112,10 @@ class _Tally:
         self.busy_s += sum(max(0.0, gone - t) for t in running.values())
         if ended is not None and running:
             self.payloads["killed"] += len(running)
-            self.kill_reasons["drone removed by the site (condor_rm)"] += len(running)
+            at_end = _end_of(job) if "removed" not in job else None
+            if at_end is not None:  # the batch system's own kill, not TARDIS's removal
+                self.payloads[KILLED_AT_END] += len(running)
+            self.kill_reasons[at_end or "drone removed by the site (condor_rm)"] += len(running)
             killed_here += len(running)
         elif running:
             self.payloads["running at the end"] += len(running)
@@ -111,6 +141,10 @@ class _Tally:
                 self.done_s += entry.get("runtime_s", 0.0)
                 self.busy_s += entry.get("runtime_s", 0.0)
                 running.pop(entry["job_id"], None)
+            elif event == "payload_killed" and entry.get("reason") == VACATED:
+                self.payloads[VACATED_ON_NOTICE] += 1
+                self.busy_s += entry.get("runtime_s", 0.0)
+                running.pop(entry["job_id"], None)
             elif event == "payload_killed":
                 self.payloads["killed"] += 1
                 killed += 1
@@ -124,12 +158,24 @@ class _Tally:
         return running, killed
 
 
+def _end_of(job: dict[str, Any]) -> str | None:
+    """The batch system's end of a drone job (preempted, its walltime), as a kill reason"""
+    if "preempted" in job and job.get("ended", 0.0) >= job["preempted"]:
+        return PREEMPTED
+    return END_STATES.get(job["batch_state"])
+
+
 def _outcome_of(job: dict[str, Any], killed_here: int) -> str:
     """How a drone job that started ended"""
     if "removed" in job:
         if killed_here:
             return "removed by the site with payloads running"
         return "removed by the site while idle"
+    at_end = _end_of(job) if job.get("ended") is not None else None
+    if at_end == PREEMPTED:
+        return "preempted by the site"
+    if at_end is not None:
+        return "ended by the batch system at its walltime"
     if job.get("ended") is not None:
         return "ended by itself (drained)"
     return "running at the end"
@@ -326,6 +372,7 @@ def analyze(
     end: float,
     cores_per_drone: float = 1.0,
     controller_interval_s: float | None = None,
+    end_rows: bool = False,
 ) -> dict[str, Any]:
     """
     The numbers of one run whose files are under ``root``
@@ -342,6 +389,10 @@ def analyze(
     :param controller_interval_s: the interval of COBalD's controller, for a run whose demand
         it set: adds the rows of the queue (``obs.jsonl``'s submissions) and of the
         controller (``demand.jsonl``, by ``broker.emulation.demo.demand.DemandRecorder``)
+    :param end_rows: add the rows of a run whose drones have walltimes: payloads killed at
+        the drone's end (what ran when Slurm ended a job no ``scancel`` removed:
+        ``TIMEOUT``, a preemption; :data:`SLURM_STATES`) and payloads vacated (the
+        agent's fast drain at the drone's end or on a notice, not counted as killed)
     """
     jobs = _site_jobs(root, end)
     tally = _Tally(end)
@@ -362,6 +413,11 @@ def analyze(
             "killed": payloads["killed"],
             "running at the end": payloads["running at the end"],
             "refused at the gate": tally.gate_refusals,
+            **(
+                {key: payloads[key] for key in (KILLED_AT_END, VACATED_ON_NOTICE)}
+                if end_rows
+                else {}
+            ),
         },
         "goodput": _goodput(tally, _tardis_down(root, end), cores_per_drone),
         "kill_reasons": dict(tally.kill_reasons),

@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import dataclasses
 import json
 import shutil
 import tempfile
@@ -79,20 +78,30 @@ async def demo(
     return results
 
 
+def _scenario(args: argparse.Namespace) -> Scenario:
+    """The scenario the options describe; the scenario's defaults where an option is not given"""
+    given = {
+        "demand": args.demand,
+        "scale_down_window_s": args.scale_down_window,
+        "utilisation_hold_s": args.utilisation_hold,
+        "walltime_s": args.walltime,
+    }
+    try:
+        return Scenario(
+            seed=args.seed,
+            duration_s=args.duration,
+            max_drones=args.drones,
+            tardis_adapters=args.tardis_adapters,
+            preemptions=args.preempt,
+            **{key: value for key, value in given.items() if value is not None},
+        )
+    except ValueError as err:  # the CLI's one line, not a traceback
+        raise RuntimeError(str(err)) from None
+
+
 def main(args: argparse.Namespace) -> int:
     """``cobald-remote demo`` (``broker/cli.py`` parses the options)"""
-    scenario = Scenario(
-        seed=args.seed,
-        duration_s=args.duration,
-        max_drones=args.drones,
-        tardis_adapters=args.tardis_adapters,
-    )
-    if args.demand is not None:
-        scenario = dataclasses.replace(scenario, demand=args.demand)
-    if args.scale_down_window is not None:
-        scenario = dataclasses.replace(scenario, scale_down_window_s=args.scale_down_window)
-    if args.utilisation_hold is not None:
-        scenario = dataclasses.replace(scenario, utilisation_hold_s=args.utilisation_hold)
+    scenario = _scenario(args)
     modes = ["stock", "remote"] if args.compare else ["remote"]
     keep = args.workdir is not None
     root = Path(args.workdir) if keep else Path(tempfile.mkdtemp(prefix="cobald-remote-demo-"))
@@ -111,6 +120,12 @@ def main(args: argparse.Namespace) -> int:
             f"demand swings for {scenario.duration_s:.0f}s then {scenario.cooldown_s:.0f}s "
             f"at zero; schedule {scenario.schedule()}"
         )
+    if scenario.walltime_s is not None:
+        demand += f"; each drone job's walltime {scenario.walltime_s:.0f}s"
+    if scenario.preemptions:
+        demand += f"; the site preempts a drone job at {scenario.preemption_times()} s"
+    if scenario.payload_ad():
+        demand += f"; each payload asks for {scenario.payload_ad()['AllowedJobDuration']}s"
     to_stderr(
         f"cobald-remote demo: seed {scenario.seed}, up to {scenario.max_drones} drones of "
         f"{scenario.slots} slots, {demand}"

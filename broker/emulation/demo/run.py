@@ -159,7 +159,8 @@ def overlay_pool(scenario: Scenario, root: Path, truth: GroundTruth) -> OverlayP
     those :func:`arriving` submits for COBalD's controller
     """
     endless = scenario.payload_duration if scenario.demand == "scripted" else None
-    return OverlayPool(root, endless, truth)
+    ad = scenario.payload_ad()
+    return OverlayPool(root, endless, truth, ad=(lambda _: ad) if ad else None)
 
 
 @contextlib.asynccontextmanager
@@ -195,6 +196,7 @@ def numbers(scenario: Scenario, root: Path, end: float) -> dict[str, Any]:
         end,
         cores_per_drone=scenario.slots,
         controller_interval_s=scenario.controller_interval_s if controlled else None,
+        end_rows=scenario.drones_end,
     )
 
 

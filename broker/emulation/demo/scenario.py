@@ -10,11 +10,12 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import math
 import random
 from typing import Any
 
 from broker.tardis.batch import DEFAULT_UTILISATION_HOLD_S
-from broker.tardis.pool import DEFAULT_SCALE_DOWN_WINDOW_S
+from broker.tardis.pool import DEFAULT_DRONE_START_S, DEFAULT_SCALE_DOWN_WINDOW_S
 
 #: how the demo's demand is made (:class:`Scenario`'s ``demand``)
 DEMANDS = ("scripted", "controller")
@@ -66,6 +67,13 @@ class Scenario:
         ``condor_status`` cached for ``batch_max_age_s``); ``slurm``: TARDIS's Slurm site
         adapter against a real single-node Slurm (``squeue`` every heartbeat; no seeded
         queue delay: Slurm schedules) and TARDIS's HTCondor batch-system adapter as above
+    :param walltime_s: ``slurm``: each drone job's walltime, a whole number of minutes in
+        seconds (Slurm counts minutes; TARDIS's ``Walltime``); each payload's job ad then
+        asks for the longest payload duration (``AllowedJobDuration``). ``None``: an hour
+    :param drone_start_s: cobald-remote, where drones end: ``bus.drone_start_s`` (its
+        default scaled by :data:`TIME_SCALE`: 20 s)
+    :param preemptions: ``slurm``: how many running drone jobs the site preempts during the
+        swinging demand, at :meth:`preemption_times`
     """
 
     seed: int = 1
@@ -93,10 +101,56 @@ class Scenario:
     controller_rate: float = 1.0
     controller_interval_s: float = 1.0 / TIME_SCALE
     tardis_adapters: str = "emulated"
+    walltime_s: float | None = None
+    drone_start_s: float = DEFAULT_DRONE_START_S / TIME_SCALE
+    preemptions: int = 0
 
     def __post_init__(self) -> None:
         if self.demand not in DEMANDS:
             raise ValueError(f"demand must be one of {', '.join(DEMANDS)}, not {self.demand!r}")
+        if self.preemptions and self.tardis_adapters != "slurm":
+            raise ValueError("preemptions need the real Slurm (--tardis-adapters slurm)")
+        if self.preemptions < 0:
+            raise ValueError(f"preemptions must be >= 0, not {self.preemptions}")
+        if self.walltime_s is not None:
+            if self.tardis_adapters != "slurm":
+                raise ValueError("a walltime needs the real Slurm (--tardis-adapters slurm)")
+            if self.walltime_s <= 0 or self.walltime_s % 60:
+                raise ValueError(
+                    f"a walltime is a whole number of minutes > 0 (Slurm counts minutes), "
+                    f"in seconds, not {self.walltime_s:g}"
+                )
+
+    @property
+    def walltime_min(self) -> int:
+        """The drone jobs' walltime in minutes, as TARDIS's Slurm adapter passes it"""
+        return 60 if self.walltime_s is None else int(self.walltime_s // 60)
+
+    def preemption_times(self) -> list[float]:
+        """
+        Seconds after the start at which the site preempts a running drone job: spread
+        evenly over the swinging demand after its first 10 s, each moved by up to a third of
+        the spacing (seeded)
+        """
+        if not self.preemptions:
+            return []
+        rng = random.Random(f"{self.seed}:preemptions")
+        spacing = max(0.0, self.duration_s - 10.0) / self.preemptions
+        return [
+            round(10.0 + spacing * (i + 0.5) + rng.uniform(-spacing / 3, spacing / 3), 1)
+            for i in range(self.preemptions)
+        ]
+
+    @property
+    def drones_end(self) -> bool:
+        """Whether the site ends drone jobs of its own: at a walltime, by preemptions"""
+        return self.walltime_s is not None or self.preemptions > 0
+
+    def payload_ad(self) -> dict[str, Any]:
+        """More job ad of each payload: where drones end, the runtime it asks for"""
+        if not self.drones_end:
+            return {}
+        return {"AllowedJobDuration": math.ceil(self.payload_s[1])}
 
     @property
     def total_s(self) -> float:

@@ -8,13 +8,17 @@ daemons by :class:`SlurmCluster`, the drone jobs by ``scancel`` before slurmd st
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import json
 import os
+import random
 import statistics
 import time
-from collections.abc import Mapping
+from collections.abc import AsyncIterator, Mapping
 from pathlib import Path
 from typing import Any
 
+from broker.emulation.demo.analysis import SLURM_STATES
 from broker.emulation.demo.run import (
     Progress,
     arriving,
@@ -29,7 +33,7 @@ from broker.emulation.demo.scenario import Scenario
 from broker.emulation.demo.template import bus_section, render_config
 from broker.emulation.groundtruth import GroundTruth, read_ground_truth
 from broker.emulation.site.collector import install_fake_collector
-from broker.emulation.site.slurm import SlurmCluster
+from broker.emulation.site.slurm import KILL_WAIT_S, SlurmCluster
 from broker.emulation.site.slurm_site import SlurmSite, slurm_environment
 
 
@@ -48,6 +52,31 @@ def slurm_counts(site: SlurmSite, end: float) -> dict[str, Any]:
         "scancel of a queued job": sum(1 for c in scancels if c.get("state") == "PENDING"),
         "scancel of a running job": sum(1 for c in scancels if c.get("state") == "RUNNING"),
     }
+
+
+@contextlib.asynccontextmanager
+async def preempting(
+    site: SlurmSite, scenario: Scenario, start: float, progress: Progress
+) -> AsyncIterator[None]:
+    """While in the context, preempt a running drone job at each of the scenario's times"""
+
+    async def preempt() -> None:
+        for index, at in enumerate(scenario.preemption_times()):
+            await asyncio.sleep(max(0.0, start + at - time.time()))
+            rng = random.Random(f"{scenario.seed}:preempt:{index}")
+            job = await asyncio.to_thread(site.preempt, rng)
+            progress(f"the site preempts job {job}" if job else "no drone job to preempt")
+            if job is not None:
+                await asyncio.sleep(KILL_WAIT_S)
+                await asyncio.to_thread(site.kill_preempted, job)
+
+    task = asyncio.create_task(preempt())
+    try:
+        yield
+    finally:
+        task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await task
 
 
 def _line(site: SlurmSite) -> str:
@@ -109,7 +138,10 @@ async def run_slurm_mode(
             daemon = await start_daemon(config, root / "daemon.log", env)
             progress(f"[{mode:6}] COBalD daemon pid {daemon.pid}, Slurm in {cluster.root}")
             try:
-                async with arriving(overlay, scenario, start):
+                async with (
+                    arriving(overlay, scenario, start),
+                    preempting(site, scenario, start, progress),
+                ):
                     died = await supervise(
                         daemon, mode, (start, end), lambda: _line(site), progress, every_s
                     )
@@ -117,6 +149,9 @@ async def run_slurm_mode(
                 await stop_daemon(daemon)
                 finished = time.time()
                 await asyncio.to_thread(cluster.cancel_all)
+                # how each job ended, in Slurm's words: TIMEOUT tells a kill at its walltime
+                states = await asyncio.to_thread(site.final_states)
+                (root / SLURM_STATES).write_text(json.dumps(states))
     finally:
         await overlay.close()
         obs_truth.close()

@@ -98,7 +98,9 @@ def _adapters(scenario: Scenario, root: Path) -> dict[str, Any]:
         return {
             "batch_system": htcondor_batch_system,
             "site_adapter": "Slurm",
-            "site_section": tardis_site(startup_command(root), "drone", scenario.slots),
+            "site_section": tardis_site(
+                startup_command(root), "drone", scenario.slots, scenario.walltime_min
+            ),
         }
     if scenario.tardis_adapters != "emulated":
         raise ValueError(
@@ -133,5 +135,6 @@ def bus_section(
         "request_timeout_s": 2.0,
         "scale_down_window_s": scenario.scale_down_window_s,
         "utilisation_hold_s": scenario.utilisation_hold_s,
+        **({"drone_start_s": scenario.drone_start_s} if scenario.drones_end else {}),
         **(extra or {}),
     }

@@ -20,6 +20,7 @@ import asyncio
 import contextlib
 import json
 import os
+import random
 import sys
 import time
 from collections.abc import AsyncIterator
@@ -152,6 +153,51 @@ class SlurmSite:
         """TARDIS's section of this site (its ``SlurmAdapter``)"""
         return tardis_site(self.startup_command, machine_type, cores)
 
+    def preempt(self, rng: random.Random) -> str | None:
+        """
+        Preempt one drone job that runs (chosen by ``rng``) as Slurm's ``PreemptMode=CANCEL``
+        does: SIGTERM to each of its processes now, SIGKILL after ``KillWait``
+        (:meth:`kill_preempted`); recorded as ``job_preempted`` in the ground truth. The
+        job preempted, ``None`` if none runs
+        """
+        entries = read_ground_truth(self.truth_file)
+        over = {e["job_id"] for e in entries if e["event"] in ("job_exited", "job_preempted")}
+        running = sorted(
+            (
+                e["job_id"]
+                for e in entries
+                if e["event"] == "job_started" and e["job_id"] not in over
+            ),
+            key=int,
+        )
+        running = [job for job in running if self.state(job) == "RUNNING"]
+        if not running:
+            return None
+        job = str(rng.choice(running))
+        truth = GroundTruth(self.truth_file)
+        try:
+            truth.record("job_preempted", job_id=job)
+        finally:
+            truth.close()
+        self.cluster.run("scancel", "--signal=TERM", "--full", job, check=False)
+        return job
+
+    def kill_preempted(self, job: str) -> None:
+        """The SIGKILL of a preemption (``KillWait`` after its SIGTERM) to what still runs"""
+        if self.state(job) in ("RUNNING", "COMPLETING"):
+            self.cluster.run("scancel", "--signal=KILL", "--full", job, check=False)
+
+    def final_states(self) -> dict[str, str]:
+        """
+        Slurm's own word on how each job submitted so far ended (``scontrol``'s
+        ``JobState``: ``COMPLETED``, ``TIMEOUT``, ``CANCELLED``, ``PREEMPTED``, ...), by job id;
+        ``""`` for a job Slurm forgot
+        """
+        jobs = [
+            e["job_id"] for e in read_ground_truth(self.truth_file) if e["event"] == "job_submitted"
+        ]
+        return {job: self.state(job) for job in jobs}
+
     # ------------------------------------------------------------ reading the records
 
     def calls(self, tool: str | None = None) -> list[dict[str, Any]]:
@@ -239,15 +285,20 @@ def startup_command(root: Path) -> Path:
     return root / "drone-job"
 
 
-def tardis_site(startup: Path, machine_type: str, cores: int) -> dict[str, Any]:
-    """TARDIS's section of a Slurm site whose StartupCommand is ``startup``"""
+def tardis_site(
+    startup: Path, machine_type: str, cores: int, walltime_min: int = 60
+) -> dict[str, Any]:
+    """
+    TARDIS's section of a Slurm site whose StartupCommand is ``startup``; TARDIS submits
+    each drone with ``--time`` ``walltime_min`` and passes it as ``SLURM_Walltime``
+    """
     # sbatch writes a job's output to the submit directory (the daemon's) unless told
     output = {"long": {"output": str(startup.parent / "jobs" / "slurm-%j.out")}}
     return {
         "MachineTypes": [machine_type],
         "MachineTypeConfiguration": {
             machine_type: {
-                "Walltime": 60,
+                "Walltime": walltime_min,
                 "Partition": PARTITION,
                 "StartupCommand": str(startup),
                 "SubmitOptions": output,
