@@ -329,3 +329,57 @@ async def test_broker_init_warns_of_this_projects_streams_in_another_account(
         assert out.splitlines()[0] == "COBALD_EVENTS: created"
         assert "accepts clients without credentials" in err
         assert "holds this project's streams (COBALD_EVENTS, ...) in another account" in err
+
+
+#: a configuration's usage line in its header: ``#   VAR=value ... nats-server -c NAME``
+_USAGE = re.compile(r"^#\s+((?:[A-Z_]+=\S+\s+)+)nats-server -c (\S+)\s*$", re.M)
+
+
+def usage_line(config: Path) -> tuple[dict[str, str], str]:
+    """The environment and the file of the usage line in ``config``'s header"""
+    found = _USAGE.search(config.read_text())
+    assert found is not None, f"{config.name} has no usage line"
+    return dict(part.split("=", 1) for part in found.group(1).split()), found.group(2)
+
+
+def on_this_host(value: str, directory: Path) -> str:
+    """
+    A usage line's value with its places moved onto this test: a directory into
+    ``directory``, a host and port to a free port on loopback (the file's other ports are
+    moved on the command line)
+    """
+    if value.startswith("/"):
+        return str(directory / value.strip("/").replace("/", "-"))
+    (port,) = free_ports(1)
+    return re.sub(r"[\w.-]+:\d+$", f"127.0.0.1:{port}", value)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+async def test_every_configuration_starts_as_its_header_says(config: Path, tmp_path: Path) -> None:
+    usage, name = usage_line(config)
+    assert name == config.name
+    copy = tmp_path / "etc" / name
+    if name == "cluster.conf":  # the header names the routes file beside it
+        copy = cluster_config(copy.parent, free_ports(1), "s3cret-route-password")
+    else:
+        copy.parent.mkdir()
+        shutil.copy(config, copy)
+    env = {key: on_this_host(value, tmp_path) for key, value in usage.items()}
+    client, monitoring = free_ports(2)
+    log = tmp_path / "nats-server.log"
+    command = [str(find_binary()), "-c", name, "-a", "127.0.0.1", "-p", str(client)]
+    command += ["-m", str(monitoring), "-l", str(log)]
+    proc = await asyncio.create_subprocess_exec(
+        *command, cwd=copy.parent, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        await wait_until(
+            lambda: proc.returncode is not None
+            or (log.exists() and "Server is ready" in log.read_text()),
+            what=f"{name} started",
+        )
+        assert proc.returncode is None, (await proc.communicate())[1].decode()
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.communicate()
