@@ -182,19 +182,16 @@ async def connect(
     return await connect_once(args.server, args.creds, name=name, on_error=on_error)
 
 
-def _violation(err: BaseException) -> bool:
-    """Whether ``err`` is the server's refusal of a subject: ``-ERR 'Permissions Violation ...'``"""
-    return "permissions violation" in str(err).lower()
-
-
 def _refusal_line(err: BaseException) -> str:
     return f"{err}: {_NEEDS_MANAGER}"
 
 
 def refused(nc: Client) -> str:
     """The line for a server that refused one of the connection's subjects; ``""`` if it did not"""
+    from remote_agent.protocol.connect import permissions_violation
+
     last = nc.last_error
-    return _refusal_line(last) if last is not None and _violation(last) else ""
+    return _refusal_line(last) if last is not None and permissions_violation(last) else ""
 
 
 class _Refusal:

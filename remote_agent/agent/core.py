@@ -259,6 +259,8 @@ class Agent:
                         await stop_tasks([bus, *self._tasks.running])
                     finally:
                         await publisher.close()
+            if publisher.not_ours:  # the drone could not run as itself: its job failed
+                code = 1
             log.info("agent exits with %d", code, extra=self._parts.extra)
             return code
         finally:

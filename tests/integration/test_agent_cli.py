@@ -9,6 +9,7 @@ from pathlib import Path
 from nats.js import JetStreamContext
 from support.agent import kinds, read_events
 from support.processes import CLI, run_process
+from support.servers import drone_creds
 
 from broker.server.embedded import EmbeddedServer
 from broker.server.provision import provision
@@ -49,3 +50,24 @@ async def test_the_agent_exits_with_the_workers_status(
     assert isinstance(exiting, ev.AgentExiting) and exiting.exit_code == 127
     assert "cannot start the worker" in exiting.reason
     assert isinstance(events[-1], ev.Heartbeat)
+
+
+async def test_another_drones_credentials_are_named_as_such(
+    secured: tuple[EmbeddedServer, Path], tmp_path: Path
+) -> None:
+    server, authority = secured
+    creds = drone_creds(tmp_path, authority, "site1", "site1-00000000aa")  # not this drone's
+    code, err = await _agent(
+        *("--no-startd", "--url", server.url, "--creds", str(creds), "--drone", DRONE),
+        *("--spool-dir", str(tmp_path / "spool"), "--", "sleep", "600"),
+    )
+    assert code == 1
+    lines = [json.loads(line) for line in err.splitlines() if line.startswith("{")]
+    errors = [line["message"] for line in lines if line["level"] == "ERROR"]
+    assert len(errors) == 1
+    assert "these credentials are not this drone's" in errors[0]
+    assert "nats: nats:" not in err
+    assert not any("cannot claim the handshake record" in line["message"] for line in lines)
+    assert "exiting with" in lines[-2]["message"]
+    assert "these credentials are not this drone's" in lines[-2]["message"]
+    assert "broker unreachable" not in err
