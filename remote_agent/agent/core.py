@@ -372,6 +372,11 @@ class Agent:
             worker = await self._worker.start(command)
         except OSError as err:
             code = 127 if isinstance(err, FileNotFoundError) else 126
+            if code == 127 and "/" not in command[0]:  # say where it was looked for
+                err = FileNotFoundError(
+                    f"{command[0]} not found: not installed here, or not on PATH "
+                    f"({os.environ.get('PATH', '')})"
+                )
             log.error("cannot start the worker %s: %s", command, err, extra=self._parts.extra)
             return await self._give_up(code, f"cannot start the worker: {err}")
         if status.state is S.STARTING:  # else a signal came while it started

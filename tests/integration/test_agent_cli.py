@@ -71,3 +71,24 @@ async def test_another_drones_credentials_are_named_as_such(
     assert "exiting with" in lines[-2]["message"]
     assert "these credentials are not this drone's" in lines[-2]["message"]
     assert "broker unreachable" not in err
+
+
+async def test_a_worker_that_is_not_installed_is_named_without_python_warnings(
+    tmp_path: Path, nats_server: EmbeddedServer, js: JetStreamContext
+) -> None:
+    # docs/htcondor.md's worker on a node without HTCondor
+    await provision(js)
+    code, err = await _agent(
+        *("--url", nats_server.url, "--drone", DRONE, "--spool-dir", str(tmp_path / "spool")),
+        *("--", "condor_master", "-f"),
+        env={"PATH": str(tmp_path)},
+    )
+    assert code == 127
+    assert "Warning" not in err
+    assert "never awaited" not in err
+    lines = [json.loads(line) for line in err.splitlines()]  # JSON lines alone
+    errors = [line["message"] for line in lines if line["level"] == "ERROR"]
+    assert errors == [
+        f"cannot start the worker ['condor_master', '-f']: condor_master not found: not "
+        f"installed here, or not on PATH ({tmp_path})"
+    ]
