@@ -110,7 +110,7 @@ async def _open_doors(
     warnings = [
         "the server accepts clients without credentials, each with every permission: "
         "authentication is not in force. Restart the server after enabling "
-        '\'include "auth.conf"\' (a reload cannot turn it on), then run broker init again '
+        "'include \"auth.conf\"' (a reload cannot turn it on), then run broker init again "
         '(docs: deployment, "Per-drone credentials")'
     ]
     try:

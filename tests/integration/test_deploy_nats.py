@@ -374,8 +374,10 @@ async def test_every_configuration_starts_as_its_header_says(config: Path, tmp_p
     )
     try:
         await wait_until(
-            lambda: proc.returncode is not None
-            or (log.exists() and "Server is ready" in log.read_text()),
+            lambda: (
+                proc.returncode is not None
+                or (log.exists() and "Server is ready" in log.read_text())
+            ),
             what=f"{name} started",
         )
         assert proc.returncode is None, (await proc.communicate())[1].decode()
