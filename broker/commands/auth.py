@@ -28,6 +28,7 @@ def _write_secret(text: str, out: str | None) -> None:
         sys.stdout.write(text)
         return
     try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)  # as for the authority file
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     except OSError as err:
         raise AuthError(f"cannot write {out}: {err.strerror}") from err

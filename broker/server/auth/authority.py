@@ -187,8 +187,9 @@ def _authority_json(authority: Authority) -> str:
 
 
 def save_authority(authority: Authority, path: Path) -> None:
-    """Write the seeds to ``path`` (mode 0600); refuses to overwrite"""
+    """Write the seeds to ``path`` (mode 0600), making its directory; refuses to overwrite"""
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         raise AuthError(
