@@ -187,7 +187,12 @@ def _auth_bootstrap(args: argparse.Namespace) -> int:
 def _auth_issuer_key(args: argparse.Namespace) -> int:
     from broker.server.auth.authority import issuer_key_of, load_authority, save_issuer_key
 
-    save_issuer_key(issuer_key_of(load_authority(Path(args.authority))), Path(args.out))
+    key = issuer_key_of(load_authority(Path(args.authority)))
+    save_issuer_key(key, Path(args.out))
+    if args.json:  # what was written where; the secret stays in the file
+        from broker.commands.table import write_json
+
+        write_json({"out": args.out, "account": key.account_public})
     return _advise(
         args,
         f"issuer key written to {args.out}: give the manager that file (bus.bootstrap_key), "

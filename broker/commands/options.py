@@ -16,7 +16,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
-from remote_agent.protocol.environment import BUS_SETTINGS_ENV
+from remote_agent.protocol.environment import BUS_SETTINGS_ENV, NATS_TOOL_ENV
 from remote_agent.protocol.names import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 #: ``--server`` of the commands that take several URLs
 SERVERS_HELP = "NATS URL(s), comma-separated"
 #: the variables ``--server`` defaults to, the first set one wins
-SERVER_ENV: Final = (BUS_SETTINGS_ENV["servers"], "NATS_URL")
+SERVER_ENV: Final = (BUS_SETTINGS_ENV["servers"], NATS_TOOL_ENV["servers"])
 #: the variables ``--creds`` defaults to, the first set one wins
-CREDS_ENV: Final = (BUS_SETTINGS_ENV["creds"], "NATS_CREDS")
+CREDS_ENV: Final = (BUS_SETTINGS_ENV["creds"], NATS_TOOL_ENV["creds"])
 #: the variable ``--prefix`` defaults to
 PREFIX_ENV: Final = (BUS_SETTINGS_ENV["prefix"],)
 #: the variable ``--domain`` defaults to

@@ -25,7 +25,7 @@ async def _agent(*args: str, env: dict[str, str] | None = None) -> tuple[int, st
 
 async def test_a_bad_configuration_exits_2() -> None:
     no_identity = {"TardisDroneUuid": "", "COBALD_REMOTE_DRONE": ""}
-    code, err = await _agent("--url", "nats://127.0.0.1:1", "--", "true", env=no_identity)
+    code, err = await _agent("--server", "nats://127.0.0.1:1", "--", "true", env=no_identity)
     assert code == 2
     assert "no drone identity: set TardisDroneUuid" in err
 
@@ -34,7 +34,7 @@ async def test_the_agent_exits_with_the_workers_status(
     tmp_path: Path, nats_server: EmbeddedServer, js: JetStreamContext
 ) -> None:
     await provision(js)
-    common = ["--no-startd", "--url", nats_server.url, "--drone", DRONE]
+    common = ["--no-startd", "--server", nats_server.url, "--drone", DRONE]
     common += ["--spool-dir", str(tmp_path / "spool"), "--log-level", "info", "--"]
     code, err = await _agent(*common, "sh", "-c", "exit 3")
     assert code == 3
@@ -58,7 +58,7 @@ async def test_another_drones_credentials_are_named_as_such(
     server, authority = secured
     creds = drone_creds(tmp_path, authority, "site1", "site1-00000000aa")  # not this drone's
     code, err = await _agent(
-        *("--no-startd", "--url", server.url, "--creds", str(creds), "--drone", DRONE),
+        *("--no-startd", "--server", server.url, "--creds", str(creds), "--drone", DRONE),
         *("--spool-dir", str(tmp_path / "spool"), "--", "sleep", "600"),
     )
     assert code == 1
@@ -79,7 +79,7 @@ async def test_a_worker_that_is_not_installed_is_named_without_python_warnings(
     # docs/htcondor.md's worker on a node without HTCondor
     await provision(js)
     code, err = await _agent(
-        *("--url", nats_server.url, "--drone", DRONE, "--spool-dir", str(tmp_path / "spool")),
+        *("--server", nats_server.url, "--drone", DRONE, "--spool-dir", str(tmp_path / "spool")),
         *("--", "condor_master", "-f"),
         env={"PATH": str(tmp_path)},
     )

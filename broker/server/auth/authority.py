@@ -210,6 +210,7 @@ def _replace_secret(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` in one step, readable by its owner only"""
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(text + "\n")
