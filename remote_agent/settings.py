@@ -402,8 +402,17 @@ def _parse_bool(text: str) -> bool:
 
 
 def default_spool_dir(drone: str, env: Mapping[str, str]) -> Path:
-    """``cobald-remote-<drone>`` in the job's scratch directory, else in ``$TMPDIR``"""
-    base = env.get("_CONDOR_SCRATCH_DIR") or env.get("TMPDIR") or tempfile.gettempdir()
+    """
+    ``cobald-remote-<drone>`` in the job's own directory: HTCondor's scratch directory, else
+    ``$SLURM_TMPDIR`` (a per-job directory that Slurm sites' prologs make), else
+    ``$TMPDIR``, else the system's (per job with Slurm's ``job_container/tmpfs``)
+    """
+    base = (
+        env.get("_CONDOR_SCRATCH_DIR")
+        or env.get("SLURM_TMPDIR")
+        or env.get("TMPDIR")
+        or tempfile.gettempdir()
+    )
     return Path(base) / f"cobald-remote-{drone}"
 
 

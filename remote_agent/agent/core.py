@@ -96,6 +96,8 @@ class Agent:
         self.incarnation = incarnation = uuid.uuid4().hex[:12]
         #: things counted for operators: refused payloads, bad commands, ...
         self.counters = counters = Counter[str]()
+        #: events left in the spool when :meth:`run` ended (``None`` before that)
+        self.unpublished: int | None = None
         #: the drone's lifecycle, gate, flags and payloads
         self.status = status = DroneStatus(settings.slots, utcnow())
         self.emitter = Emitter(settings, namespace, incarnation, status, counters)
@@ -266,6 +268,7 @@ class Agent:
         finally:
             for sig in signals:
                 loop.remove_signal_handler(sig)
+            self.unpublished = len(spool)
             spool.close()
 
     def _identity(self) -> BootstrapIdentity | None:

@@ -68,8 +68,8 @@ async def test_another_drones_credentials_are_named_as_such(
     assert "these credentials are not this drone's" in errors[0]
     assert "nats: nats:" not in err
     assert not any("cannot claim the handshake record" in line["message"] for line in lines)
-    assert "exiting with" in lines[-2]["message"]
-    assert "these credentials are not this drone's" in lines[-2]["message"]
+    (exiting,) = [line["message"] for line in lines if "exiting with" in line["message"]]
+    assert "these credentials are not this drone's" in exiting
     assert "broker unreachable" not in err
 
 
@@ -92,3 +92,30 @@ async def test_a_worker_that_is_not_installed_is_named_without_python_warnings(
         f"cannot start the worker ['condor_master', '-f']: condor_master not found: not "
         f"installed here, or not on PATH ({tmp_path})"
     ]
+
+
+async def test_the_spool_directory_is_the_jobs_own_and_goes_with_it(
+    tmp_path: Path, nats_server: EmbeddedServer, js: JetStreamContext
+) -> None:
+    await provision(js)
+    job = tmp_path / "job"  # what a Slurm site's prolog makes, as SLURM_TMPDIR
+    job.mkdir()
+    env = {"SLURM_TMPDIR": str(job), "TMPDIR": str(tmp_path / "shared")}
+    code, err = await _agent(
+        *("--no-startd", "--server", nats_server.url, "--drone", DRONE, "--"),
+        *("sh", "-c", f"test -s {job}/cobald-remote-{DRONE}/events.spool"),
+        env={**env, "_CONDOR_SCRATCH_DIR": ""},
+    )
+    assert code == 0, err  # the spool was in the job's directory while it ran
+    assert list(job.iterdir()) == [] and not (tmp_path / "shared").exists()
+    assert (await kinds(js, DRONE))[-2:] == ["agent_exiting", "heartbeat"]
+
+    # events it could not publish stay, for an agent started again in the same job
+    code, err = await _agent(
+        *("--no-startd", "--server", "nats://127.0.0.1:1", "--drone", DRONE),
+        *("--exit-flush", "0", "--", "true"),
+        env={**env, "_CONDOR_SCRATCH_DIR": ""},
+    )
+    assert code == 0
+    assert (job / f"cobald-remote-{DRONE}" / "events.spool").is_file()
+    assert f"keeping {job}/cobald-remote-{DRONE}: " in err
