@@ -24,6 +24,7 @@ from remote_agent.protocol.connect import (
     close,
     connect,
     credentials_refused,
+    error_text,
     permissions_violation,
 )
 from remote_agent.protocol.ratelog import RateLimitedLog
@@ -43,11 +44,6 @@ class Identity(Protocol):
     def user_jwt(self) -> bytes: ...
 
     def sign(self, nonce: str) -> bytes: ...
-
-
-def _without_prefix(err: BaseException) -> str:
-    """``err``'s text without the ``nats: `` that nats-py's errors begin with"""
-    return str(err).removeprefix("nats: ")
 
 
 #: seconds between two lines saying that the agent still cannot get through
@@ -180,9 +176,9 @@ class Connection:
         elif self._connect_errors == 1 or not (
             self.connected.is_set() or self._connect_errors % 100
         ):
-            log.warning("nats: %s (%d errors so far)", err, self._connect_errors)
+            log.warning("nats: %s (errors so far: %d)", error_text(err), self._connect_errors)
         else:
-            log.debug("nats: %s", err)
+            log.debug("nats: %s", error_text(err))
 
     def _not_ours(self, err: Exception) -> None:
         """
@@ -193,16 +189,16 @@ class Connection:
         for good (its listeners shut the gate and drain), but the connection stays up.
         """
         if self.refused is not None:
-            log.debug("nats: %s", err)
+            log.debug("nats: %s", error_text(err))
             return
         self.not_ours = True
-        self.refused = f"these credentials are not this drone's ({_without_prefix(err)})"
+        self.refused = f"these credentials are not this drone's ({error_text(err)})"
         log.error(
             "the broker refuses this drone's own subjects (%s): these credentials are not this"
             " drone's (issued for another drone or site?). Give the drone its own (cobald-remote"
             " auth drone UUID --site SITE, or a bootstrap token), or check --drone, --site,"
             " --prefix and --domain; the gate is shut and the drone drains",
-            _without_prefix(err),
+            error_text(err),
         )
         for listener in self._refused:
             listener(self.refused)

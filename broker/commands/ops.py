@@ -311,8 +311,9 @@ async def status(args: argparse.Namespace) -> int:
         lost = sum(row["lost"] for row in rows)
         loud = sum(row["noisy"] for row in rows)
         hidden = "" if args.ended or args.drone or not ended else " (hidden; --ended shows them)"
+        known = len(rows) + (0 if args.ended or args.drone else ended)
         print(
-            f"{len(rows) + (0 if args.ended or args.drone else ended)} drones: "
+            f"{known} drone{'' if known == 1 else 's'}: "
             f"{lost} lost, {loud} noisy, {ended} ended{hidden}",
             file=sys.stderr,
         )

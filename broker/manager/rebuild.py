@@ -87,7 +87,8 @@ async def rebuild(
     if collecting:
         gc.disable()
     try:
-        return await _rebuild(nc, js, registry, api, window_s)
+        with registry.replaying():
+            return await _rebuild(nc, js, registry, api, window_s)
     finally:
         if collecting:
             gc.enable()

@@ -70,6 +70,11 @@ async def close(nc: Client, timeout_s: float = 5.0) -> None:
         raise asyncio.CancelledError
 
 
+def error_text(err: BaseException) -> str:
+    """``err``'s text without the ``nats: `` that nats-py's errors begin with"""
+    return str(err).removeprefix("nats: ")
+
+
 def permissions_violation(err: BaseException | None) -> bool:
     """
     Whether ``err`` is the server's refusal of one subject to this user: ``-ERR

@@ -247,6 +247,8 @@ async def test_status_finds_a_drone_without_record_within_since(
         return unclaimed.drone in found
 
     assert await listed()  # it spoke within twice --lost-after
+    code, _, err = await run_process(*status, unclaimed.drone)
+    assert (code, err) == (0, "1 drone: 0 lost, 0 noisy, 0 ended\n")
     while await listed():  # until its event is older than that (a second here)
         pass
     assert await listed("--since", "3600")
