@@ -40,7 +40,7 @@ def add_commands(agent: argparse.ArgumentParser) -> None:
         help="supervise WORKER_COMMAND, publish the drone's lifecycle, obey commands",
         usage="cobald-remote agent run [options] -- WORKER_COMMAND...",
         description="Run the drone agent around WORKER_COMMAND (normally condor_master -f). "
-        "Options default to the environment variables in brackets; see docs/agent.md.",
+        'Options default to the environment variables in brackets (docs: agent, "Configuration").',
     )
     add_options(run)
     run.add_argument(

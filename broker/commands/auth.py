@@ -101,7 +101,8 @@ def _auth_init(args: argparse.Namespace) -> int:
     return _advise(
         args,
         f"authority written to {args.authority} (keep it secret); include the server "
-        f"configuration {where} from the nats-server configuration (docs/deployment.md)",
+        f"configuration {where} from the nats-server configuration and restart it "
+        '(docs: deployment, "Per-drone credentials")',
     )
 
 
@@ -160,7 +161,7 @@ def _auth_leaf(args: argparse.Namespace) -> int:
     return _advise(
         args,
         f"in leaf.conf's remote: credentials: {where} and account: {authority.account_public}; "
-        'and include "auth.conf" (docs/deployment.md)',
+        'and include "auth.conf" (docs: deployment, "A leaf node per site")',
     )
 
 
@@ -180,7 +181,7 @@ def _auth_bootstrap(args: argparse.Namespace) -> int:
         args,
         f"install it where the drones of site {args.site} find it (bus.bootstrap_creds, or "
         "$COBALD_REMOTE_BOOTSTRAP_CREDS); it lets them ask the issuer, nothing else "
-        "(docs/deployment.md#bootstrap)",
+        '(docs: deployment, "Bootstrapped identities")',
     )
 
 
@@ -256,7 +257,8 @@ def _auth_revoke(args: argparse.Namespace) -> int:
     return _advise(
         args,
         f"revoked {len(users)} credentials; reload every server and leaf node that includes "
-        "this configuration (systemctl reload cobald-remote-nats...; docs/deployment.md)",
+        "this configuration (systemctl reload cobald-remote-nats...; docs: deployment, "
+        '"Revoking credentials")',
     )
 
 
