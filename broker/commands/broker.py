@@ -52,7 +52,7 @@ async def _init(args: argparse.Namespace) -> int:
     async with connected(args, _CLIENT) as nc:
         js = nc.jetstream(domain=args.domain)
         actions = await provision(js, topology)
-        warnings = await _open_doors(args, js, topology) if _identified(args) else []
+        warnings = await _anonymous_access(args, js, topology) if _identified(args) else []
     for line in warnings:
         print(f"cobald-remote: warning: {line}", file=sys.stderr)
     if args.json:
@@ -79,16 +79,19 @@ def _anonymous(servers: str) -> str:
 
 
 async def _stream_created(js: JetStreamContext, name: str) -> object:
-    """When the account of ``js`` created stream ``name``; ``None`` if it has none of that name"""
-    import nats.js.errors
+    """
+    When the account of ``js`` created stream ``name``; ``None`` if it has none of that name
+    (or no JetStream, or does not answer)
+    """
+    import nats.errors
 
     try:
         return (await js.stream_info(name)).created
-    except nats.js.errors.NotFoundError:
+    except (nats.errors.Error, TimeoutError):  # APIError included
         return None
 
 
-async def _open_doors(
+async def _anonymous_access(
     args: argparse.Namespace, js: JetStreamContext, topology: Topology
 ) -> list[str]:
     """

@@ -15,7 +15,7 @@ from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStat
 from broker.manager.outcomes import DrainResult
 from broker.manager.views import DroneView
 from broker.tardis.bus import RemoteBus
-from remote_agent.protocol.events import DroneState
+from remote_agent.protocol.events import DroneState, RecordPhase
 
 #: the overlay batch system's view of a drone, from its agent's state: available once its
 #: startd can take work (its gate opened: idle or busy), never ``NotAvailable`` after that
@@ -135,6 +135,11 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
         """
         assert view.state is not None
         status = _MACHINE_STATUS[view.state]
+        if status is MachineStatus.Available and view.phase is RecordPhase.DRAINING:
+            # the drain is recorded (the manager merges the record as it writes it) and the
+            # agent's events say so only a moment later: ``Available`` would send TARDIS's
+            # DrainingState straight back to DrainState (dronestates.py:207), a flip pair
+            status = MachineStatus.Draining
         last = self._last_status.get(view.drone)
         if status is MachineStatus.NotAvailable and last is not None:
             return last
