@@ -10,8 +10,12 @@ commands the startd's job hooks run. ``broker/cli.py`` adds this group to the
 from __future__ import annotations
 
 import argparse
+import asyncio
 import logging
+import os
+import shutil
 import sys
+from pathlib import Path
 
 from remote_agent.errors import AgentError, SettingsError
 from remote_agent.hooks import add_hook_commands
@@ -36,7 +40,7 @@ def add_commands(agent: argparse.ArgumentParser) -> None:
         help="supervise WORKER_COMMAND, publish the drone's lifecycle, obey commands",
         usage="cobald-remote agent run [options] -- WORKER_COMMAND...",
         description="Run the drone agent around WORKER_COMMAND (normally condor_master -f). "
-        "Options default to the environment variables in brackets; see docs/agent.md.",
+        'Options default to the environment variables in brackets (docs: agent, "Configuration").',
     )
     add_options(run)
     run.add_argument(
@@ -95,8 +99,33 @@ async def serve(settings: Settings) -> int:
     gate = GateServer(settings.gate_socket, agent)
     # the worker's daemons, their starters and the hooks inherit where the gate is
     agent.worker_env.update(gate.environment())
+    # disk I/O (the spool may be on a slow disk): not on the loop
+    made = not await asyncio.to_thread(os.path.lexists, settings.spool_dir)
     await gate.start()
     try:
         return await agent.run(handle_signals=True)
     finally:
         await gate.close()
+        if made:
+            await asyncio.to_thread(_remove_spool_dir, settings.spool_dir, agent.unpublished)
+
+
+def _remove_spool_dir(directory: Path, unpublished: int | None) -> None:
+    """
+    Remove the spool directory this run made, unless it holds what a restarted agent needs
+
+    A batch system that keeps no per-job scratch directory (Slurm without
+    ``job_container/tmpfs``) would keep it, the drone's key included, after the job.
+    """
+    if unpublished is None:  # the agent did not get to run: nothing to tell
+        return
+    if unpublished:
+        log.warning(
+            "keeping %s: %d events unpublished, for an agent started again there",
+            directory,
+            unpublished,
+        )
+        return
+    shutil.rmtree(directory, ignore_errors=True)
+    if os.path.lexists(directory):
+        log.warning("cannot remove the spool directory %s", directory)

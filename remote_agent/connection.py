@@ -20,7 +20,13 @@ from nats.aio.client import Client
 from nats.aio.msg import Msg
 from nats.js import JetStreamContext
 
-from remote_agent.protocol.connect import close, connect, credentials_refused
+from remote_agent.protocol.connect import (
+    close,
+    connect,
+    credentials_refused,
+    error_text,
+    permissions_violation,
+)
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -96,6 +102,8 @@ class Connection:
         self._closing = False
         #: why the broker refused the credentials and closed the connection, for good
         self.refused: str | None = None
+        #: the broker refused one of the drone's own subjects: the credentials are another's
+        self.not_ours = False
 
     @property
     def nc(self) -> Client | None:
@@ -135,6 +143,9 @@ class Connection:
         if self._closing:
             log.debug("nats, while closing: %r", err)
             return
+        if permissions_violation(err):
+            self._not_ours(err)
+            return
         if not self._connect_errors:
             self._failing_since = time.monotonic()
         self._connect_errors += 1
@@ -165,9 +176,32 @@ class Connection:
         elif self._connect_errors == 1 or not (
             self.connected.is_set() or self._connect_errors % 100
         ):
-            log.warning("nats: %s (%d errors so far)", err, self._connect_errors)
+            log.warning("nats: %s (errors so far: %d)", error_text(err), self._connect_errors)
         else:
-            log.debug("nats: %s", err)
+            log.debug("nats: %s", error_text(err))
+
+    def _not_ours(self, err: Exception) -> None:
+        """
+        The server refused one of this drone's own subjects: the credentials are another's
+
+        The agent's connection uses its own events, record, commands and inboxes alone,
+        which its own credentials all allow; refused one, it is off the bus as if refused
+        for good (its listeners shut the gate and drain), but the connection stays up.
+        """
+        if self.refused is not None:
+            log.debug("nats: %s", error_text(err))
+            return
+        self.not_ours = True
+        self.refused = f"these credentials are not this drone's ({error_text(err)})"
+        log.error(
+            "the broker refuses this drone's own subjects (%s): these credentials are not this"
+            " drone's (issued for another drone or site?). Give the drone its own (cobald-remote"
+            " auth drone UUID --site SITE, or a bootstrap token), or check --drone, --site,"
+            " --prefix and --domain; the gate is shut and the drone drains",
+            error_text(err),
+        )
+        for listener in self._refused:
+            listener(self.refused)
 
     def _failing_for(self) -> float:
         return time.monotonic() - self._failing_since

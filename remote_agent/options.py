@@ -13,7 +13,9 @@ from typing import Any
 
 from remote_agent.jobruntime import RuntimeAttribute, format_attributes, parse_attributes
 from remote_agent.protocol.environment import (
+    NATS_TOOL_ENV,
     TARDIS_CORES_ENV,
+    TARDIS_SETTINGS_ENV,
     TARDIS_UUID_ENV,
     TARDIS_WALLTIME_ENV,
     split_urls,
@@ -44,12 +46,20 @@ def add_options(parser: argparse.ArgumentParser) -> None:
     add("--drone", "drone", f"drone uuid (default ${TARDIS_UUID_ENV})")
     add("--site", "site", "site name (default: the TARDIS uuid without its last '-' part)")
     parser.add_argument(
+        "--server",
         "--url",
         dest="servers",
         action="append",
-        help=f"NATS URL; repeat for a cluster [${SETTINGS_ENV['servers']}, comma-separated]",
+        help="NATS URL; repeat for a cluster (--url: the same) "
+        f"[${SETTINGS_ENV['servers']}, else ${TARDIS_SETTINGS_ENV['servers']}, else "
+        f"${NATS_TOOL_ENV['servers']}; comma-separated]",
     )
-    add("--creds", "creds", "NATS credentials file", type=Path)
+    parser.add_argument(
+        "--creds",
+        dest="creds",
+        type=Path,
+        help=f"NATS credentials file [${SETTINGS_ENV['creds']}, else ${NATS_TOOL_ENV['creds']}]",
+    )
     add(
         "--bootstrap-creds",
         "bootstrap_creds",

@@ -23,6 +23,7 @@ from remote_agent.gate.paths import GATE_ENV, MAX_SOCKET_PATH
 from remote_agent.jobruntime import RUNTIME_ENV, RuntimeAttribute, parse_attributes
 from remote_agent.protocol.environment import (
     BUS_SETTINGS_ENV,
+    NATS_TOOL_ENV,
     TARDIS_CORES_ENV,
     TARDIS_SETTINGS_ENV,
     TARDIS_UUID_ENV,
@@ -186,13 +187,17 @@ class Settings:
             given.get("servers")
             or split_urls(env.get(SETTINGS_ENV["servers"], ""))
             or split_urls(env.get(TARDIS_SETTINGS_ENV["servers"], ""))
+            or split_urls(env.get(NATS_TOOL_ENV["servers"], ""))
         )
         if not servers:
-            raise SettingsError(f"no broker URL: set {SETTINGS_ENV['servers']} or pass --url")
+            raise SettingsError(
+                f"no broker URL: set {SETTINGS_ENV['servers']} (or {NATS_TOOL_ENV['servers']}) "
+                "or pass --server"
+            )
         if not worker_command:
             raise SettingsError("no worker command: give it after '--'")
         spool_dir = pick("spool_dir", Path) or default_spool_dir(drone, env)
-        creds = pick("creds", Path)
+        creds = pick("creds", Path, env.get(NATS_TOOL_ENV["creds"], "").strip() or None)
         if creds is not None and not Path(creds).is_file():
             raise SettingsError(f"credentials file {str(creds)!r} does not exist")
         token = env.get(SETTINGS_ENV["bootstrap_token"], "").strip() or (
@@ -397,8 +402,17 @@ def _parse_bool(text: str) -> bool:
 
 
 def default_spool_dir(drone: str, env: Mapping[str, str]) -> Path:
-    """``cobald-remote-<drone>`` in the job's scratch directory, else in ``$TMPDIR``"""
-    base = env.get("_CONDOR_SCRATCH_DIR") or env.get("TMPDIR") or tempfile.gettempdir()
+    """
+    ``cobald-remote-<drone>`` in the job's own directory: HTCondor's scratch directory, else
+    ``$SLURM_TMPDIR`` (a per-job directory that Slurm sites' prologs make), else
+    ``$TMPDIR``, else the system's (per job with Slurm's ``job_container/tmpfs``)
+    """
+    base = (
+        env.get("_CONDOR_SCRATCH_DIR")
+        or env.get("SLURM_TMPDIR")
+        or env.get("TMPDIR")
+        or tempfile.gettempdir()
+    )
     return Path(base) / f"cobald-remote-{drone}"
 
 

@@ -28,6 +28,7 @@ def _write_secret(text: str, out: str | None) -> None:
         sys.stdout.write(text)
         return
     try:
+        Path(out).parent.mkdir(parents=True, exist_ok=True)  # as for the authority file
         fd = os.open(out, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     except OSError as err:
         raise AuthError(f"cannot write {out}: {err.strerror}") from err
@@ -100,7 +101,8 @@ def _auth_init(args: argparse.Namespace) -> int:
     return _advise(
         args,
         f"authority written to {args.authority} (keep it secret); include the server "
-        f"configuration {where} from the nats-server configuration (docs/deployment.md)",
+        f"configuration {where} from the nats-server configuration and restart it "
+        '(docs: deployment, "Per-drone credentials")',
     )
 
 
@@ -159,7 +161,7 @@ def _auth_leaf(args: argparse.Namespace) -> int:
     return _advise(
         args,
         f"in leaf.conf's remote: credentials: {where} and account: {authority.account_public}; "
-        'and include "auth.conf" (docs/deployment.md)',
+        'and include "auth.conf" (docs: deployment, "A leaf node per site")',
     )
 
 
@@ -179,14 +181,19 @@ def _auth_bootstrap(args: argparse.Namespace) -> int:
         args,
         f"install it where the drones of site {args.site} find it (bus.bootstrap_creds, or "
         "$COBALD_REMOTE_BOOTSTRAP_CREDS); it lets them ask the issuer, nothing else "
-        "(docs/deployment.md#bootstrap)",
+        '(docs: deployment, "Bootstrapped identities")',
     )
 
 
 def _auth_issuer_key(args: argparse.Namespace) -> int:
     from broker.server.auth.authority import issuer_key_of, load_authority, save_issuer_key
 
-    save_issuer_key(issuer_key_of(load_authority(Path(args.authority))), Path(args.out))
+    key = issuer_key_of(load_authority(Path(args.authority)))
+    save_issuer_key(key, Path(args.out))
+    if args.json:  # what was written where; the secret stays in the file
+        from broker.commands.table import write_json
+
+        write_json({"out": args.out, "account": key.account_public})
     return _advise(
         args,
         f"issuer key written to {args.out}: give the manager that file (bus.bootstrap_key), "
@@ -250,7 +257,8 @@ def _auth_revoke(args: argparse.Namespace) -> int:
     return _advise(
         args,
         f"revoked {len(users)} credentials; reload every server and leaf node that includes "
-        "this configuration (systemctl reload cobald-remote-nats...; docs/deployment.md)",
+        "this configuration (systemctl reload cobald-remote-nats...; docs: deployment, "
+        '"Revoking credentials")',
     )
 
 

@@ -13,6 +13,8 @@ from broker.commands.options import add_connection, add_json, add_prefix, connec
 from remote_agent.protocol.names import Namespace
 
 if TYPE_CHECKING:
+    from nats.js import JetStreamContext
+
     from broker.server.provision import Topology
 
 log = logging.getLogger("cobald.runtime.cobald_remote.cli")
@@ -46,8 +48,13 @@ def _topology(args: argparse.Namespace) -> Topology:
 async def _init(args: argparse.Namespace) -> int:
     from broker.server.provision import provision
 
+    topology = _topology(args)
     async with connected(args, _CLIENT) as nc:
-        actions = await provision(nc.jetstream(domain=args.domain), _topology(args))
+        js = nc.jetstream(domain=args.domain)
+        actions = await provision(js, topology)
+        warnings = await _anonymous_access(args, js, topology) if _identified(args) else []
+    for line in warnings:
+        print(f"cobald-remote: warning: {line}", file=sys.stderr)
     if args.json:
         from broker.commands.table import write_json
 
@@ -56,6 +63,72 @@ async def _init(args: argparse.Namespace) -> int:
         for name, action in actions.items():
             print(f"{name}: {action}")
     return 0
+
+
+def _identified(args: argparse.Namespace) -> bool:
+    """Whether the command connects with credentials: a ``.creds`` file or a user in a URL"""
+    return bool(args.creds) or any("@" in url for url in args.server.split(","))
+
+
+def _anonymous(servers: str) -> str:
+    """``servers`` (comma-separated URLs) without the users and passwords in them"""
+    from urllib.parse import urlsplit
+
+    urls = (urlsplit(url.strip()) for url in servers.split(","))
+    return ",".join(url._replace(netloc=url.netloc.rpartition("@")[2]).geturl() for url in urls)
+
+
+async def _stream_created(js: JetStreamContext, name: str) -> object:
+    """
+    When the account of ``js`` created stream ``name``; ``None`` if it has none of that name
+    (or no JetStream, or does not answer)
+    """
+    import nats.errors
+
+    try:
+        return (await js.stream_info(name)).created
+    except (nats.errors.Error, TimeoutError):  # APIError included
+        return None
+
+
+async def _anonymous_access(
+    args: argparse.Namespace, js: JetStreamContext, topology: Topology
+) -> list[str]:
+    """
+    What ``broker init``, connected with credentials, warns of: the server also lets clients
+    in without any, and keeps this project's streams in their account too
+
+    A server still running the configuration it had before ``include "auth.conf"`` (a
+    reload cannot turn on operator mode; only a restart does) takes the manager's
+    credentials and every anonymous client alike, all in its global account.
+    """
+    from broker.errors import ConnectError
+    from broker.server.connection import connect_once
+    from remote_agent.protocol.connect import close
+
+    try:
+        anonymous = await connect_once(_anonymous(args.server), name=_CLIENT)
+    except ConnectError:
+        return []  # credentials are needed: as it should be
+    warnings = [
+        "the server accepts clients without credentials, each with every permission: "
+        "authentication is not in force. Restart the server after enabling "
+        "'include \"auth.conf\"' (a reload cannot turn it on), then run broker init again "
+        '(docs: deployment, "Per-drone credentials")'
+    ]
+    try:
+        theirs = anonymous.jetstream(domain=args.domain)
+        events = topology.namespace.event_stream
+        mine, other = await _stream_created(js, events), await _stream_created(theirs, events)
+        if other is not None and other != mine:
+            warnings.append(
+                f"the server also holds this project's streams ({events}, ...) in another "
+                "account, the one of clients without credentials: drones that connect "
+                "without credentials publish there, not to the manager"
+            )
+    finally:
+        await close(anonymous)
+    return warnings
 
 
 async def _serve(args: argparse.Namespace) -> int:

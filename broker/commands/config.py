@@ -28,6 +28,8 @@ _TIMING = (
     "black_hole_lifetime_s",
     "black_hole_backoff_s",
     "black_hole_backoff_max_s",
+    "bootstrap_token_valid_s",
+    "bootstrap_jwt_valid_s",
 )
 
 
@@ -80,6 +82,16 @@ def _rows(factory: Factory) -> list[tuple[str, str]]:
             if bus.black_hole_drones
             else "not detected",
         ),
+        (
+            "bootstrap_key",
+            f"{bus.bootstrap_key} (the manager issues each drone its own identity)"
+            if bus.bootstrap_key
+            else "none: no identities issued, drones bring their own credentials",
+        ),
+        (
+            "bootstrap_creds",
+            f"{bus.bootstrap_creds} on the drones" if bus.bootstrap_creds else "none",
+        ),
     ]
     return rows + [
         (key, f"{value:g} s" if (value := getattr(bus, key)) else "never") for key in _TIMING
@@ -112,6 +124,8 @@ def _bus_facts(factory: Factory) -> dict[str, object] | None:
         "drone_environment": bus.drone_environment,
         "note_buffer": bus.note_buffer,
         "black_hole_drones": bus.black_hole_drones,
+        "bootstrap_key": bus.bootstrap_key,
+        "bootstrap_creds": bus.bootstrap_creds,
         **{key: getattr(bus, key) for key in _TIMING},
     }
 

@@ -34,8 +34,10 @@ def add_arguments(demo: argparse.ArgumentParser) -> None:
     demo.add_argument("--seed", type=int, default=1, help="seed of the scenario (default 1)")
     demo.add_argument(
         "--compare",
-        action="store_true",
-        help="first run the same scenario with stock TARDIS, then print both columns",
+        action=argparse.BooleanOptionalAction,
+        default=True,
+        help="first run the same scenario with stock TARDIS, then print both columns "
+        "(default; --no-compare: the run with cobald-remote alone)",
     )
     demo.add_argument("--json", metavar="FILE", help="also write the table(s) as JSON")
     add_seconds(

@@ -261,6 +261,8 @@ async def status(args: argparse.Namespace) -> int:
     from remote_agent.protocol.names import api_prefix
     from remote_agent.protocol.proof import load_proof_key
 
+    if args.since is not None and args.since < 0:
+        raise OperatorError("--since must not be negative")
     namespace = Namespace(args.prefix)
     registry = Registry(
         namespace,
@@ -275,7 +277,7 @@ async def status(args: argparse.Namespace) -> int:
             js = nc.jetstream(domain=args.domain)
             with contextlib.suppress(HandshakeError):  # without it, no release reads as proven
                 registry.proof_key = await load_proof_key(js, namespace)
-            await rebuild(nc, js, registry, api=api_prefix(args.domain))
+            await rebuild(nc, js, registry, api=api_prefix(args.domain), window_s=args.since)
     now = time.time()
     views = sorted(registry.views().values(), key=lambda v: (v.site, v.drone))
     if args.site:
@@ -309,8 +311,9 @@ async def status(args: argparse.Namespace) -> int:
         lost = sum(row["lost"] for row in rows)
         loud = sum(row["noisy"] for row in rows)
         hidden = "" if args.ended or args.drone or not ended else " (hidden; --ended shows them)"
+        known = len(rows) + (0 if args.ended or args.drone else ended)
         print(
-            f"{len(rows) + (0 if args.ended or args.drone else ended)} drones: "
+            f"{known} drone{'' if known == 1 else 's'}: "
             f"{lost} lost, {loud} noisy, {ended} ended{hidden}",
             file=sys.stderr,
         )
@@ -415,6 +418,13 @@ def add_status(status_cmd: argparse.ArgumentParser) -> None:
         "--lost-after",
         DEFAULT_LOST_AFTER_S,
         f"no sign of life for this long = lost (default {DEFAULT_LOST_AFTER_S:.0f})",
+    )
+    status_cmd.add_argument(
+        "--since",
+        type=float,
+        metavar="SECONDS",
+        help="read every event of the last SECONDS (default twice --lost-after): a drone "
+        "without a handshake record (it never claimed one) shows only if it spoke in them",
     )
     add_seconds(
         status_cmd,

@@ -16,7 +16,7 @@ import os
 from collections.abc import AsyncIterator, Callable, Iterable, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Final
 
-from remote_agent.protocol.environment import BUS_SETTINGS_ENV
+from remote_agent.protocol.environment import BUS_SETTINGS_ENV, NATS_TOOL_ENV
 from remote_agent.protocol.names import DEFAULT_PREFIX
 
 if TYPE_CHECKING:
@@ -27,9 +27,9 @@ if TYPE_CHECKING:
 #: ``--server`` of the commands that take several URLs
 SERVERS_HELP = "NATS URL(s), comma-separated"
 #: the variables ``--server`` defaults to, the first set one wins
-SERVER_ENV: Final = (BUS_SETTINGS_ENV["servers"], "NATS_URL")
+SERVER_ENV: Final = (BUS_SETTINGS_ENV["servers"], NATS_TOOL_ENV["servers"])
 #: the variables ``--creds`` defaults to, the first set one wins
-CREDS_ENV: Final = (BUS_SETTINGS_ENV["creds"], "NATS_CREDS")
+CREDS_ENV: Final = (BUS_SETTINGS_ENV["creds"], NATS_TOOL_ENV["creds"])
 #: the variable ``--prefix`` defaults to
 PREFIX_ENV: Final = (BUS_SETTINGS_ENV["prefix"],)
 #: the variable ``--domain`` defaults to
@@ -182,19 +182,16 @@ async def connect(
     return await connect_once(args.server, args.creds, name=name, on_error=on_error)
 
 
-def _violation(err: BaseException) -> bool:
-    """Whether ``err`` is the server's refusal of a subject: ``-ERR 'Permissions Violation ...'``"""
-    return "permissions violation" in str(err).lower()
-
-
 def _refusal_line(err: BaseException) -> str:
     return f"{err}: {_NEEDS_MANAGER}"
 
 
 def refused(nc: Client) -> str:
     """The line for a server that refused one of the connection's subjects; ``""`` if it did not"""
+    from remote_agent.protocol.connect import permissions_violation
+
     last = nc.last_error
-    return _refusal_line(last) if last is not None and _violation(last) else ""
+    return _refusal_line(last) if last is not None and permissions_violation(last) else ""
 
 
 class _Refusal:

@@ -5,12 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 
-from remote_agent.protocol.events import decode, to_json
+from remote_agent.protocol.bootstrap import decode_any
+from remote_agent.protocol.events import to_json
 from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 
 
 def _decode(args: argparse.Namespace) -> int:
-    message = decode(sys.stdin.buffer.read(), max_size=args.max_size)
+    message = decode_any(sys.stdin.buffer.read(), max_size=args.max_size)
     sys.stdout.buffer.write(to_json(message) + b"\n")
     return 0
 

@@ -323,7 +323,7 @@ class ManagerCollector(Collector):
         calls = CounterMetricFamily(
             PREFIX + "tardis_calls",
             "What the TARDIS integration did, by part (bus, site, batch_system), TARDIS's "
-            "site name, call and outcome (see docs/operations.md)",
+            'site name, call and outcome (docs: operations, "Metrics (Prometheus)")',
             labels=("part", "site", "call", "outcome"),
         )
         # copies first: the TARDIS side adds counts on the event loop meanwhile

@@ -271,7 +271,8 @@ class Issuer:
             " may have been stolen (from the batch system's view of the job) or the drone's"
             " uuid runs twice; if the drone asking now is the real one (its job runs), the"
             " identity went to someone else: cut it off with"
-            " `cobald-remote auth revoke-bootstrapped %s` (docs/operations.md)",
+            " `cobald-remote auth revoke-bootstrapped %s`"
+            ' (docs: operations, "Bootstrapped drones")',
             request.site,
             request.drone,
             request.drone,

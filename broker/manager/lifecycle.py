@@ -181,6 +181,8 @@ class EndTracker:
         self._forgotten: dict[tuple[str, str], DroneView] = {}
         #: drones that started a payload since their agent started (for one line each)
         self._served: set[tuple[str, str]] = set()
+        #: a rebuild replays what the operator's lines told before a restart: no lines then
+        self.quiet = False
 
     @property
     def pending(self) -> int:
@@ -229,19 +231,20 @@ class EndTracker:
             view, ended=str(why), ended_time=when, lost=view.lost and not why
         )
         if not why:
-            lines.log(
-                logging.INFO,
-                _kind("back", view),
-                "drone %s/%s is back after its end (%s)",
-                view.site,
-                view.drone,
-                view.ended,
-                extra=_extra(view),
-            )
+            if not self.quiet:
+                lines.log(
+                    logging.INFO,
+                    _kind("back", view),
+                    "drone %s/%s is back after its end (%s)",
+                    view.site,
+                    view.drone,
+                    view.ended,
+                    extra=_extra(view),
+                )
             return False
         assert when is not None
         self._retire.add(key, when + self.retain_ended_s)
-        if not view.ended:
+        if not view.ended and not self.quiet:
             lines.log(
                 logging.INFO,
                 _kind("ended", view),
@@ -342,10 +345,19 @@ class EndTracker:
         self._changed.update(keys)
 
     def noted(self, old: DroneView | None, new: DroneView) -> None:
-        """The operator's lines for one view replaced by another (rate-limited per drone)"""
+        """
+        The operator's lines for one view replaced by another (rate-limited per drone);
+        none while :attr:`quiet`
+        """
         fresh = old is None or old.seq != new.seq  # a new event, not a new record
         first = old is None or old.encoded is None
         restarted = fresh and new.kind == "agent_started"
+        if self.quiet:
+            if restarted:
+                self._served.discard(new.key)
+            elif new.state is DroneState.BUSY:
+                self._served.add(new.key)
+            return
         if new.encoded is not None and (first or restarted):
             lines.log(
                 logging.INFO,

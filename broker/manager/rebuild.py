@@ -65,6 +65,7 @@ async def rebuild(
     *,
     api: str = DEFAULT_API_PREFIX,
     pause_gc: bool = True,
+    window_s: float | None = None,
 ) -> tuple[RebuildReport, RecordFeed]:
     """
     Restore ``registry`` from the event stream and the handshake bucket
@@ -77,20 +78,24 @@ async def rebuild(
         all stay alive, and every collection would scan the growing heap
         again (measured: half the decoding time at 100,000 drones). Nothing
         else is changed; the collector is re-enabled afterwards if it was on.
+    :param window_s: seconds of the stream read in full (default :data:`WINDOW_LOST_AFTER`
+        times the registry's ``lost_after_s``): a drone without a handshake record is
+        found only if it sent something in them
     :returns: what was read, and the record feed to continue watching with
     """
     collecting = pause_gc and gc.isenabled()
     if collecting:
         gc.disable()
     try:
-        return await _rebuild(nc, js, registry, api)
+        with registry.replaying():
+            return await _rebuild(nc, js, registry, api, window_s)
     finally:
         if collecting:
             gc.enable()
 
 
 async def _rebuild(
-    nc: Client, js: JetStreamContext, registry: Registry, api: str
+    nc: Client, js: JetStreamContext, registry: Registry, api: str, window_s: float | None
 ) -> tuple[RebuildReport, RecordFeed]:
     started = time.perf_counter()
     ns = registry.namespace
@@ -98,7 +103,8 @@ async def _rebuild(
     last_seq = (await js.stream_info(stream)).state.last_seq
     feed = await load_records(nc, js, registry, api=api)
     records_done = time.perf_counter()
-    window_s = WINDOW_LOST_AFTER * registry.lost_after_s
+    if window_s is None:
+        window_s = WINDOW_LOST_AFTER * registry.lost_after_s
     since = dt.datetime.fromtimestamp(time.time() - window_s, dt.UTC)
     rejected: set[str] = set()
     window = await read_all(

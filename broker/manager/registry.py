@@ -14,10 +14,11 @@ is held and applied when the budget allows. Readers on other threads use
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import math
 import sys
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Final
 
@@ -525,6 +526,18 @@ class Registry(RecordMerge):
     def retry_retirement(self, view: DroneView, at: float) -> None:
         """Offer ``view`` for retirement again at ``at``"""
         self._ends.later(view, at)
+
+    @contextlib.contextmanager
+    def replaying(self) -> Iterator[None]:
+        """
+        While a rebuild replays the stream and the bucket: no operator lines about drones
+        (announced, first payload, ended, ...); the manager before the restart told them
+        """
+        self._ends.quiet = True
+        try:
+            yield
+        finally:
+            self._ends.quiet = False
 
     def rescan(self) -> None:
         """Derive every drone's end on the next :meth:`mark_ended` (after a rebuild)"""

@@ -93,7 +93,7 @@ async def retire_ended(
                 _failures.warning(
                     "purge refused",
                     "cannot purge the record of retired drone %s/%s: %s; "
-                    "it stays in the bucket (docs/operations.md#retention)",
+                    'it stays in the bucket (docs: operations, "Retention")',
                     view.site,
                     view.drone,
                     err.description,

@@ -77,6 +77,11 @@ def _deadline(deadline: dt.datetime, at: dt.datetime) -> str:
     return f"{deadline:%Y-%m-%d %H:%M:%S}"
 
 
+#: a drain read from the handshake record, which the agent cannot prove is the manager's,
+#: counts no sooner than its self-drain until the manager's command confirms it
+_HELD = "held to the self-drain deadline until the manager's command confirms the one asked for"
+
+
 def describe(event: Event) -> str:
     """A short text of one event: its kind and what matters about it"""
     kind = kind_of(type(event))
@@ -162,6 +167,7 @@ def build(messages: Sequence[tuple[int, Message]], *, heartbeats: bool = False) 
     tardis = ""
     drone_state = ""
     end: DroneEnd | None = None
+    requested: dt.datetime | None = None  #: the deadline of the last drain_requested
     for at, seq, message in items:
         if isinstance(message, TardisState):
             status = f" ({message.resource_status})" if message.resource_status else ""
@@ -176,7 +182,16 @@ def build(messages: Sequence[tuple[int, Message]], *, heartbeats: bool = False) 
             rows.append(Row(at, seq, change, drone_state, tardis, "agent"))
         if isinstance(message, Heartbeat) and not heartbeats:
             continue
-        rows.append(Row(at, seq, describe(message), drone_state, tardis, "agent"))
+        text = describe(message)
+        if isinstance(message, DrainRequested):
+            requested = message.intent.deadline
+        elif (
+            isinstance(message, DrainAccepted)
+            and requested is not None
+            and message.intent.deadline > requested
+        ):
+            text += f" ({_HELD}, {_deadline(requested, message.at)})"
+        rows.append(Row(at, seq, text, drone_state, tardis, "agent"))
     return rows
 
 

@@ -10,7 +10,7 @@ import nats.errors
 from nats.aio.client import Client
 
 from broker.errors import ConnectError
-from remote_agent.protocol.connect import connect, credentials_refused
+from remote_agent.protocol.connect import connect, credentials_refused, error_text
 from remote_agent.protocol.environment import split_urls
 
 log = logging.getLogger("cobald.runtime.cobald_remote.connection")
@@ -32,7 +32,7 @@ async def connect_once(
     """
 
     async def quiet(err: Exception) -> None:  # the raised error says it once, clearly
-        log.debug("nats: %s", err)
+        log.debug("nats: %s", error_text(err))
         if on_error is not None:
             on_error(err)
 

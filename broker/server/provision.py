@@ -283,7 +283,7 @@ async def _update(
     log.warning(
         "stream %s denies purges and the server will not lift that: the records of "
         "retired drones stay in it (recreate the bucket to allow purges, "
-        "docs/operations.md#retention)",
+        'docs: operations, "Retention")',
         config.name,
         extra={"stream": config.name},
     )

@@ -16,7 +16,7 @@ from tardis.interfaces.batchsystemadapter import BatchSystemAdapter, MachineStat
 from broker.manager.outcomes import DrainResult
 from broker.manager.views import DroneView
 from broker.tardis.pool import PeakWindow
-from remote_agent.protocol.events import DroneState
+from remote_agent.protocol.events import DroneState, RecordPhase
 
 if TYPE_CHECKING:  # the bus's configuration takes this module's default
     from broker.tardis.bus import RemoteBus
@@ -157,6 +157,11 @@ class RemoteBatchSystemAdapter(BatchSystemAdapter):
         """
         assert view.state is not None
         status = _MACHINE_STATUS[view.state]
+        if status is MachineStatus.Available and view.phase is RecordPhase.DRAINING:
+            # the drain is recorded (the manager merges the record as it writes it) and the
+            # agent's events say so only a moment later: ``Available`` would send TARDIS's
+            # DrainingState straight back to DrainState (dronestates.py:207), a flip pair
+            status = MachineStatus.Draining
         last = self._last_status.get(view.drone)
         if status is MachineStatus.NotAvailable and last is not None:
             return last

@@ -243,7 +243,8 @@ def bootstrap_warnings(bus: BusConfig) -> list[str]:
     if bus.bootstrap_creds is None:
         warnings.append(
             "bus.bootstrap_creds: not set; each drone must find its site's bootstrap "
-            "credentials in $COBALD_REMOTE_BOOTSTRAP_CREDS (docs/deployment.md#bootstrap)"
+            "credentials in $COBALD_REMOTE_BOOTSTRAP_CREDS "
+            '(docs: deployment, "Bootstrapped identities")'
         )
     return warnings
 

@@ -96,6 +96,8 @@ class Agent:
         self.incarnation = incarnation = uuid.uuid4().hex[:12]
         #: things counted for operators: refused payloads, bad commands, ...
         self.counters = counters = Counter[str]()
+        #: events left in the spool when :meth:`run` ended (``None`` before that)
+        self.unpublished: int | None = None
         #: the drone's lifecycle, gate, flags and payloads
         self.status = status = DroneStatus(settings.slots, utcnow())
         self.emitter = Emitter(settings, namespace, incarnation, status, counters)
@@ -259,11 +261,14 @@ class Agent:
                         await stop_tasks([bus, *self._tasks.running])
                     finally:
                         await publisher.close()
+            if publisher.not_ours:  # the drone could not run as itself: its job failed
+                code = 1
             log.info("agent exits with %d", code, extra=self._parts.extra)
             return code
         finally:
             for sig in signals:
                 loop.remove_signal_handler(sig)
+            self.unpublished = len(spool)
             spool.close()
 
     def _identity(self) -> BootstrapIdentity | None:
@@ -370,6 +375,11 @@ class Agent:
             worker = await self._worker.start(command)
         except OSError as err:
             code = 127 if isinstance(err, FileNotFoundError) else 126
+            if code == 127 and "/" not in command[0]:  # say where it was looked for
+                err = FileNotFoundError(
+                    f"{command[0]} not found: not installed here, or not on PATH "
+                    f"({os.environ.get('PATH', '')})"
+                )
             log.error("cannot start the worker %s: %s", command, err, extra=self._parts.extra)
             return await self._give_up(code, f"cannot start the worker: {err}")
         if status.state is S.STARTING:  # else a signal came while it started

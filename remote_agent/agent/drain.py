@@ -60,7 +60,9 @@ class Drain:
         self._expired = False
         self._vacated = False
 
-    def accept(self, intent: DrainIntent, *, command: bool) -> tuple[Outcome, str]:
+    def accept(
+        self, intent: DrainIntent, *, command: bool, requested: DrainIntent | None = None
+    ) -> tuple[Outcome, str]:
         """
         Close the gate for ``intent`` and start draining; idempotent
 
@@ -68,6 +70,9 @@ class Drain:
             send: its deadline counts as it is, also for a drain in progress
             (see :meth:`_move_up`), and the intent is recorded in the handshake
             record (one read from the record is there already)
+        :param requested: the intent as it was asked for, when ``intent`` holds it to
+            a later deadline (a drain read from the record): ``drain_requested`` tells
+            it, ``drain_accepted`` the one taken
         """
         status, emit = self._parts.status, self._parts.emitter.emit
         state = status.state
@@ -98,7 +103,7 @@ class Drain:
         was_open = status.seal_gate()
         status.move(S.DRAINING)
         count = len(status.payloads)
-        emit(DrainRequested, intent=intent)
+        emit(DrainRequested, intent=bounded_intent(requested) if requested else intent)
         emit(DrainAccepted, intent=intent, payloads=count)
         if was_open:
             emit(GateClosed, reason=f"drain: {intent.reason}" if intent.reason else "drain")

@@ -61,6 +61,9 @@ class Tasks:
             return
         self._tasks.add(task)
         task.add_done_callback(self._tasks.discard)
+        # a task cancelled before its first step never awaits ``coro``: closed, it goes
+        # quietly (a no-op for one that ran)
+        task.add_done_callback(lambda _: coro.close())
 
     async def _guard(self, coro: Coroutine[Any, Any, None], name: str) -> None:
         # a bug in one activity must not take the worker (and its payloads) down

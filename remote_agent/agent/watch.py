@@ -134,7 +134,7 @@ class RecordWatch:
                 reason=record.note or f"handshake record is {phase}",
                 requested_at=record.at,
             )
-            self._drain.accept(self._record_intent(intent), command=False)
+            self._drain.accept(self._record_intent(intent), command=False, requested=intent)
         else:
             log.error("unexpected claim result %s", record, extra=self._parts.extra)
 
@@ -198,7 +198,9 @@ class RecordWatch:
         elif phase is RecordPhase.DRAINING and record.drain is not None:
             if self._parts.status.drain is None:
                 log.info("the record asks for a drain", extra=self._parts.extra)
-                self._drain.accept(self._record_intent(record.drain), command=False)
+                self._drain.accept(
+                    self._record_intent(record.drain), command=False, requested=record.drain
+                )
         elif (
             phase is not RecordPhase.UP
             and self._parts.status.drain is None

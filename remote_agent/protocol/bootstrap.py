@@ -26,8 +26,9 @@ import nacl.signing
 import nkeys
 
 from remote_agent.protocol.codec import Codec
-from remote_agent.protocol.events import Message
+from remote_agent.protocol.events import AnyMessage, Message
 from remote_agent.protocol.fields import Seconds, Token, UtcTime, check_tokens
+from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 
 #: bytes of randomness in a bootstrap token
 TOKEN_BYTES: Final = 32
@@ -115,8 +116,21 @@ class IssueRefused(Message, frozen=True, kw_only=True, tag="issue_refused"):
 AnyBootstrapRequest = EnrollRequest | RenewRequest
 AnyBootstrapReply = Issued | IssueRefused
 
+#: every message type of the protocol: the lifecycle's (events.AnyMessage) and the bootstrap's
+AnyWireMessage = AnyMessage | AnyBootstrapRequest | AnyBootstrapReply
+
+_wire = Codec[AnyWireMessage](AnyWireMessage, "message")
 _requests = Codec[AnyBootstrapRequest](AnyBootstrapRequest, "bootstrap request")
 _replies = Codec[AnyBootstrapReply](AnyBootstrapReply, "bootstrap reply")
+
+
+def decode_any(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> AnyWireMessage:
+    """
+    Decode any message type of the protocol, the bootstrap's included
+
+    :raises SchemaError: as :func:`~remote_agent.protocol.events.decode`
+    """
+    return _wire.decode(data, max_size)
 
 
 def decode_bootstrap_request(data: bytes) -> AnyBootstrapRequest:

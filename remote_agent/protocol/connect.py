@@ -70,6 +70,19 @@ async def close(nc: Client, timeout_s: float = 5.0) -> None:
         raise asyncio.CancelledError
 
 
+def error_text(err: BaseException) -> str:
+    """``err``'s text without the ``nats: `` that nats-py's errors begin with"""
+    return str(err).removeprefix("nats: ")
+
+
+def permissions_violation(err: BaseException | None) -> bool:
+    """
+    Whether ``err`` is the server's refusal of one subject to this user: ``-ERR
+    'Permissions Violation for Publish to ...'`` (or Subscription); the connection stays up
+    """
+    return err is not None and "permissions violation" in str(err).lower()
+
+
 def credentials_refused(err: BaseException | None) -> str | None:
     """The server's reason if ``err`` says that it refused the credentials, else ``None``"""
     if isinstance(err, nats.errors.AuthorizationError):

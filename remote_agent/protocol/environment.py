@@ -31,6 +31,8 @@ BUS_SETTINGS_ENV: Final = {
     "prefix": "COBALD_REMOTE_PREFIX",
     "domain": "COBALD_REMOTE_DOMAIN",
 }
+#: the ``nats`` command line's variables of the same settings, read last
+NATS_TOOL_ENV: Final = {"servers": "NATS_URL", "creds": "NATS_CREDS"}
 #: what cobald-remote's TARDIS integration adds to every drone job's environment, read
 #: when the ``COBALD_REMOTE_*`` variable of the same setting is not set
 TARDIS_SETTINGS_ENV: Final = {

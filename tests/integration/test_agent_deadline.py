@@ -10,11 +10,13 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import json
 from pathlib import Path
 
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from support.agent import SITE, FakeStartd, admitted, command, drain, read_events, settings
+from support.processes import CLI, run_process
 from support.waiting import wait_until
 
 from broker.server.embedded import EmbeddedServer
@@ -88,6 +90,23 @@ async def test_the_command_after_its_record_sets_the_deadline_of_the_drain(
     # the reply came before the deadline: the expiry follows the moved deadline, not a day
     assert expired[0].at - request.deadline < dt.timedelta(minutes=1)
     assert await _phase(store) is ev.RecordPhase.DRAINED
+    # what was asked for, as it reached the agent, and why the drain first took a later one
+    (requested,) = [e for e in events if isinstance(e, ev.DrainRequested)]
+    assert requested.intent.deadline == request.deadline
+    code, out, err = await run_process(
+        *CLI, "timeline", DRONE, "--server", nats_server.url, "--json"
+    )
+    assert code == 0, err
+    texts = [row["drone_event"] for row in json.loads(out)]
+    asked = f"{request.deadline:%H:%M:%S}"
+    (drain_requested,) = [text for text in texts if text.startswith("drain_requested")]
+    assert drain_requested == f"drain_requested, deadline {asked}"
+    (drain_accepted,) = [text for text in texts if text.startswith("drain_accepted")]
+    assert drain_accepted.endswith(
+        "(held to the self-drain deadline until the manager's command confirms the one asked "
+        f"for, {asked})"
+    )
+    assert f"draining: 1 payload(s), deadline {asked}" in texts
 
 
 async def test_a_drain_command_moves_a_deadline_up_and_never_out(

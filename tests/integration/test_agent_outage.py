@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import datetime as dt
+import logging
 import os
 import signal
 from pathlib import Path
@@ -61,10 +62,14 @@ async def _restart_after(server: EmbeddedServer, down_s: float, spool: Spool) ->
 
 
 async def test_broker_restart_loses_and_duplicates_nothing(
-    tmp_path: Path, nats_server: EmbeddedServer, js: JetStreamContext
+    tmp_path: Path,
+    nats_server: EmbeddedServer,
+    js: JetStreamContext,
+    caplog: pytest.LogCaptureFixture,
 ) -> None:
     await provision(js)
     agent = Agent(settings(tmp_path, nats_server.url, DRONE, heartbeat_s=0.02))
+    caplog.set_level(logging.WARNING, "remote_agent.connection")
     async with running(agent) as run:
         await wait_until(lambda: agent.gate_open, what="the gate to open")
         publisher = agent.publisher
@@ -78,6 +83,10 @@ async def test_broker_restart_loses_and_duplicates_nothing(
             assert agent.prepare_job(JobStart(f"{i}.0")).allow
         assert await run.stop() == 128 + 15
     assert min(waiting) >= 5, "no events waited in the spool: the outage was not exercised"
+    said = [r.getMessage() for r in caplog.records if r.name == "remote_agent.connection"]
+    errors = [line for line in said if "(errors so far: " in line]
+    assert errors and all(line.startswith("nats: ") for line in errors), said
+    assert not any("nats: nats:" in line for line in said), said
     events = await read_events(js, DRONE)
     _check_stream(events)
     assert {e.incarnation for _, e in events} == {agent.incarnation}

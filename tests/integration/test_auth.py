@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import re
+import shlex
 import shutil
 from pathlib import Path
 
@@ -13,6 +14,7 @@ import pytest
 from support.agent import SITE, drone_life
 from support.agent import settings as agent_settings
 from support.manager import running_manager
+from support.processes import CLI, run_process
 from support.servers import drone_creds, hub_and_leaf, refused_for_another, uncomment
 
 from broker.cli import main
@@ -218,3 +220,19 @@ async def test_a_leaf_node_checks_the_credentials_of_its_drones(
             )
             assert service.registry.view(SITE, OTHER) is None
             assert service.registry.metrics().rejected_total == 0
+
+
+async def test_a_new_sites_first_steps_make_their_directories(tmp_path: Path) -> None:
+    # docs/deployment.md, "A new site, step by step": steps 1, 2 and 4 as written, with
+    # /etc/cobald-remote moved below tmp_path (a directory that does not exist yet)
+    doc = (Path(__file__).parents[2] / "docs" / "deployment.md").read_text()
+    steps = doc[doc.index("### A new site, step by step") :]
+    commands = re.findall(r"`(cobald-remote auth (?:init|manager|issuer-key) [^`]+)`", steps)
+    assert [command.split()[2] for command in commands] == ["init", "manager", "issuer-key"]
+    etc = tmp_path / "etc" / "cobald-remote"
+    for command in commands:
+        argv = shlex.split(command.replace("/etc/cobald-remote", str(etc)))
+        code, _, err = await run_process(*CLI, *argv[1:])
+        assert code == 0, err
+    for name in ("authority.json", "nats/auth.conf", "manager.creds", "issuer-key.json"):
+        assert (etc / name).stat().st_mode & 0o777 == 0o600, name

@@ -182,3 +182,38 @@ async def test_json_is_one_document_with_what_the_text_says(tmp_path: Path) -> N
     stock = render_config(Scenario(), tmp_path, start=0.0, bus=None)
     code, out, _ = await run_process(*CLI, "check-config", str(_write(tmp_path, stock)), "--json")
     assert code == 0 and json.loads(out)["factories"][0]["bus"] is None
+
+
+async def test_the_bootstrap_settings_of_a_new_site_are_shown(tmp_path: Path) -> None:
+    # docs/deployment.md, "A new site, step by step", step 7's keys, then step 9's check
+    doc = (Path(__file__).parents[2] / "docs" / "deployment.md").read_text()
+    step = doc[doc.index("7. The `bus:` section") :]
+    block = step[step.index("```yaml\n") + 8 : step.index("```\n", step.index("```yaml"))]
+    keys = [line.strip() for line in block.splitlines() if "bootstrap" in line]
+    keys = [key.lstrip("# ").split("#")[0].strip() for key in keys]
+    assert [key.split(":")[0] for key in keys] == [
+        "bootstrap_key",
+        "bootstrap_creds",
+        "bootstrap_token_valid_s",
+        "bootstrap_jwt_valid_s",
+    ]
+    keys[2:] = ["bootstrap_token_valid_s: 7200", "bootstrap_jwt_valid_s: 600"]
+    anchor = "      request_timeout_s: 2\n"
+    text = HTCONDOR.replace(anchor, anchor + "".join(f"      {key}\n" for key in keys))
+    path = _write(tmp_path, text)
+    code, out, _ = await run_process(*CLI, "check-config", str(path))
+    assert code == 0
+    rows = {
+        key: value.strip()
+        for key, _, value in (line.partition("  ") for line in out.splitlines()[2:])
+    }
+    assert rows["bootstrap_key"] == (
+        "/etc/cobald-remote/issuer-key.json (the manager issues each drone its own identity)"
+    )
+    assert rows["bootstrap_creds"] == "/etc/cobald-remote/{site}-bootstrap.creds on the drones"
+    assert rows["bootstrap_token_valid_s"] == "7200 s"
+    assert rows["bootstrap_jwt_valid_s"] == "600 s"
+    code, out, _ = await run_process(*CLI, "check-config", str(path), "--json")
+    bus = json.loads(out)["factories"][0]["bus"]
+    assert bus["bootstrap_key"] == "/etc/cobald-remote/issuer-key.json"
+    assert (bus["bootstrap_token_valid_s"], bus["bootstrap_jwt_valid_s"]) == (7200, 600)

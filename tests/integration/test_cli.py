@@ -8,6 +8,8 @@ import signal
 from pathlib import Path
 
 import nats
+import pytest
+from support import bootstrap_vectors
 from support.processes import CLI, pid_exists, run_process, start_process
 from support.vectors import EXAMPLES, example
 
@@ -16,6 +18,13 @@ from remote_agent.protocol import events as ev
 
 async def test_protocol_decode_prints_json() -> None:
     message = example(ev.DroneRecord)
+    code, out, err = await run_process(*CLI, "protocol", "decode", input=ev.encode(message))
+    assert (code, err) == (0, "")
+    assert out.strip().encode() == ev.to_json(message)
+
+
+@pytest.mark.parametrize("message", bootstrap_vectors.EXAMPLES, ids=lambda m: ev.kind_of(type(m)))
+async def test_protocol_decode_takes_the_bootstrap_messages(message: ev.Message) -> None:
     code, out, err = await run_process(*CLI, "protocol", "decode", input=ev.encode(message))
     assert (code, err) == (0, "")
     assert out.strip().encode() == ev.to_json(message)

@@ -102,6 +102,12 @@ def test_auth_commands_print_json(tmp_path: Path, capsys: pytest.CaptureFixture[
     assert main(["auth", "manager", *given]) == 0
     assert json.loads(capsys.readouterr().out)["name"] == "manager"
 
+    key_file = tmp_path / "manager" / "issuer-key.json"  # its directory made, too
+    assert main(["auth", "issuer-key", *given, "--out", str(key_file)]) == 0
+    out, err = capsys.readouterr()
+    assert json.loads(out) == {"out": str(key_file), "account": init["account"]}
+    assert err == "" and key_file.stat().st_mode & 0o777 == 0o600
+
     assert main(["auth", "revoke", DRONE, *given]) == 0
     revoked = json.loads(capsys.readouterr().out)
     assert revoked["revoked"] == [drone["user"]]

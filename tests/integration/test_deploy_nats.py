@@ -4,7 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
+import shutil
+import signal
 import subprocess
 import urllib.request
 from pathlib import Path
@@ -17,8 +20,8 @@ import pytest
 from support.agent import drone_life
 from support.agent import settings as agent_settings
 from support.manager import running_manager
-from support.processes import free_ports
-from support.servers import ROUTE_USER, cluster_config, hub_and_leaf
+from support.processes import CLI, free_ports, run_process
+from support.servers import ROUTE_USER, cluster_config, hub_and_leaf, uncomment
 from support.waiting import wait_until
 
 from broker.errors import ProvisioningError
@@ -254,3 +257,131 @@ async def test_leaf_config_carries_a_drone_to_the_central_stream_and_bucket(
             agent = Agent(agent_settings(tmp_path, leaf.url, drone, domain="hub"))
             # claim, events, the drain command and the final record cross the leaf
             await drone_life(service, agent, reason="leaf test")
+
+
+def _single_conf(directory: Path) -> Path:
+    """The shipped single.conf, copied as it is into ``directory`` (auth.conf goes beside it)"""
+    directory.mkdir(parents=True, exist_ok=True)
+    return Path(shutil.copy(DEPLOY / "single.conf", directory))
+
+
+@pytest.mark.timeout(120)
+async def test_authentication_takes_a_restart_and_broker_init_says_when_it_is_not_on(
+    tmp_path: Path,
+) -> None:
+    # docs/deployment.md, "Per-drone credentials": auth init, auth manager, uncomment the
+    # include, restart; a reload (SIGHUP) cannot switch the server to operator mode
+    config = _single_conf(tmp_path / "etc")
+    (leaf_port,) = free_ports(1)
+    env = {"NATS_STORE": str(tmp_path / "js"), "NATS_LEAF_LISTEN": f"127.0.0.1:{leaf_port}"}
+    server = EmbeddedServer(tmp_path / "nats", config_file=config, env=env)
+    authority, creds = tmp_path / "authority.json", tmp_path / "manager.creds"
+    auth = ("--authority", str(authority))
+    async with server:
+        code, _, err = await run_process(*CLI, "broker", "init", "--server", server.url)
+        assert (code, err) == (0, "")  # open on loopback, as the file says: no warning
+        for argv in (
+            ("auth", "init", *auth, "--server-config", str(config.parent / "auth.conf")),
+            ("auth", "manager", *auth, "--out", str(creds)),
+        ):
+            code, _, err = await run_process(*CLI, *argv)
+            assert code == 0, err
+        config.write_text(uncomment(config.read_text(), 'include "auth.conf"'))
+        assert server.pid is not None
+        os.kill(server.pid, signal.SIGHUP)
+        await wait_until(
+            lambda: "not supported" in server.log_path.read_text(), what="the refused reload"
+        )
+        init = (*CLI, "broker", "init", "--server", server.url, "--creds", str(creds))
+        code, out, err = await run_process(*init)
+        assert code == 0
+        assert "accepts clients without credentials" in err
+        assert "Restart the server" in err
+        assert "another account" not in err  # the same streams: the server has one account
+
+        await server.restart()
+        code, out, err = await run_process(*init)
+        assert (code, err) == (0, "")
+        assert out.splitlines()[0] == "COBALD_EVENTS: created"  # the account's own
+        code, _, err = await run_process(*CLI, "broker", "init", "--server", server.url)
+        assert code == 1
+        assert "refused the credentials" in err
+
+
+async def test_broker_init_warns_of_this_projects_streams_in_another_account(
+    tmp_path: Path,
+) -> None:
+    config = tmp_path / "accounts.conf"
+    config.write_text(
+        f'jetstream {{ store_dir: "{tmp_path / "js"}" }}\n'
+        "accounts {\n"
+        "  SITE: { jetstream: enabled, users: [ { user: manager, password: s3cret } ] }\n"
+        "  OPEN: { jetstream: enabled, users: [ { user: anyone, password: anyone } ] }\n"
+        "}\n"
+        "no_auth_user: anyone\n"
+    )
+    async with EmbeddedServer(tmp_path / "nats", config_file=config) as server:
+        code, _, err = await run_process(*CLI, "broker", "init", "--server", server.url)
+        assert (code, err) == (0, "")  # into OPEN, the account of clients without credentials
+        manager = server.url.replace("nats://", "nats://manager:s3cret@")
+        code, out, err = await run_process(*CLI, "broker", "init", "--server", manager)
+        assert code == 0
+        assert out.splitlines()[0] == "COBALD_EVENTS: created"
+        assert "accepts clients without credentials" in err
+        assert "holds this project's streams (COBALD_EVENTS, ...) in another account" in err
+
+
+#: a configuration's usage line in its header: ``#   VAR=value ... nats-server -c NAME``
+_USAGE = re.compile(r"^#\s+((?:[A-Z_]+=\S+\s+)+)nats-server -c (\S+)\s*$", re.M)
+
+
+def usage_line(config: Path) -> tuple[dict[str, str], str]:
+    """The environment and the file of the usage line in ``config``'s header"""
+    found = _USAGE.search(config.read_text())
+    assert found is not None, f"{config.name} has no usage line"
+    return dict(part.split("=", 1) for part in found.group(1).split()), found.group(2)
+
+
+def on_this_host(value: str, directory: Path) -> str:
+    """
+    A usage line's value with its places moved onto this test: a directory into
+    ``directory``, a host and port to a free port on loopback (the file's other ports are
+    moved on the command line)
+    """
+    if value.startswith("/"):
+        return str(directory / value.strip("/").replace("/", "-"))
+    (port,) = free_ports(1)
+    return re.sub(r"[\w.-]+:\d+$", f"127.0.0.1:{port}", value)
+
+
+@pytest.mark.parametrize("config", CONFIGS, ids=lambda p: p.name)
+async def test_every_configuration_starts_as_its_header_says(config: Path, tmp_path: Path) -> None:
+    usage, name = usage_line(config)
+    assert name == config.name
+    copy = tmp_path / "etc" / name
+    if name == "cluster.conf":  # the header names the routes file beside it
+        copy = cluster_config(copy.parent, free_ports(1), "s3cret-route-password")
+    else:
+        copy.parent.mkdir()
+        shutil.copy(config, copy)
+    env = {key: on_this_host(value, tmp_path) for key, value in usage.items()}
+    client, monitoring = free_ports(2)
+    log = tmp_path / "nats-server.log"
+    command = [str(find_binary()), "-c", name, "-a", "127.0.0.1", "-p", str(client)]
+    command += ["-m", str(monitoring), "-l", str(log)]
+    proc = await asyncio.create_subprocess_exec(
+        *command, cwd=copy.parent, env=env, stderr=asyncio.subprocess.PIPE
+    )
+    try:
+        await wait_until(
+            lambda: (
+                proc.returncode is not None
+                or (log.exists() and "Server is ready" in log.read_text())
+            ),
+            what=f"{name} started",
+        )
+        assert proc.returncode is None, (await proc.communicate())[1].decode()
+    finally:
+        if proc.returncode is None:
+            proc.terminate()
+        await proc.communicate()

@@ -233,3 +233,28 @@ async def test_a_refused_permission_or_credential_says_what_to_do(tmp_path: Path
         code, out, err = await run_process(*CLI, "drain", drone, "--server", server.url)
         assert (code, out) == (1, "")
         assert len(err.splitlines()) == 1 and "check --creds" in err
+
+
+async def test_status_finds_a_drone_without_record_within_since(
+    nats_server: EmbeddedServer, js: JetStreamContext, store: RecordStore
+) -> None:
+    # an agent that never claimed its record (another drone's credentials, no bucket)
+    unclaimed = FakeDrone(SITE, "site1-00000000f1")
+    await publish(js, NS, unclaimed.started())
+    status = (*CLI, "status", "--server", nats_server.url, "--lost-after", "0.5")
+    found: list[str] = []
+
+    async def listed(*more: str) -> bool:
+        code, out, err = await run_process(*status, *more)
+        assert code == 0, err
+        found[:] = [line.split()[0] for line in out.splitlines()[1:]]
+        return unclaimed.drone in found
+
+    assert await listed()  # it spoke within twice --lost-after
+    code, _, err = await run_process(*status, unclaimed.drone)
+    assert (code, err) == (0, "1 drone: 0 lost, 0 noisy, 0 ended\n")
+    while await listed():  # until its event is older than that (a second here)
+        pass
+    assert await listed("--since", "3600")
+    code, _, err = await run_process(*status, "--since", "-1")
+    assert code == 1 and "--since must not be negative" in err

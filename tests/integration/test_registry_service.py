@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import logging
 from collections.abc import AsyncIterator
 
+import pytest
 from nats.aio.client import Client
 from nats.js import JetStreamContext
 from support.drones import FakeDrone, publish
@@ -13,12 +15,15 @@ from support.manager import running_manager
 from support.stories import FAST, NS, SITE, expected, fleet, publish_story, state_of
 from support.waiting import wait_until
 
+from broker.manager import lifecycle
 from broker.manager.rebuild import rebuild
 from broker.manager.registry import Registry
 from broker.manager.service import ManagerService, ManagerSettings
 from broker.manager.views import DroneView
 from broker.server.embedded import EmbeddedServer
+from remote_agent.protocol.events import RecordPhase
 from remote_agent.protocol.handshake import RecordStore
+from remote_agent.protocol.ratelog import RateLimitedLog
 
 
 @contextlib.asynccontextmanager
@@ -177,3 +182,46 @@ async def test_deleted_durable_is_recreated_and_rebuilt(
         assert service.failures >= 1
         info = await stream.consumer_info(NS.event_stream, service.settings.durable)
         assert info.config.deliver_policy is not None
+
+
+async def test_a_restarted_manager_does_not_tell_the_lives_it_replays_again(
+    nats_server: EmbeddedServer,
+    stream: JetStreamContext,
+    store: RecordStore,
+    caplog: pytest.LogCaptureFixture,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(lifecycle, "lines", RateLimitedLog(lifecycle.log, interval_s=0.0))
+    done = FakeDrone(SITE, "site1-00000000d1")
+
+    def told(drone: str) -> list[str]:
+        return [r.getMessage() for r in caplog.records if getattr(r, "drone", None) == drone]
+
+    with caplog.at_level(logging.INFO, lifecycle.log.name):
+        async with _service(nats_server) as service:
+            for event in (done.started(), done.ready(), done.payload_started("1.0")):
+                await publish(stream, NS, event)
+            await store.claim(SITE, done.drone, done.incarnation)
+            await store.finish(SITE, done.drone, done.incarnation, RecordPhase.DRAINED)
+            await publish(stream, NS, done.exiting())
+            await wait_until(
+                lambda: (
+                    (view := service.registry.view(SITE, done.drone)) is not None
+                    and bool(view.ended)
+                ),
+                what="the drone's end",
+            )
+        lives = told(done.drone)
+        assert [line.split(" ", 2)[2] for line in lives] == [
+            "announced itself (agent_started, starting)",
+            "started its first payload",
+            "ended: drained",
+        ]
+        caplog.clear()
+        later = FakeDrone(SITE, "site1-00000000d2")
+        async with _service(nats_server) as restarted:
+            view = restarted.registry.view(SITE, done.drone)
+            assert view is not None and view.ended == "drained"  # replayed, and kept
+            await publish(stream, NS, later.started())  # what happens now is told
+            await wait_until(lambda: bool(told(later.drone)), what="the new drone's line")
+        assert told(done.drone) == []

@@ -271,6 +271,9 @@ async def test_a_drone_with_payloads_drains_and_ends_its_own_job(
     assert env["TardisDroneCobaldRemoteUrl"] == nats_server.url
     assert env["SLURM_Walltime"] == "60"
     assert "PYTEST_CURRENT_TEST" not in env and "SLURM_CONF" in os.environ
+    # the agent removed the spool directory it made, the drone's key in it, at its end
+    sandbox = Path(started["sandbox"])
+    assert (sandbox / "ep").is_dir() and not (sandbox / "spool").exists()
 
 
 async def test_a_drone_whose_agent_never_connects_runs_as_stock_tardis_would(

@@ -333,3 +333,34 @@ async def test_the_bus_serves_metrics_of_what_it_consumed(
     assert samples[("cobald_remote_drones", (("site", "site1"), ("state", "idle")))] == 2
     assert samples[("cobald_remote_rebuild_seconds", ())] >= 0
     assert ("cobald_remote_tardis_notes_buffered", ()) in samples
+
+
+async def test_a_recorded_drain_reads_draining_before_the_agent_says_so(
+    make_bus: BusFactory, js: JetStreamContext
+) -> None:
+    """No DrainState/DrainingState flip: the drain TARDIS asked for answers ``Draining``"""
+    bus = await make_bus(lost_after_s=60.0, request_timeout_s=0.5)
+    drone = FakeDrone(SITE, "site1-00000000a7")
+    for event in (drone.started(), drone.ready()):
+        await publish(js, Namespace(), event)
+    assert bus.control is not None
+    await bus.control.store.claim(SITE, drone.drone, drone.incarnation)
+    await wait_until(
+        lambda: (
+            (view := bus.registry.view(SITE, drone.drone)) is not None
+            and view.state is ev.DroneState.IDLE
+            and view.phase is ev.RecordPhase.UP
+        ),
+        what="the drone idle with its record claimed",
+    )
+    overlay = FakeOverlay()
+    batch = RemoteBatchSystemAdapter(overlay, bus)
+    assert await batch.get_machine_status(drone.drone) is MachineStatus.Available
+    # DrainState's call: recorded; the agent (this fake answers no command) has said nothing
+    await batch.drain_machine(drone.drone)
+    view = bus.registry.view(SITE, drone.drone)
+    assert view is not None and view.state is ev.DroneState.IDLE
+    assert view.phase is ev.RecordPhase.DRAINING
+    # DrainingState's look at it: not Available, which would send it back to DrainState
+    assert await batch.get_machine_status(drone.drone) is MachineStatus.Draining
+    assert overlay.calls == []  # the agent is heard from: the overlay pool is not asked

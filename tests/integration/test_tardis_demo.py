@@ -16,6 +16,7 @@ from support.processes import CLI, run_process
 from support.slurm import requires_slurm
 from support.waiting import wait_until
 
+from broker.cli import build_parser
 from broker.emulation.demo.command import demo
 from broker.emulation.demo.run import run_mode
 from broker.emulation.demo.scenario import Scenario
@@ -131,6 +132,19 @@ async def test_stock_tardis_kills_payloads_and_the_decorators_kill_none(
         assert times == sorted(times), source
 
 
+async def test_run_main_is_the_comparison_unless_told_otherwise() -> None:
+    """README: ``./run main`` is the demonstration, stock TARDIS against cobald-remote"""
+    parser = build_parser()
+    assert parser.parse_args(["demo"]).compare is True
+    assert parser.parse_args(["demo", "--compare"]).compare is True  # as the docs write it
+    assert parser.parse_args(["demo", "--no-compare"]).compare is False
+    run = Path(__file__).parents[2] / "run"
+    code, out, err = await run_process(str(run), "main", "--help", timeout_s=280)
+    assert code == 0, err
+    assert out.startswith("usage: cobald-remote demo")
+    assert "--compare, --no-compare" in out
+
+
 @pytest.mark.timeout(300)
 @pytest.mark.parametrize(
     "adapters", ["emulated", "htcondor", pytest.param("slurm", marks=requires_slurm)]
@@ -141,6 +155,7 @@ async def test_the_demo_command_runs_and_writes_its_table(tmp_path: Path, adapte
     code, out, err = await run_process(
         *CLI,
         "demo",
+        "--no-compare",  # the run with cobald-remote alone
         "--seed",
         "2",
         "--duration",

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 from pathlib import Path
 
 import pytest
@@ -13,6 +14,7 @@ from remote_agent.errors import SettingsError
 from remote_agent.jobruntime import format_attributes
 from remote_agent.logs import JsonLines
 from remote_agent.options import from_args
+from remote_agent.protocol.environment import NATS_TOOL_ENV, TARDIS_SETTINGS_ENV
 from remote_agent.settings import SETTINGS_ENV, Settings, default_gate_socket, field_default
 
 UUID = "site1-0123456789"
@@ -180,3 +182,27 @@ def test_the_documented_defaults_are_the_settings_defaults() -> None:
         assert cells[2] == expected, (name, cells[2])
         checked.add(name)
     assert {"heartbeat_s", "end_margin_s", "term_grace_s", "runtime_attributes"} <= checked
+
+
+def test_every_variable_the_agent_reads_is_documented() -> None:
+    """docs/agent.md's table names each variable, the TARDIS and nats-tool fallbacks too"""
+    text = (Path(__file__).resolve().parents[2] / "docs" / "agent.md").read_text()
+    table = text.split("## Configuration", 1)[1].split("\n## ", 1)[0]
+    named = set(re.findall(r"`([A-Za-z_]+)(?:=[^`]*)?`", table))
+    read = {*SETTINGS_ENV.values(), *TARDIS_SETTINGS_ENV.values(), *NATS_TOOL_ENV.values()}
+    assert read - named == set()
+    assert "`--slots`" in table
+    assert "`--server`" in table and "`--url` is the same" in table
+
+
+def test_the_agent_takes_server_and_the_nats_tools_variables(tmp_path: Path) -> None:
+    creds = tmp_path / "drone.creds"
+    creds.write_text("")
+    env = {"TardisDroneUuid": "site1-0123456789", "NATS_URL": "nats://n:4222"}
+    settings = Settings.from_env({**env, "NATS_CREDS": str(creds)}, worker_command=("x",))
+    assert (settings.servers, settings.creds) == (("nats://n:4222",), creds)
+    tardis = {**env, "TardisDroneCobaldRemoteUrl": "nats://t:4222"}
+    assert Settings.from_env(tardis, worker_command=("x",)).servers == ("nats://t:4222",)
+    for flag in ("--server", "--url"):
+        args = build_parser().parse_args(["agent", "run", flag, "nats://a:1", "--", "x"])
+        assert args.servers == ["nats://a:1"]

@@ -79,3 +79,9 @@ def test_unit_runs_as_a_user_the_sysusers_file_makes(unit: Path) -> None:
     users = {line.split()[1] for line in sysusers if line.startswith("u ")}
     (user,) = _settings(unit, "User")
     assert user in users and _settings(unit, "Group") == [user]
+
+
+def test_the_manager_unit_stops_cobald_with_sigint() -> None:
+    # docs/tardis.md: SIGINT gives COBalD's clean exit
+    assert _settings(SYSTEMD / "cobald-remote-manager.service", "KillSignal") == ["SIGINT"]
+    assert "(`KillSignal=SIGINT`)" in (Path(__file__).parents[2] / "docs" / "tardis.md").read_text()

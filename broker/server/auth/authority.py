@@ -187,8 +187,9 @@ def _authority_json(authority: Authority) -> str:
 
 
 def save_authority(authority: Authority, path: Path) -> None:
-    """Write the seeds to ``path`` (mode 0600); refuses to overwrite"""
+    """Write the seeds to ``path`` (mode 0600), making its directory; refuses to overwrite"""
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
     except FileExistsError:
         raise AuthError(
@@ -209,6 +210,7 @@ def _replace_secret(path: Path, text: str) -> None:
     """Replace ``path`` with ``text`` in one step, readable by its owner only"""
     temporary = path.with_name(f".{path.name}.{os.getpid()}")
     try:
+        path.parent.mkdir(parents=True, exist_ok=True)
         fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
         with os.fdopen(fd, "w") as out:
             out.write(text + "\n")
