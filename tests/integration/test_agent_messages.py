@@ -69,6 +69,8 @@ class Operator:
             )
         except nats.errors.Error as err:
             return "authorization" in str(err).lower()
+        except OSError:  # closed before its -ERR was read: ask again
+            return False
         await nc.close()
         return False
 
