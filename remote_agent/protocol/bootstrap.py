@@ -60,7 +60,9 @@ class _Request(Message, frozen=True, kw_only=True):
 class EnrollRequest(_Request, frozen=True, kw_only=True, tag="enroll"):
     """The drone's first request: its one-time token and its new public key"""
 
-    token: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    #: as long as a subject token may be; its characters are not checked here: the
+    #: issuer compares it with the hashes it keeps, and a token it never minted is refused
+    token: Token
 
 
 class RenewRequest(_Request, frozen=True, kw_only=True, tag="renew"):

@@ -364,6 +364,8 @@ def kind_of(message_type: type[Message]) -> str:
 
 #: the ``kind`` tag of every event type, looked up once
 EVENT_KINDS: Final[dict[type[Event], str]] = {t: kind_of(t) for t in EVENT_TYPES}
+#: the kind of TARDIS's state note, the last token of its subject
+TARDIS_STATE: Final = kind_of(TardisState)
 
 
 # --------------------------------------------------------------------------- codec

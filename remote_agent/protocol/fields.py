@@ -8,23 +8,22 @@ from typing import Annotated
 
 import msgspec
 
-from remote_agent.protocol.names import TOKEN_CHARS
+from remote_agent.protocol.names import MAX_TOKEN, TOKEN_RULE, is_token
 
 #: a subject token: site names, drone uuids, prefixes (no dots, wildcards or whitespace).
-#: msgspec checks the length; the characters are checked by :func:`check_tokens` in the
-#: ``__post_init__`` of every message that carries tokens, with one ``str.strip`` of the
-#: allowed characters instead of msgspec's ``pattern`` (``bench/README.md``, "Token checks").
-Token = Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+#: msgspec checks the length; :func:`check_tokens` applies the whole rule
+#: (:func:`~remote_agent.protocol.names.is_token`) in the ``__post_init__`` of every
+#: message that carries tokens, with one ``str.strip`` of the allowed characters instead
+#: of msgspec's ``pattern`` (``bench/README.md``, "Token checks").
+Token = Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_TOKEN)]
 
 
 def check_tokens(message: object, names: tuple[str, ...]) -> None:
     """Raise the error for the first of ``names`` that is no token (msgspec reports it)"""
     for name in names:
         value = getattr(message, name)
-        if value.strip(TOKEN_CHARS):
-            raise ValueError(
-                f"`{name}` must be a subject token (1-128 of A-Z a-z 0-9 _ -), not {value!r}"
-            )
+        if not is_token(value):
+            raise ValueError(f"`{name}` must be a subject token ({TOKEN_RULE}), not {value!r}")
 
 
 #: a timezone-aware point in time; encoded as the MessagePack timestamp extension (-1)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import EVENT_KINDS, Event
-from remote_agent.protocol.names import Namespace
+from remote_agent.protocol.names import Namespace, event_subject
 
 
 def sender_mismatch(event: Event, subject: str, prefix: str) -> str | None:
@@ -21,7 +21,7 @@ def sender_mismatch(event: Event, subject: str, prefix: str) -> str | None:
     :raises SchemaError: if ``subject`` is not an event subject of ``prefix``
     """
     kind = EVENT_KINDS[type(event)]
-    if subject == f"{prefix}.{event.site}.{event.drone}.evt.{kind}":
+    if subject == event_subject(prefix, event.site, event.drone, kind):
         return None
     site, drone, subject_kind = Namespace(prefix).parse_event_subject(subject)
     return (
