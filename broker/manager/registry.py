@@ -33,7 +33,12 @@ from broker.manager.budget import (
     newest_beat,
     over_budget,
 )
-from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, DEFAULT_RETAIN_LOST_S, EndTracker
+from broker.manager.lifecycle import (
+    DEFAULT_RETAIN_ENDED_S,
+    DEFAULT_RETAIN_LOST_S,
+    EndTracker,
+    check_retain_lost,
+)
 from broker.manager.notes import check_note, noted_view
 from broker.manager.recordmerge import RecordMerge
 from broker.manager.validity import (
@@ -78,13 +83,16 @@ class Registry(RecordMerge):
         :meth:`due_retirements` offers it for retirement
     :param retain_lost_s: seconds after the newest fact about a drone that has not ended
         (lost, or never heard from) before :meth:`due_retirements` offers it; ``0``:
-        never. Taken as at least ``lost_after_s``, so that no drone that speaks is offered
+        never; else at least ``lost_after_s``
+        (:func:`~broker.manager.lifecycle.least_retain_lost_s`)
     :param clock_skew_warn_s: an agent whose clock is off the server's by more is counted
         (:attr:`Metrics.clock_skewed`, :meth:`DroneView.clock_skewed`) and, with
         ``warn_clocks``, warned about in the log
     :param warn_clocks: log a line when a drone's clock goes off (the manager does; a tool
         that shows the offset itself, such as ``status``, does not)
     :param budget: each drone's budget of applied events (:mod:`broker.manager.budget`)
+    :raises ValueError: for a duration that is not a positive number, or a
+        ``retain_lost_s`` the retention rule refuses
     """
 
     def __init__(
@@ -106,10 +114,7 @@ class Registry(RecordMerge):
         ):
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive number, not {value!r}")
-        if not (0 <= retain_lost_s < math.inf):
-            raise ValueError(f"retain_lost_s must be 0 (never) or positive, not {retain_lost_s!r}")
-        if retain_lost_s:  # never less than lost_after_s: no drone that speaks is offered
-            retain_lost_s = max(retain_lost_s, lost_after_s)
+        check_retain_lost(retain_lost_s, lost_after_s)
         self.namespace = namespace or Namespace()
         self.lost_after_s = lost_after_s
         self.clock_skew_warn_s = clock_skew_warn_s

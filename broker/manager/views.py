@@ -220,6 +220,11 @@ def elapsed_since(then: dt.datetime, event: AnyEvent, received_time: float, now:
     return max(0.0, (event.at - then).total_seconds() + now - received_time)
 
 
+def iso_time(epoch: float) -> str:
+    """A time the views hold (epoch seconds) as people read it: ISO 8601, UTC, to the second"""
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds")
+
+
 class Applied(enum.StrEnum):
     """What :meth:`~broker.manager.registry.Registry.apply` did with one event"""
 
