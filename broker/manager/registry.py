@@ -39,8 +39,8 @@ from broker.manager.lifecycle import (
     EndTracker,
     check_retain_lost,
 )
-from broker.manager.notes import check_note, noted_view
 from broker.manager.recordmerge import RecordMerge
+from broker.manager.tardis_notes import check_note, noted_view
 from broker.manager.validity import (
     UNSTORED,
     Headers,
@@ -455,7 +455,7 @@ class Registry(RecordMerge):
         headers: Headers = UNSTORED,
     ) -> Applied:
         """
-        Check and apply one TARDIS state note (:mod:`broker.manager.notes`)
+        Check and apply one TARDIS state note (:mod:`broker.manager.tardis_notes`)
 
         Only the newest note that no agent event follows in the stream counts; a
         note of a drone nothing is known about counts only if it says TARDIS gave

@@ -24,9 +24,9 @@ from broker.errors import Rejected, TimelineError
 from broker.jetstream.messages import metadata
 from broker.jetstream.reads import read_all, stream_errors
 from broker.manager.handler import event_reader
-from broker.manager.notes import check_note
 from broker.manager.records import load_records
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, Registry
+from broker.manager.tardis_notes import check_note
 from broker.manager.validity import UNSTORED, Headers, check_event
 from broker.manager.views import DroneView
 from remote_agent.protocol.errors import HandshakeError
