@@ -31,7 +31,7 @@ _HOMES = {
     "BusConfig": "config",
     "site_token": "config",
     "load_adapter": "factory",
-    "TardisStateNotes": "notes",
+    "TardisStateNotes": "plugin",
     "RemoteFactoryPool": "pool",
     "TARDIS_EXCEPTIONS": "site",
     "RemoteSiteAdapter": "site",
