@@ -52,7 +52,7 @@ class RecordView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: confirms a record that the manager merged from its own read or write
     stored: float | None = None
     #: when the drain in :attr:`drain` is due by the manager's reckoning, epoch seconds
-    #: (:func:`broker.manager.recordmerge.drain_due`); ``None`` without a drain
+    #: (:func:`broker.manager.registry.drain_due`); ``None`` without a drain
     drain_due: float | None = None
     note: str = ""
     #: the record carries the manager's valid proof (its phases count only then)
