@@ -31,7 +31,7 @@ from remote_agent.protocol.events import (
     RecordPhase,
     Released,
 )
-from remote_agent.protocol.phases import CLOSED_PHASES
+from remote_agent.protocol.handshake import CLOSED_PHASES
 
 log = logging.getLogger("remote_agent.agent")
 
