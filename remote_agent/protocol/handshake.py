@@ -21,7 +21,7 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from remote_agent.protocol.backoff import Backoff
-from remote_agent.protocol.buckets import bind_bucket
+from remote_agent.protocol.connect import bind_bucket
 from remote_agent.protocol.errors import HandshakeError, RecordTampered, SchemaError
 from remote_agent.protocol.events import (
     DrainIntent,
