@@ -12,7 +12,6 @@ from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
 from remote_agent.agent.context import AgentContext
-from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.errors import HandshakeError
 from remote_agent.protocol.events import (
     DrainIntent,
@@ -21,7 +20,7 @@ from remote_agent.protocol.events import (
 )
 from remote_agent.protocol.handshake import RecordStore, Versioned
 from remote_agent.protocol.names import kv_stream, kv_subjects
-from remote_agent.protocol.transient import is_transient
+from remote_agent.protocol.transient import Backoff, is_transient
 
 log = logging.getLogger("remote_agent.agent")
 

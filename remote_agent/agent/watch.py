@@ -20,7 +20,6 @@ from remote_agent.agent.bounds import bounded_intent
 from remote_agent.agent.context import AgentContext
 from remote_agent.agent.drain import Drain
 from remote_agent.agent.steering import Steering
-from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.errors import HandshakeError
 from remote_agent.protocol.events import (
     DrainIntent,
@@ -32,6 +31,7 @@ from remote_agent.protocol.events import (
     Released,
 )
 from remote_agent.protocol.handshake import CLOSED_PHASES
+from remote_agent.protocol.transient import Backoff
 
 log = logging.getLogger("remote_agent.agent")
 

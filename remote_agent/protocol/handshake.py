@@ -20,7 +20,6 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.connect import bind_bucket
 from remote_agent.protocol.errors import HandshakeError, RecordTampered, SchemaError
 from remote_agent.protocol.events import (
@@ -34,7 +33,7 @@ from remote_agent.protocol.events import (
 from remote_agent.protocol.names import EXPECTED_LAST, Namespace, kv_write_prefix
 from remote_agent.protocol.proof import proven, record_proof
 from remote_agent.protocol.ratelog import RateLimitedLog
-from remote_agent.protocol.transient import TRANSIENT_BUDGET_S, is_transient, patiently
+from remote_agent.protocol.transient import TRANSIENT_BUDGET_S, Backoff, is_transient, patiently
 
 log = logging.getLogger("remote_agent.handshake")
 
