@@ -6,7 +6,7 @@ import argparse
 import sys
 
 from remote_agent.protocol.events import decode, to_json
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
 
 
 def _decode(args: argparse.Namespace) -> int:

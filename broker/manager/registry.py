@@ -67,7 +67,7 @@ from remote_agent.protocol.events import (
     decode_record,
     encode,
 )
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace, is_token
 from remote_agent.protocol.proof import proven
 from remote_agent.protocol.ratelog import RateLimitedLog

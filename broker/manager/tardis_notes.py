@@ -18,7 +18,7 @@ from broker.manager.lifecycle import TARDIS_DOWN
 from broker.manager.validity import UNSTORED, Headers, Rejection, check_writer, decoded
 from broker.manager.views import DroneView
 from remote_agent.protocol.events import TARDIS_STATE, TardisState, decode_note
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace
 
 

@@ -37,7 +37,7 @@ from remote_agent.protocol.events import (
     encode,
     kind_of,
 )
-from remote_agent.protocol.limits import MAX_REQUEST_ID, MAX_TEXT
+from remote_agent.protocol.fields import MAX_REQUEST_ID, MAX_TEXT
 
 log = logging.getLogger("remote_agent.agent")
 

@@ -57,7 +57,7 @@ from remote_agent.protocol.events import (
     WorkerStarted,
     utcnow,
 )
-from remote_agent.protocol.limits import MAX_NAME
+from remote_agent.protocol.fields import MAX_NAME
 from remote_agent.protocol.names import Namespace, inbox_prefix
 from remote_agent.publisher import Publisher
 from remote_agent.settings import Settings

@@ -31,7 +31,7 @@ from remote_agent.protocol.events import (
     PayloadStarted,
     utcnow,
 )
-from remote_agent.protocol.limits import MAX_JOB_ID, MAX_NAME, MAX_PAYLOADS
+from remote_agent.protocol.fields import MAX_JOB_ID, MAX_NAME, MAX_PAYLOADS
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("remote_agent.agent")

@@ -17,7 +17,7 @@ from remote_agent.agent.payloads import PayloadLedger
 from remote_agent.errors import StartdError
 from remote_agent.interfaces import SlotInfo, Startd
 from remote_agent.protocol.events import DroneState, StartdReady
-from remote_agent.protocol.limits import MAX_NAME
+from remote_agent.protocol.fields import MAX_NAME
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("remote_agent.agent")

@@ -17,8 +17,15 @@ import msgspec
 
 from remote_agent.protocol.codec import SCHEMA_VERSION, Codec
 from remote_agent.protocol.errors import SchemaError
-from remote_agent.protocol.fields import NonNegative, Seconds, Token, UtcTime, check_tokens
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE, MAX_PAYLOADS
+from remote_agent.protocol.fields import (
+    DEFAULT_MAX_SIZE,
+    MAX_PAYLOADS,
+    NonNegative,
+    Seconds,
+    Token,
+    UtcTime,
+    check_tokens,
+)
 from remote_agent.protocol.names import TOKEN_CHARS, Namespace, event_subject
 
 # the wire's enumerations live in their own module; both sides name them through this one

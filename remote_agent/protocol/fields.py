@@ -1,10 +1,18 @@
-"""Field types of the wire schema: subject tokens, timezone-aware times, non-negative numbers"""
+"""
+What the wire schema's fields hold: their types (subject tokens, timezone-aware times,
+non-negative numbers, finite durations) and the size limits
+
+Readers enforce the size of one encoded message (:data:`DEFAULT_MAX_SIZE`). An agent
+keeps its events within the snapshot limits, so that the largest event it can encode stays
+well below it and the stream never rejects one (``tests/unit/test_agent_limits.py`` builds
+the worst case).
+"""
 
 from __future__ import annotations
 
 import datetime as dt
 import sys
-from typing import Annotated
+from typing import Annotated, Final
 
 import msgspec
 
@@ -33,3 +41,23 @@ NonNegative = Annotated[int, msgspec.Meta(ge=0)]
 #: pass) and both bounds reject NaN, so no reader ever computes with a non-finite number
 #: a writer sent. Every float of the wire schema is one of these.
 Seconds = Annotated[float, msgspec.Meta(ge=0, le=sys.float_info.max)]
+
+
+# --------------------------------------------------------------------------- size limits
+# of one encoded message, and of what an agent puts in one
+
+#: default limit on the size of one encoded message, in bytes
+DEFAULT_MAX_SIZE: Final = 64 * 1024
+
+#: payloads in a snapshot at most, whatever the number of slots
+MAX_PAYLOADS: Final = 256
+#: the longest job id a payload may have; the agent's gate refuses a longer one (390)
+MAX_JOB_ID: Final = 64
+#: the longest slot name or hostname an agent keeps; longer ones are cut
+MAX_NAME: Final = 64
+#: the longest free text (reasons, notes, details) an agent keeps; longer text is cut
+MAX_TEXT: Final = 1024
+#: the most characters of the worker command line in an event, all arguments together
+MAX_COMMAND: Final = 4096
+#: request ids are cut to this many characters
+MAX_REQUEST_ID: Final = 128
