@@ -7,7 +7,7 @@ TARDIS's own state machine runs through the decorated adapters
 random queue delay, :class:`~broker.tardis.batch.RemoteBatchSystemAdapter` around
 :class:`BlindOverlay`, which knows nothing). The lags are read afterwards from the stream:
 each agent event's ``at`` beside the ``at`` of TARDIS's state notes
-(:class:`~broker.tardis.notes.TardisStateNotes`) for the same drone.
+(:class:`~broker.tardis.plugin.TardisStateNotes`) for the same drone.
 """
 
 from __future__ import annotations

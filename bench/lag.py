@@ -19,7 +19,7 @@ overlay that knows nothing), with the same ``drone_heartbeat_interval``.
 Once every drone is Available, each agent is drained (``Control.drain``, at a random
 moment within one heartbeat); it has no payload, so it drains, ends and exits. The lags are
 read afterwards from the stream, agent events beside TARDIS's state notes (the notes the
-manager publishes, :class:`~broker.tardis.notes.TardisStateNotes`):
+manager publishes, :class:`~broker.tardis.plugin.TardisStateNotes`):
 
 * gate open (the agent's ``gate_opened``: its startd can take work, and TARDIS's answers say
   Running and Available from then on) -> ``IntegratingState`` and -> ``AvailableState``;

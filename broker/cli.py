@@ -28,8 +28,8 @@ from broker.commands import (
     timeline,
 )
 from broker.commands.failures import run
-from broker.commands.lazy import Commands, Fill
 from broker.commands.options import add_before, before_the_command, refused_before, takes_before
+from broker.commands.subcommands import Commands, Fill
 from remote_agent import __version__
 from remote_agent import cli as agent
 

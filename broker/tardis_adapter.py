@@ -20,7 +20,7 @@ if TYPE_CHECKING:
     from broker.tardis.bus import RemoteBus
     from broker.tardis.config import BusConfig, site_token
     from broker.tardis.factory import load_adapter
-    from broker.tardis.notes import TardisStateNotes
+    from broker.tardis.plugin import TardisStateNotes
     from broker.tardis.pool import RemoteFactoryPool
     from broker.tardis.site import TARDIS_EXCEPTIONS, RemoteSiteAdapter
 
@@ -31,7 +31,7 @@ _HOMES = {
     "BusConfig": "config",
     "site_token": "config",
     "load_adapter": "factory",
-    "TardisStateNotes": "notes",
+    "TardisStateNotes": "plugin",
     "RemoteFactoryPool": "pool",
     "TARDIS_EXCEPTIONS": "site",
     "RemoteSiteAdapter": "site",

@@ -27,6 +27,7 @@ from remote_agent.protocol.connect import (
     error_text,
     permissions_violation,
 )
+from remote_agent.protocol.names import DEFAULT_INBOX
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger(__name__)
@@ -71,7 +72,7 @@ class Connection:
         *,
         name: str = "cobald-remote-agent",
         creds: Path | None = None,
-        inbox_prefix: str = "_INBOX",
+        inbox_prefix: str = DEFAULT_INBOX,
         publish_timeout_s: float = 5.0,
         reconnect_wait_s: float = 2.0,
         domain: str | None = None,

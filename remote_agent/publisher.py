@@ -28,12 +28,11 @@ import msgspec
 import nats.js.errors
 
 from remote_agent.connection import Connection
-from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import decode_event, encode
 from remote_agent.protocol.names import MSG_ID
 from remote_agent.protocol.ratelog import RateLimitedLog
-from remote_agent.protocol.transient import is_transient
+from remote_agent.protocol.transient import Backoff, is_transient
 from remote_agent.spool import Spool, SpooledEvent
 
 log = logging.getLogger(__name__)

@@ -213,9 +213,9 @@ def _clock(offset_s: float) -> str:
 
 
 def _iso(epoch: float | None) -> str | None:
-    if epoch is None:
-        return None
-    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds")
+    from broker.manager.views import iso_time
+
+    return None if epoch is None else iso_time(epoch)
 
 
 def _table(rows: list[dict[str, Any]]) -> str:
@@ -267,6 +267,7 @@ async def status(args: argparse.Namespace) -> int:
     registry = Registry(
         namespace,
         lost_after_s=args.lost_after,
+        retain_lost_s=0,  # it retires nothing
         clock_skew_warn_s=args.clock_skew_warn,
         warn_clocks=False,  # the CLOCK column says it
     )

@@ -7,7 +7,7 @@ import sys
 
 from remote_agent.protocol.bootstrap import decode_any
 from remote_agent.protocol.events import to_json
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
 
 
 def _decode(args: argparse.Namespace) -> int:

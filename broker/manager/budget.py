@@ -26,7 +26,7 @@ from typing import Final, NamedTuple
 
 from broker.manager.lifecycle import lines
 from broker.manager.schedule import Schedule
-from remote_agent.protocol.limits import MAX_PAYLOADS
+from remote_agent.protocol.fields import MAX_PAYLOADS
 
 
 @dataclass(frozen=True, slots=True)

@@ -22,15 +22,14 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.bootstrap import PublicKey, new_token, token_hash
-from remote_agent.protocol.buckets import bind_bucket
 from remote_agent.protocol.codec import Codec
+from remote_agent.protocol.connect import bind_bucket
 from remote_agent.protocol.events import Message, encode
 from remote_agent.protocol.fields import Token, UtcTime, check_tokens
 from remote_agent.protocol.names import Namespace, kv_stream, kv_subjects
 from remote_agent.protocol.ratelog import RateLimitedLog
-from remote_agent.protocol.transient import TRANSIENT_BUDGET_S, is_transient, patiently
+from remote_agent.protocol.transient import TRANSIENT_BUDGET_S, Backoff, is_transient, patiently
 
 _failures = RateLimitedLog(logging.getLogger("cobald.runtime.cobald_remote.issuer"))
 

@@ -16,9 +16,9 @@ import time
 from collections.abc import Callable, Mapping
 
 from broker.jetstream.messages import Disposition, Handler, metadata
-from broker.manager.notes import TARDIS_STATE, is_note_subject
 from broker.manager.registry import Applied, Registry
-from remote_agent.protocol.events import EVENT_TYPES, kind_of
+from remote_agent.protocol.events import EVENT_TYPES, TARDIS_STATE, kind_of
+from remote_agent.protocol.names import is_note_subject
 
 log = logging.getLogger("cobald.runtime.cobald_remote.registry")
 

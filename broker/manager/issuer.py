@@ -164,9 +164,9 @@ class Issuer:
             self.counts["dropped_reply_subject"] += 1
             self._say.warning(
                 f"reply {site}",
-                "dropped a bootstrap request on %s: its reply subject %r is not the site's"
-                " bootstrap inbox",
-                f"{self._namespace.prefix}.bootstrap.{site[:200]}",
+                "dropped a bootstrap request from site %r: its reply subject %r is not the"
+                " site's bootstrap inbox",
+                site[:200],
                 reply[:200],
             )
             return

@@ -9,16 +9,16 @@ the views that changed.
 
 from __future__ import annotations
 
-import datetime as dt
 import enum
 import logging
+import math
 from collections.abc import Iterable, MutableMapping
 from typing import Final
 
 import msgspec
 
 from broker.manager.schedule import Schedule
-from broker.manager.views import DroneView
+from broker.manager.views import DroneView, iso_time
 from remote_agent.protocol.events import DroneState, RecordPhase
 from remote_agent.protocol.ratelog import RateLimitedLog
 
@@ -35,6 +35,30 @@ TARDIS_DOWN: Final = "DownState"
 DEFAULT_RETAIN_ENDED_S: Final = 86400.0
 #: default seconds a drone neither ended nor heard of is kept before it is retired
 DEFAULT_RETAIN_LOST_S: Final = 7 * 86400.0
+
+
+def least_retain_lost_s(lost_after_s: float, lost_removal_after_s: float = 0.0) -> float:
+    """
+    The shortest ``retain_lost_s`` other than ``0`` (never): the one retention rule
+
+    No drone that speaks is offered for retirement between two signs of life
+    (``lost_after_s``), and none before TARDIS may remove its batch job
+    (``lost_removal_after_s``, where TARDIS removes lost drones).
+    """
+    return max(lost_after_s, lost_removal_after_s)
+
+
+def check_retain_lost(retain_lost_s: float, lost_after_s: float) -> None:
+    """
+    :raises ValueError: unless ``retain_lost_s`` is ``0`` or finite and at least
+        :func:`least_retain_lost_s`
+    """
+    least = least_retain_lost_s(lost_after_s)
+    if not (retain_lost_s == 0 or least <= retain_lost_s < math.inf):
+        raise ValueError(
+            f"retain_lost_s must be 0 (never) or at least lost_after_s ({least:g} s), "
+            f"not {retain_lost_s!r}"
+        )
 
 
 class Ending(enum.StrEnum):
@@ -139,9 +163,7 @@ def forgotten_at(view: DroneView, retain_lost_s: float) -> float | None:
 
 
 def _iso(at: float | None) -> str:
-    return (
-        "?" if at is None else dt.datetime.fromtimestamp(at, dt.UTC).isoformat(timespec="seconds")
-    )
+    return "?" if at is None else iso_time(at)
 
 
 def _extra(view: DroneView) -> dict[str, str]:

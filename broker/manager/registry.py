@@ -5,8 +5,10 @@ Its rule: a drone's state is its valid event (:mod:`broker.manager.validity`) th
 event stream stored last, and its valid heartbeat stored last, ordered by stream
 sequence, which no drone can forge; so lost, repeated, reordered and replayed
 deliveries converge to the same state, and a rebuilt registry equals the lost one.
-Handshake records merge by KV revision (:mod:`broker.manager.recordmerge`). Times are
-epoch seconds from the caller (when the stream stored each message). The consumer's events
+Handshake records merge by KV revision, and a removed, relayed or invalid value makes the
+drone's record *tampered*, never forgotten, since its drone may be up; a record's times are
+the manager's (:func:`drain_due`), a writer's clock is never read. Times are epoch seconds
+from the caller (when the stream stored each message). The consumer's events
 are applied within each drone's budget (:mod:`broker.manager.budget`): beyond it the newest
 is held and applied when the budget allows. Readers on other threads use
 :meth:`Registry.view` and :meth:`Registry.views` (``docs/architecture.md``).
@@ -18,6 +20,7 @@ import contextlib
 import logging
 import math
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping
 from types import MappingProxyType
 from typing import Final
@@ -34,26 +37,40 @@ from broker.manager.budget import (
     newest_beat,
     over_budget,
 )
-from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, DEFAULT_RETAIN_LOST_S, EndTracker
-from broker.manager.notes import check_note, noted_view
-from broker.manager.recordmerge import RecordMerge
+from broker.manager.lifecycle import (
+    DEFAULT_RETAIN_ENDED_S,
+    DEFAULT_RETAIN_LOST_S,
+    EndTracker,
+    check_retain_lost,
+)
+from broker.manager.tardis_notes import check_note, noted_view
 from broker.manager.validity import (
     UNSTORED,
     Headers,
     Rejection,
     check_event,
 )
-from broker.manager.views import DEFAULT_CLOCK_SKEW_WARN_S, Applied, DroneView, Metrics
+from broker.manager.views import (
+    DEFAULT_CLOCK_SKEW_WARN_S,
+    Applied,
+    DroneView,
+    Metrics,
+    RecordView,
+)
+from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
     EVENT_KINDS,
     AnyEvent,
+    DroneRecord,
     Heartbeat,
     TardisState,
     decode_event,
+    decode_record,
     encode,
 )
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
-from remote_agent.protocol.names import Namespace
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
+from remote_agent.protocol.names import Namespace, is_token
+from remote_agent.protocol.proof import proven
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("cobald.runtime.cobald_remote.registry")
@@ -67,7 +84,38 @@ DEFAULT_LOST_AFTER_S: Final = 90.0
 __all__ = ["DEFAULT_LOST_AFTER_S", "Applied", "Registry"]
 
 
-class Registry(RecordMerge):
+def drain_due(
+    record: DroneRecord, is_proven: bool, at: float, old: RecordView | None
+) -> float | None:
+    """
+    When the drain ``record`` holds is due by the manager's reckoning, epoch seconds
+
+    - the same intent as the record it replaces: when that one was due (a drain keeps the
+      time the manager first learned of it);
+    - an intent of the manager's own (its proven record): its deadline, the manager's clock;
+    - an intent written by an agent: the intent's duration from ``at``, when the manager
+      learned of it, and never sooner than the drain known before.
+
+    So no drone's clock, and no record a drone writes, brings a deadline forward. A rebuild
+    knows only the newest revision: a drain whose record an agent rewrote (its
+    ``deadline_expired``) is then due its duration after that rewrite, later, never sooner.
+
+    :param at: when the manager learned of ``record`` (:attr:`RecordView.at`)
+    :param old: the record it replaces, if known
+    """
+    intent = record.drain
+    if intent is None:
+        return None
+    known = old.drain_due if old is not None and old.drain is not None else None
+    if known is not None and old is not None and old.drain == intent:
+        return known
+    if is_proven and record.writer == "manager":
+        return intent.deadline.timestamp()
+    due = at + intent.duration_s
+    return due if known is None else max(due, known)
+
+
+class Registry:
     """
     Latest state per drone, fed with events and handshake records
 
@@ -79,13 +127,16 @@ class Registry(RecordMerge):
         :meth:`due_retirements` offers it for retirement
     :param retain_lost_s: seconds after the newest fact about a drone that has not ended
         (lost, or never heard from) before :meth:`due_retirements` offers it; ``0``:
-        never. Taken as at least ``lost_after_s``, so that no drone that speaks is offered
+        never; else at least ``lost_after_s``
+        (:func:`~broker.manager.lifecycle.least_retain_lost_s`)
     :param clock_skew_warn_s: an agent whose clock is off the server's by more is counted
         (:attr:`Metrics.clock_skewed`, :meth:`DroneView.clock_skewed`) and, with
         ``warn_clocks``, warned about in the log
     :param warn_clocks: log a line when a drone's clock goes off (the manager does; a tool
         that shows the offset itself, such as ``status``, does not)
     :param budget: each drone's budget of applied events (:mod:`broker.manager.budget`)
+    :raises ValueError: for a duration that is not a positive number, or a
+        ``retain_lost_s`` the retention rule refuses
     """
 
     def __init__(
@@ -107,10 +158,7 @@ class Registry(RecordMerge):
         ):
             if not (value > 0 and math.isfinite(value)):
                 raise ValueError(f"{name} must be a positive number, not {value!r}")
-        if not (0 <= retain_lost_s < math.inf):
-            raise ValueError(f"retain_lost_s must be 0 (never) or positive, not {retain_lost_s!r}")
-        if retain_lost_s:  # never less than lost_after_s: no drone that speaks is offered
-            retain_lost_s = max(retain_lost_s, lost_after_s)
+        check_retain_lost(retain_lost_s, lost_after_s)
         self.namespace = namespace or Namespace()
         self.lost_after_s = lost_after_s
         self.clock_skew_warn_s = clock_skew_warn_s
@@ -451,7 +499,7 @@ class Registry(RecordMerge):
         headers: Headers = UNSTORED,
     ) -> Applied:
         """
-        Check and apply one TARDIS state note (:mod:`broker.manager.notes`)
+        Check and apply one TARDIS state note (:mod:`broker.manager.tardis_notes`)
 
         Only the newest note that no agent event follows in the stream counts; a
         note of a drone nothing is known about counts only if it says TARDIS gave
@@ -471,6 +519,129 @@ class Registry(RecordMerge):
             return Applied.STALE
         self._put(key, old, new)
         return Applied.APPLIED
+
+    # ------------------------------------------------------------------ records
+
+    def _record_key(self, key: str) -> tuple[str, str] | None:
+        site, dot, drone = key.partition(".")
+        return (site, drone) if dot and is_token(site) and is_token(drone) else None
+
+    def apply_record_message(
+        self, key: str, data: bytes, revision: int, stored_time: float
+    ) -> Applied:
+        """
+        Merge one value of the handshake bucket (from a KV watch)
+
+        Ignores revisions not newer than the known one. A value that is not a
+        valid record, or one whose site or drone disagree with its key, is
+        rejected, counted as :attr:`Rejection.RECORD`, and makes the drone's
+        record *tampered*: it replaced whatever was there (the bucket keeps
+        one value per key), so the registry does not pretend to know better.
+        A key that names no drone changes nothing.
+        """
+        target = self._record_key(key)
+        if target is None:
+            return self.reject(Rejection.RECORD, key, "not a <site>.<drone> key")
+        try:
+            record = decode_record(data, self.max_message_bytes)
+            if (record.site, record.drone) != target:
+                raise SchemaError(f"record of {record.site}/{record.drone} under key {key!r}")
+        except SchemaError as err:
+            self.reject(Rejection.RECORD, key, err)
+            self._tamper(target, revision, stored_time, "invalid value")
+            return Applied.REJECTED
+        return self.apply_record(record, revision, stored_time)
+
+    def apply_record(
+        self,
+        record: DroneRecord,
+        revision: int,
+        stored_time: float | None,
+        now: float | None = None,
+    ) -> Applied:
+        """
+        Merge a decoded handshake record at ``revision`` (the KV revision)
+
+        :param stored_time: when the bucket stored it (from the KV watch), or
+            ``None`` for a record the manager just read or wrote itself
+        :param now: the manager's clock, for a record without ``stored_time``
+            (default: read it now)
+        """
+        key = (record.site, record.drone)
+        old = self._views.get(key)
+        if old is not None and old.record is not None and old.record.revision >= revision:
+            if old.record.revision == revision and old.record.stored is None and stored_time:
+                confirmed = msgspec.structs.replace(old.record, stored=stored_time)
+                self._views[key] = msgspec.structs.replace(old, record=confirmed)
+                self._ends.changed(key)
+            self.records_ignored += 1
+            return Applied.DUPLICATE if old.record.revision == revision else Applied.STALE
+        at = stored_time if stored_time is not None else (time.time() if now is None else now)
+        is_proven = proven(self.proof_key, record)
+        new_record = RecordView(
+            phase=record.phase,
+            writer=record.writer,
+            revision=revision,
+            incarnation=record.incarnation,
+            drain=record.drain,
+            at=at,
+            stored=stored_time,
+            drain_due=drain_due(record, is_proven, at, old.record if old else None),
+            note=record.note,
+            proven=is_proven,
+        )
+        new = msgspec.structs.replace(
+            old or DroneView(site=sys.intern(record.site), drone=record.drone), record=new_record
+        )
+        self._put(key, old, new)
+        self.records_applied += 1
+        return Applied.APPLIED
+
+    def record_relayed(self, key: str, revision: int, stored_time: float, why: str) -> Applied:
+        """
+        A value on ``key`` that no writer of records published (a server's answer
+        relayed there, :func:`broker.manager.validity.relayed`): the record is tampered
+
+        It replaced the drone's record in the bucket; whatever it says, it is
+        nobody's word about the drone.
+        """
+        target = self._record_key(key)
+        if target is None:
+            return self.reject(Rejection.RELAYED, key, "not a <site>.<drone> key")
+        self.reject(Rejection.RELAYED, key, why)
+        self._tamper(target, revision, stored_time, "relayed by the server")
+        return Applied.REJECTED
+
+    def record_removed(self, key: str, revision: int, stored_time: float, how: str) -> Applied:
+        """
+        A delete or purge marker of ``key`` at ``revision``: the record is tampered
+
+        Neither side removes records, and a removed record is no sign that the
+        drone never came up; the drone keeps a tampered record.
+        """
+        target = self._record_key(key)
+        if target is None:
+            return self.reject(Rejection.RECORD, key, "not a <site>.<drone> key")
+        self.reject(Rejection.RECORD, key, f"the record was removed ({how})")
+        self._tamper(target, revision, stored_time, f"removed ({how})")
+        return Applied.REJECTED
+
+    def _tamper(self, key: tuple[str, str], revision: int, stored_time: float, why: str) -> None:
+        old = self._views.get(key)
+        if old is not None and old.record is not None and old.record.revision >= revision:
+            return
+        record = RecordView(
+            phase=None,
+            writer="",
+            revision=revision,
+            at=stored_time,
+            stored=stored_time,
+            tampered=why,
+        )
+        new = msgspec.structs.replace(
+            old or DroneView(site=sys.intern(key[0]), drone=key[1]), record=record
+        )
+        self._put(key, old, new)
 
     # ------------------------------------------------------------------ liveness
 

@@ -24,9 +24,9 @@ from broker.errors import Rejected, TimelineError
 from broker.jetstream.messages import metadata
 from broker.jetstream.reads import read_all, stream_errors
 from broker.manager.handler import event_reader
-from broker.manager.notes import check_note
 from broker.manager.records import load_records
 from broker.manager.registry import DEFAULT_LOST_AFTER_S, Registry
+from broker.manager.tardis_notes import check_note
 from broker.manager.validity import UNSTORED, Headers, check_event
 from broker.manager.views import DroneView
 from remote_agent.protocol.errors import HandshakeError
@@ -53,7 +53,7 @@ from remote_agent.protocol.events import (
     WorkerStarted,
     kind_of,
 )
-from remote_agent.protocol.names import Namespace, api_prefix
+from remote_agent.protocol.names import Namespace, api_prefix, is_note_subject
 from remote_agent.protocol.proof import load_proof_key
 
 
@@ -145,7 +145,7 @@ def check_message(
     :param headers: as for :func:`broker.manager.validity.check_event`
     :raises Rejected: otherwise
     """
-    if ".mgr." not in subject:
+    if not is_note_subject(subject):
         return check_event(data, subject, namespace.prefix, headers=headers)
     return check_note(data, subject, namespace.prefix, headers=headers)
 
@@ -225,13 +225,11 @@ async def read_timeline(
 
     :raises TimelineError: if the stream or the bucket cannot be read
     """
-    root = f"{namespace.prefix}.{site or '*'}.{drone}"
     config = ConsumerConfig(
-        deliver_policy=DeliverPolicy.ALL,
-        filter_subjects=[f"{root}.evt.>", f"{root}.mgr.>"],
+        deliver_policy=DeliverPolicy.ALL, filter_subjects=namespace.timeline_subjects(drone, site)
     )
     messages: list[tuple[int, Message]] = []
-    registry = Registry(namespace, lost_after_s=lost_after_s, warn_clocks=False)
+    registry = Registry(namespace, lost_after_s=lost_after_s, retain_lost_s=0, warn_clocks=False)
     apply = event_reader(registry, None)
 
     def collect(subject: str, reply: str, data: bytes, headers: Mapping[str, str] | None) -> None:

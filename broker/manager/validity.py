@@ -15,10 +15,9 @@ from typing import Final, TypeVar
 
 from broker.errors import Rejected
 from remote_agent.protocol.errors import SchemaError
-from remote_agent.protocol.events import AnyEvent, decode_event
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.events import AnyEvent, decode_event, sender_mismatch
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import MSG_ID, RELAY_HEADERS
-from remote_agent.protocol.senders import sender_mismatch
 
 
 class Rejection(enum.StrEnum):

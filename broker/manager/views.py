@@ -52,7 +52,7 @@ class RecordView(msgspec.Struct, frozen=True, kw_only=True, gc=False):
     #: confirms a record that the manager merged from its own read or write
     stored: float | None = None
     #: when the drain in :attr:`drain` is due by the manager's reckoning, epoch seconds
-    #: (:func:`broker.manager.recordmerge.drain_due`); ``None`` without a drain
+    #: (:func:`broker.manager.registry.drain_due`); ``None`` without a drain
     drain_due: float | None = None
     note: str = ""
     #: the record carries the manager's valid proof (its phases count only then)
@@ -244,6 +244,11 @@ def ends_in_s(event: AnyEvent, received_time: float, now: float) -> float | None
     if end is None:
         return None
     return max(0.0, end.in_s - (now - received_time))
+
+
+def iso_time(epoch: float) -> str:
+    """A time the views hold (epoch seconds) as people read it: ISO 8601, UTC, to the second"""
+    return dt.datetime.fromtimestamp(epoch, dt.UTC).isoformat(timespec="seconds")
 
 
 class Applied(enum.StrEnum):

@@ -20,7 +20,7 @@ from nats.js.api import DiscardPolicy, RetentionPolicy, StorageType, StreamConfi
 
 from broker.errors import ProvisioningError
 from remote_agent.protocol.errors import HandshakeError
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace, kv_stream, kv_subjects
 from remote_agent.protocol.proof import load_proof_key
 from remote_agent.protocol.transient import is_transient, patiently

@@ -29,7 +29,7 @@ from broker.tardis.failures import CallLog
 from broker.tardis.release import Durations
 from broker.tardis.wake import Waker
 from remote_agent.protocol.environment import TARDIS_ENV_PREFIX, TARDIS_SETTINGS_ENV, site_of
-from remote_agent.protocol.events import TardisState, encode, utcnow
+from remote_agent.protocol.events import TARDIS_STATE, TardisState, encode, utcnow
 from remote_agent.protocol.names import MSG_ID, Namespace
 from remote_agent.protocol.transient import is_transient
 
@@ -276,7 +276,7 @@ class RemoteBus:
                 await asyncio.sleep(retry_s)
                 continue
             note = self._notes[0]
-            subject = self.namespace.manager_note(note.site, note.drone, "tardis_state")
+            subject = self.namespace.manager_note(note.site, note.drone, TARDIS_STATE)
             try:
                 js = control.nc.jetstream(domain=self.config.domain)
                 await js.publish(subject, encode(note), timeout=5.0, headers={MSG_ID: note.id})

@@ -27,7 +27,11 @@ from broker.manager.blackholes import (
 )
 from broker.manager.control import DEFAULT_DRAIN_S, DEFAULT_REQUEST_TIMEOUT_S
 from broker.manager.issuer import DEFAULT_JWT_VALID_S, DEFAULT_TOKEN_VALID_S, IssuerSettings
-from broker.manager.lifecycle import DEFAULT_RETAIN_ENDED_S, DEFAULT_RETAIN_LOST_S
+from broker.manager.lifecycle import (
+    DEFAULT_RETAIN_ENDED_S,
+    DEFAULT_RETAIN_LOST_S,
+    least_retain_lost_s,
+)
 from broker.manager.metrics import parse_address
 from broker.manager.registry import DEFAULT_LOST_AFTER_S
 from broker.manager.service import ManagerSettings
@@ -37,7 +41,7 @@ from broker.tardis.batch import DEFAULT_UTILISATION_HOLD_S
 from broker.tardis.pool import DEFAULT_DRONE_START_S, DEFAULT_SCALE_DOWN_WINDOW_S
 from remote_agent.protocol.environment import URL_SCHEMES, server_url_problem, split_urls
 from remote_agent.protocol.errors import SchemaError
-from remote_agent.protocol.names import DEFAULT_PREFIX, Namespace, check_token
+from remote_agent.protocol.names import DEFAULT_PREFIX, TOKEN_RULE, Namespace, check_token
 
 #: the longest duration a timing key accepts: any finite span a site means (10 years)
 LONGEST_S: Final = 10 * 365 * 86_400.0
@@ -47,8 +51,12 @@ Seconds = Annotated[float, msgspec.Meta(gt=0, le=LONGEST_S)]
 SecondsOrNever = Annotated[float, msgspec.Meta(ge=0, le=LONGEST_S)]
 Urls = Annotated[tuple[str, ...], msgspec.Meta(min_length=1)]
 
+#: default seconds of silence after which TARDIS may remove a lost drone whose batch job
+#: still runs: a day, so that a drone cut off from the bus keeps its payloads that long
+DEFAULT_LOST_REMOVAL_AFTER_S: Final = 86400.0
+
 _SECONDS = "a number of seconds > 0 (at most 10 years)"
-_TOKEN = "1-128 of A-Z a-z 0-9 _ - (no dots, wildcards or whitespace)"
+_TOKEN = f"{TOKEN_RULE} (no dots, wildcards or whitespace)"
 _URLS = (
     f"NATS URLs ({', '.join(f'{s}://' for s in URL_SCHEMES)}HOST:PORT), "
     "a list or one comma-separated string"
@@ -150,7 +158,7 @@ class BusConfig(msgspec.Struct, frozen=True, kw_only=True, forbid_unknown_fields
     durable: str = DEFAULT_DURABLE
     lost_after_s: Seconds = DEFAULT_LOST_AFTER_S
     drain_deadline_s: Seconds = DEFAULT_DRAIN_S
-    lost_removal_after_s: Seconds = DEFAULT_DRAIN_S
+    lost_removal_after_s: Seconds = DEFAULT_LOST_REMOVAL_AFTER_S
     request_timeout_s: Seconds = DEFAULT_REQUEST_TIMEOUT_S
     retain_ended_s: Seconds = DEFAULT_RETAIN_ENDED_S
     retain_lost_s: SecondsOrNever = DEFAULT_RETAIN_LOST_S
@@ -296,7 +304,7 @@ def _meanings(config: BusConfig, raw: Mapping[str, Any]) -> list[str]:
         _ = config.metrics_address
     except ValueError as err:
         problems.append(f"{problem('metrics', raw.get('metrics'))} ({err})")
-    shortest = max(config.lost_after_s, config.lost_removal_after_s)
+    shortest = least_retain_lost_s(config.lost_after_s, config.lost_removal_after_s)
     if 0 < config.retain_lost_s < shortest:
         given = raw.get("retain_lost_s", config.retain_lost_s)
         problems.append(f"{problem('retain_lost_s', given)} ({shortest:.0f} s here)")

@@ -31,7 +31,7 @@ from broker.tardis.batch import RemoteBatchSystemAdapter
 from broker.tardis.bus import RemoteBus
 from broker.tardis.config import BusConfig, creds_problem, decode_bus, site_problems
 from broker.tardis.drone import EventDrone
-from broker.tardis.notes import TardisStateNotes
+from broker.tardis.plugin import TardisStateNotes
 from broker.tardis.pool import RemoteFactoryPool
 from broker.tardis.site import RemoteSiteAdapter
 

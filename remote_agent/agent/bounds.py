@@ -7,7 +7,7 @@ from collections.abc import Iterable
 import msgspec
 
 from remote_agent.protocol.events import DrainIntent
-from remote_agent.protocol.limits import MAX_COMMAND, MAX_REQUEST_ID, MAX_TEXT
+from remote_agent.protocol.fields import MAX_COMMAND, MAX_REQUEST_ID, MAX_TEXT
 
 
 def cut(text: str, limit: int) -> str:

@@ -16,9 +16,9 @@ import nats.errors
 from nats.aio.msg import Msg
 
 from remote_agent.agent.bounds import bounded_intent, cut
-from remote_agent.agent.controls import Controls
+from remote_agent.agent.context import AgentContext
 from remote_agent.agent.drain import Drain
-from remote_agent.agent.parts import Parts
+from remote_agent.agent.steering import Steering
 from remote_agent.agent.watch import RecordWatch
 from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import (
@@ -37,7 +37,7 @@ from remote_agent.protocol.events import (
     encode,
     kind_of,
 )
-from remote_agent.protocol.limits import MAX_REQUEST_ID, MAX_TEXT
+from remote_agent.protocol.fields import MAX_REQUEST_ID, MAX_TEXT
 
 log = logging.getLogger("remote_agent.agent")
 
@@ -57,31 +57,31 @@ class CommandServer:
 
     def __init__(
         self,
-        parts: Parts,
-        controls: Controls,
+        context: AgentContext,
+        steering: Steering,
         drain: Drain,
         watch: RecordWatch,
     ) -> None:
-        self._parts = parts
-        self._controls = controls
+        self._context = context
+        self._steering = steering
         self._drain = drain
         self._watch = watch
         self._release_recorded: asyncio.Event | None = None
 
     async def serve(self) -> None:
         """Subscribe to the command subject and to writes of the own record"""
-        parts = self._parts
-        publisher = parts.emitter.publisher
+        context = self._context
+        publisher = context.emitter.publisher
         assert publisher is not None
         await publisher.connected.wait()
         await publisher.subscribe(
-            parts.namespace.command(parts.site, parts.drone), self._on_command
+            context.namespace.command(context.site, context.drone), self._on_command
         )
         # A core subscription on the key's subject sees every write attempt, also ones the
         # stream refused, so it is only a hint to re-read the record; the client replays
         # it after a reconnect, the publisher on a new client. (A KV watch would need the
         # consumer API.)
-        subject = parts.namespace.record_subject(parts.site, parts.drone)
+        subject = context.namespace.record_subject(context.site, context.drone)
         await publisher.subscribe(subject, self._on_hint)
         nc = publisher.nc
         assert nc is not None
@@ -90,8 +90,8 @@ class CommandServer:
                 await nc.flush()
                 break
             except (nats.errors.Error, TimeoutError) as err:
-                log.debug("subscriptions not flushed yet: %r", err, extra=parts.extra)
-                await asyncio.sleep(parts.settings.reconnect_wait_s)
+                log.debug("subscriptions not flushed yet: %r", err, extra=context.extra)
+                await asyncio.sleep(context.settings.reconnect_wait_s)
         self._watch.listening.set()
 
     async def _on_hint(self, msg: Msg) -> None:
@@ -101,25 +101,25 @@ class CommandServer:
         try:
             await self._command(msg)
         except Exception:
-            self._parts.counters["internal_errors"] += 1
-            log.exception("command handling failed", extra=self._parts.extra)
+            self._context.counters["internal_errors"] += 1
+            log.exception("command handling failed", extra=self._context.extra)
 
     async def _command(self, msg: Msg) -> None:
-        parts = self._parts
+        context = self._context
         if not msg.reply:
-            parts.counters["command_errors"] += 1
-            log.warning("a command without reply subject; ignored", extra=parts.extra)
+            context.counters["command_errors"] += 1
+            log.warning("a command without reply subject; ignored", extra=context.extra)
             return
         try:
             command = decode_command(msg.data)
         except SchemaError as err:
             await self._reject(msg.reply, str(err), "")
             return
-        if (command.site, command.drone) != (parts.site, parts.drone):
+        if (command.site, command.drone) != (context.site, context.drone):
             await self._reject(
                 msg.reply,
                 f"command for {command.site}/{command.drone} reached the agent of "
-                f"{parts.site}/{parts.drone}",
+                f"{context.site}/{context.drone}",
                 command.request_id,
             )
             return
@@ -127,14 +127,14 @@ class CommandServer:
             outcome, detail = await self._release_if_idle()
         else:
             outcome, detail = self._execute(command)
-        parts.counters["commands"] += 1
+        context.counters["commands"] += 1
         log.info(
             "%s %s: %s (%s)",
             kind_of(type(command)),
             command.request_id,
             outcome,
             detail,
-            extra={"drone": parts.drone, "request_id": command.request_id},
+            extra={"drone": context.drone, "request_id": command.request_id},
         )
         recorded = self._release_recorded
         if outcome is Outcome.RELEASED and recorded is not None:
@@ -142,23 +142,23 @@ class CommandServer:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(recorded.wait(), _REPLY_RECORD_WAIT_S)
         reply = Reply(
-            site=parts.site,
-            drone=parts.drone,
+            site=context.site,
+            drone=context.drone,
             request_id=cut(command.request_id, MAX_REQUEST_ID),
             outcome=outcome,
             detail=cut(detail, MAX_TEXT),
-            snapshot=parts.status.snapshot(),
+            snapshot=context.status.snapshot(),
         )
         await self._send_reply(msg.reply, encode(reply))
 
     async def _reject(self, reply_to: str, error: str, request_id: str) -> None:
-        self._parts.counters["command_errors"] += 1
-        log.warning("rejected a command: %s", error, extra=self._parts.extra)
+        self._context.counters["command_errors"] += 1
+        log.warning("rejected a command: %s", error, extra=self._context.extra)
         reply = ErrorReply(error=cut(error, MAX_TEXT), request_id=cut(request_id, MAX_REQUEST_ID))
         await self._send_reply(reply_to, encode(reply))
 
     async def _send_reply(self, reply_to: str, data: bytes) -> None:
-        publisher = self._parts.emitter.publisher
+        publisher = self._context.emitter.publisher
         assert publisher is not None
         nc = publisher.nc
         if nc is None:
@@ -168,7 +168,7 @@ class CommandServer:
             # (nats.py nats/aio/msg.py: respond publishes with headers=self.headers)
             await nc.publish(reply_to, data)
         except (nats.errors.Error, OSError) as err:
-            log.warning("cannot send a reply: %r", err, extra=self._parts.extra)
+            log.warning("cannot send a reply: %r", err, extra=self._context.extra)
 
     def _execute(self, command: DrainCommand | StatusCommand) -> tuple[Outcome, str]:
         """Carry out a command at once (no await), so it is ordered with the gate"""
@@ -181,12 +181,12 @@ class CommandServer:
             )
             return self._drain.accept(bounded_intent(intent), command=True)
         assert isinstance(command, StatusCommand)
-        status = self._parts.status
+        status = self._context.status
         return Outcome.STATUS, f"{status.state}, {len(status.payloads)} payload(s)"
 
     def _release_known(self) -> tuple[Outcome, str] | None:
         """The answer to release-if-idle that needs no look at the startd, if any"""
-        status = self._parts.status
+        status = self._context.status
         if status.released:
             return Outcome.RELEASED, "released by the manager before the agent came up"
         if status.payloads:
@@ -208,13 +208,13 @@ class CommandServer:
         known = self._release_known()
         if known is not None:
             return known
-        admitted = self._controls.ledger.admitted
-        busy = await self._controls.startd.busy()
+        admitted = self._steering.ledger.admitted
+        busy = await self._steering.startd.busy()
         # ---- from here to the return nothing awaits
         known = self._release_known()
         if known is not None:
             return known
-        if self._controls.ledger.admitted != admitted:
+        if self._steering.ledger.admitted != admitted:
             return Outcome.BUSY, "a payload started meanwhile; nothing changed"
         if busy is None:
             return Outcome.BUSY, "the startd does not answer and the worker runs; nothing changed"
@@ -226,7 +226,7 @@ class CommandServer:
             return Outcome.BUSY, cut(
                 f"the startd lists {len(busy)} busy slot(s): {listed}; nothing changed", MAX_TEXT
             )
-        status = self._parts.status
+        status = self._context.status
         if status.drain is not None or status.ending is not None:
             return Outcome.RELEASED, "idle, gate closed; the drone is ending its job"
         if status.state is S.EXITING:
@@ -234,16 +234,16 @@ class CommandServer:
         was_open = status.seal_gate()
         status.move(S.DRAINED)
         if was_open:
-            self._parts.emitter.emit(GateClosed, reason="release if idle")
-        self._parts.emitter.emit(Drained)
+            self._context.emitter.emit(GateClosed, reason="release if idle")
+        self._context.emitter.emit(Drained)
         self._release_recorded = asyncio.Event()
-        self._parts.tasks.spawn(self._end_after_release(self._release_recorded), "release")
+        self._context.tasks.spawn(self._end_after_release(self._release_recorded), "release")
         return Outcome.RELEASED, "idle; gate closed, the drone is ending its job"
 
     async def _end_after_release(self, recorded: asyncio.Event) -> None:
-        await self._controls.record.finish(RecordPhase.DRAINED, "released while idle")
+        await self._steering.record.finish(RecordPhase.DRAINED, "released while idle")
         recorded.set()
-        await self._controls.startd.stop("released while idle")
-        await self._controls.worker.end_job(
-            "released while idle", exits_itself=self._controls.startd.exits_when_empty
+        await self._steering.startd.stop("released while idle")
+        await self._steering.worker.end_job(
+            "released while idle", exits_itself=self._steering.startd.exits_when_empty
         )

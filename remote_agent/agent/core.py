@@ -26,17 +26,17 @@ from collections.abc import Mapping
 from remote_agent import __version__
 from remote_agent.agent.bounds import bounded_command, cut
 from remote_agent.agent.commands import CommandServer
-from remote_agent.agent.controls import Controls
+from remote_agent.agent.context import AgentContext
 from remote_agent.agent.drain import Drain
 from remote_agent.agent.emission import Emitter
 from remote_agent.agent.identity import BootstrapIdentity, load_or_make_key
 from remote_agent.agent.lifetime import NOTICE_SIGNALS, Lifetime
-from remote_agent.agent.parts import Parts
 from remote_agent.agent.payloads import PayloadLedger
 from remote_agent.agent.record import RecordClient
 from remote_agent.agent.startd import StartdObserver
 from remote_agent.agent.state import Lifecycle
 from remote_agent.agent.status import DroneStatus
+from remote_agent.agent.steering import Steering
 from remote_agent.agent.tasks import Tasks, stop_tasks
 from remote_agent.agent.watch import RecordWatch
 from remote_agent.agent.worker import Worker, exit_decision, exit_status
@@ -57,7 +57,7 @@ from remote_agent.protocol.events import (
     WorkerStarted,
     utcnow,
 )
-from remote_agent.protocol.limits import MAX_NAME
+from remote_agent.protocol.fields import MAX_NAME
 from remote_agent.protocol.names import Namespace, inbox_prefix
 from remote_agent.publisher import Publisher
 from remote_agent.settings import Settings
@@ -102,24 +102,24 @@ class Agent:
         self.status = status = DroneStatus(settings.slots, utcnow())
         self.emitter = Emitter(settings, namespace, incarnation, status, counters)
         self._tasks = tasks = Tasks(status, counters, settings.drone)
-        self._parts = parts = Parts(
+        self._context = context = AgentContext(
             settings, namespace, incarnation, status, counters, self.emitter, tasks
         )
-        self._ledger = ledger = PayloadLedger(parts)
+        self._ledger = ledger = PayloadLedger(context)
         # the hooks judge a payload's runtime by the attributes the agent names
         env = {RUNTIME_ENV: format_attributes(settings.runtime_attributes), **(worker_env or {})}
-        self._worker = worker = Worker(parts, env=env)
+        self._worker = worker = Worker(context, env=env)
         self._claimable = claimable = asyncio.Event()
-        self._startd = startd_ = StartdObserver(parts, self.startd, ledger, claimable)
+        self._startd = startd_ = StartdObserver(context, self.startd, ledger, claimable)
         status.on_gate_change(startd_.sync_accepting)
-        self._record = record = RecordClient(parts)
-        controls = Controls(ledger, record, startd_, worker)
-        self._drain = drain = Drain(parts, controls)
-        self._lifetime = lifetime = Lifetime(parts, drain, started)
+        self._record = record = RecordClient(context)
+        steering = Steering(ledger, record, startd_, worker)
+        self._drain = drain = Drain(context, steering)
+        self._lifetime = lifetime = Lifetime(context, drain, started)
         self._watch = watch = RecordWatch(
-            parts, controls, drain, claimable=claimable, end_known=lifetime.known
+            context, steering, drain, claimable=claimable, end_known=lifetime.known
         )
-        self._commands = CommandServer(parts, controls, drain, watch)
+        self._commands = CommandServer(context, steering, drain, watch)
 
     # ================================================================== queries
 
@@ -250,7 +250,7 @@ class Agent:
                             f"the broker refused the credentials: {publisher.refused}"
                             if publisher.refused
                             else f"broker unreachable for {settings.exit_flush_s:.0f}s",
-                            extra=self._parts.extra,
+                            extra=self._context.extra,
                         )
                 finally:
                     # however the agent ends (also cancelled while it flushes its last
@@ -263,7 +263,7 @@ class Agent:
                         await publisher.close()
             if publisher.not_ours:  # the drone could not run as itself: its job failed
                 code = 1
-            log.info("agent exits with %d", code, extra=self._parts.extra)
+            log.info("agent exits with %d", code, extra=self._context.extra)
             return code
         finally:
             for sig in signals:
@@ -287,7 +287,7 @@ class Agent:
             token=settings.bootstrap_token,
             bootstrap_creds=settings.bootstrap_creds,
             servers=settings.servers,
-            namespace=self._parts.namespace,
+            namespace=self._context.namespace,
             on_refused=self._cut_off,
         )
 
@@ -308,7 +308,7 @@ class Agent:
             log.info(
                 "received %s while ending; nothing more to do",
                 signal.Signals(signum).name,
-                extra=self._parts.extra,
+                extra=self._context.extra,
             )
         else:
             self._lifetime.notice(signum)
@@ -321,7 +321,7 @@ class Agent:
         The agent exits once the worker has ended, with the worker's status.
         """
         name = signal.Signals(signum).name
-        log.info("received %s, forwarding it to the worker", name, extra=self._parts.extra)
+        log.info("received %s, forwarding it to the worker", name, extra=self._context.extra)
         self.status.stop_signal = signum
         was_open = self.status.seal_gate()
         self.status.exiting()
@@ -380,7 +380,7 @@ class Agent:
                     f"{command[0]} not found: not installed here, or not on PATH "
                     f"({os.environ.get('PATH', '')})"
                 )
-            log.error("cannot start the worker %s: %s", command, err, extra=self._parts.extra)
+            log.error("cannot start the worker %s: %s", command, err, extra=self._context.extra)
             return await self._give_up(code, f"cannot start the worker: {err}")
         if status.state is S.STARTING:  # else a signal came while it started
             status.move(S.WORKER_UP)
@@ -409,7 +409,7 @@ class Agent:
         status.winding_down = True
         await self._tasks.cancel()
         worker_status = exit_status(returncode)
-        log.info("worker %d exited with %d", pid, worker_status, extra=self._parts.extra)
+        log.info("worker %d exited with %d", pid, worker_status, extra=self._context.extra)
         emit(
             WorkerExited,
             pid=pid,

@@ -22,8 +22,8 @@ from asyncio import FIRST_COMPLETED
 import msgspec
 
 from remote_agent.agent.bounds import bounded_intent
-from remote_agent.agent.controls import Controls
-from remote_agent.agent.parts import Parts
+from remote_agent.agent.context import AgentContext
+from remote_agent.agent.steering import Steering
 from remote_agent.protocol.events import (
     DrainAccepted,
     DrainDeadlineExpired,
@@ -47,9 +47,9 @@ S = DroneState
 class Drain:
     """Accepts drain intents (commands, the record, the agent itself) and carries them out"""
 
-    def __init__(self, parts: Parts, controls: Controls) -> None:
-        self._parts = parts
-        self._controls = controls
+    def __init__(self, context: AgentContext, steering: Steering) -> None:
+        self._context = context
+        self._steering = steering
         #: set when a command moved the deadline up, so that the waiting flow looks again
         self._deadline_moved = asyncio.Event()
         #: when the drain in progress is due, on the monotonic clock
@@ -74,7 +74,7 @@ class Drain:
             a later deadline (a drain read from the record): ``drain_requested`` tells
             it, ``drain_accepted`` the one taken
         """
-        status, emit = self._parts.status, self._parts.emitter.emit
+        status, emit = self._context.status, self._context.emitter.emit
         state = status.state
         if status.released:
             reason = "the drone was released before its agent came up; it is ending"
@@ -109,21 +109,21 @@ class Drain:
             emit(GateClosed, reason=f"drain: {intent.reason}" if intent.reason else "drain")
         if count:
             emit(Draining, payloads=count, deadline=intent.deadline)
-        self._parts.tasks.spawn(self._flow(intent, command), "drain")
+        self._context.tasks.spawn(self._flow(intent, command), "drain")
         return Outcome.DRAIN_ACCEPTED, self.detail()
 
     def detail(self) -> str:
         """The drain's progress for a command reply"""
-        count = len(self._parts.status.payloads)
+        count = len(self._context.status.payloads)
         if not count:
             return "gate closed; no payload running, the drone is ending its job"
-        drain = self._parts.status.drain
+        drain = self._context.status.drain
         deadline = drain.deadline.isoformat() if drain else "?"
         return f"gate closed; {count} payload(s) still running, deadline {deadline}"
 
     def self_drain(self, reason: str) -> None:
         """Drain on the agent's own account, with the self-drain deadline"""
-        intent = self._own_intent(self._parts.settings.self_drain_deadline_s, reason)
+        intent = self._own_intent(self._context.settings.self_drain_deadline_s, reason)
         self.accept(intent, command=False)
 
     def _own_intent(self, duration_s: float, reason: str) -> DrainIntent:
@@ -140,7 +140,7 @@ class Drain:
         deadline are vacated, whatever the deadline policy. Synchronous: the gate shuts in
         this step. Before the worker has started it does nothing: ask again once it has.
         """
-        status = self._parts.status
+        status = self._context.status
         if status.released or status.state in (S.STARTING, S.DRAINED, S.EXITING):
             return  # nothing runs yet, or the drone is ending already
         if self._end_due is not None and due >= self._end_due:
@@ -165,7 +165,7 @@ class Drain:
         never moves out. The drain keeps its request and reason and takes the new
         intent's times; ``draining`` tells the new deadline.
         """
-        status = self._parts.status
+        status = self._context.status
         drain = status.drain
         due = time.monotonic() + intent.duration_s
         if drain is None or status.state is not S.DRAINING or due >= self._due:
@@ -175,27 +175,29 @@ class Drain:
             by,
             intent.duration_s,
             self._left(),
-            extra=self._parts.extra,
+            extra=self._context.extra,
         )
         self._due = due
         status.drain = msgspec.structs.replace(
             drain, deadline=intent.deadline, requested_at=intent.requested_at
         )
         self._deadline_moved.set()
-        self._parts.emitter.emit(Draining, payloads=len(status.payloads), deadline=intent.deadline)
+        self._context.emitter.emit(
+            Draining, payloads=len(status.payloads), deadline=intent.deadline
+        )
 
     def _left(self) -> float:
         """Seconds until the drain in progress is due (negative once it is)"""
         return self._due - time.monotonic()
 
     async def _flow(self, intent: DrainIntent, command: bool) -> None:
-        parts, controls = self._parts, self._controls
+        context, steering = self._context, self._steering
         if command:
-            await controls.record.request_drain(intent)
-        await controls.startd.stop(intent.reason)
+            await steering.record.request_drain(intent)
+        await steering.startd.stop(intent.reason)
         while True:
             await self._wait_payloads()
-            if await controls.startd.confirm_idle():
+            if await steering.startd.confirm_idle():
                 break
             if self._left() <= 0 and not self._expired:
                 self._expired = True
@@ -205,29 +207,29 @@ class Drain:
                 await self._vacate("the drone's end")
             # the snapshot may be empty (a JOB_EXIT, forged or early) while the startd
             # still lists jobs or claims: look again after a poll interval
-            await asyncio.sleep(parts.settings.poll_s)
-        await controls.record.finish(RecordPhase.DRAINED, intent.reason)
-        if parts.status.state is S.DRAINING:
-            parts.status.move(S.DRAINED)
-            parts.emitter.emit(Drained)
-        await controls.worker.end_job(
+            await asyncio.sleep(context.settings.poll_s)
+        await steering.record.finish(RecordPhase.DRAINED, intent.reason)
+        if context.status.state is S.DRAINING:
+            context.status.move(S.DRAINED)
+            context.emitter.emit(Drained)
+        await steering.worker.end_job(
             "drained at the drone's end" if self._end_due is not None else "drained",
-            exits_itself=controls.startd.exits_when_empty,
+            exits_itself=steering.startd.exits_when_empty,
         )
 
     async def _deadline_expired(self, intent: DrainIntent) -> None:
-        parts, controls = self._parts, self._controls
-        count = max(len(parts.status.payloads), controls.startd.busy_slots)
+        context, steering = self._context, self._steering
+        count = max(len(context.status.payloads), steering.startd.busy_slots)
         end = self._at_end()
-        policy = "kill" if end else parts.settings.deadline_policy
+        policy = "kill" if end else context.settings.deadline_policy
         log.warning(
             "drain deadline passed with %d payload(s) running; %s",
             count,
             "the drone's end is near: vacating them" if end else f"policy {policy}",
-            extra=parts.extra,
+            extra=context.extra,
         )
-        parts.emitter.emit(DrainDeadlineExpired, payloads=count, action=policy)
-        await controls.record.finish(
+        context.emitter.emit(DrainDeadlineExpired, payloads=count, action=policy)
+        await steering.record.finish(
             RecordPhase.DEADLINE_EXPIRED, f"{count} payload(s) running at the deadline"
         )
         if policy == "kill":
@@ -251,7 +253,7 @@ class Drain:
 
         A deadline moved up meanwhile, or a drain point learned, ends the wait then.
         """
-        done = self._controls.ledger.done
+        done = self._steering.ledger.done
         while not done.is_set():
             remaining = self._until_action()
             if remaining is not None and remaining <= 0:
@@ -266,7 +268,7 @@ class Drain:
             finally:
                 for waiter in waiters:
                     waiter.cancel()
-        return not self._parts.status.payloads
+        return not self._context.status.payloads
 
     async def _vacate(self, why: str) -> None:
         """
@@ -276,20 +278,20 @@ class Drain:
         At the drone's end, a startd that refuses or cannot be asked gets the master's fast
         shutdown (SIGQUIT), which evicts too, as GlideinWMS's glideins do on SIGTERM.
         """
-        controls = self._controls
+        steering = self._steering
         if self._vacated:
             return
         self._vacated = True
-        self._parts.status.ending = why
-        count = controls.ledger.vacating()
-        if controls.startd.startd is None:
+        self._context.status.ending = why
+        count = steering.ledger.vacating()
+        if steering.startd.startd is None:
             # without a startd the payloads are the worker's business: end the worker
-            await controls.worker.terminate()
+            await steering.worker.terminate()
             return
-        log.info("vacating %d payload(s): %s", count, why, extra=self._parts.extra)
-        if not await controls.startd.drain(why, fast=True) and self._end_due is not None:
+        log.info("vacating %d payload(s): %s", count, why, extra=self._context.extra)
+        if not await steering.startd.drain(why, fast=True) and self._end_due is not None:
             log.warning(
                 "the startd did not take the vacate; the worker shuts down fast instead",
-                extra=self._parts.extra,
+                extra=self._context.extra,
             )
-            controls.worker.forward(signal.SIGQUIT)
+            steering.worker.forward(signal.SIGQUIT)

@@ -17,7 +17,7 @@ from typing import Any, TypeVar
 from remote_agent.agent.bounds import cut
 from remote_agent.agent.status import DroneStatus
 from remote_agent.protocol.events import Event, Heartbeat, encode, kind_of, utcnow
-from remote_agent.protocol.limits import MAX_TEXT
+from remote_agent.protocol.fields import MAX_TEXT
 from remote_agent.protocol.names import Namespace, dedupe_id
 from remote_agent.publisher import Publisher
 from remote_agent.settings import Settings

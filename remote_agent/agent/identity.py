@@ -26,7 +26,6 @@ import nats.errors
 import nkeys
 
 from remote_agent.errors import IdentityError
-from remote_agent.protocol.backoff import Backoff
 from remote_agent.protocol.bootstrap import (
     EnrollRequest,
     Issued,
@@ -40,6 +39,7 @@ from remote_agent.protocol.errors import SchemaError
 from remote_agent.protocol.events import encode, kind_of
 from remote_agent.protocol.names import Namespace, bootstrap_inbox
 from remote_agent.protocol.ratelog import RateLimitedLog
+from remote_agent.protocol.transient import Backoff
 
 log = logging.getLogger("remote_agent.identity")
 

@@ -26,8 +26,8 @@ import logging
 import signal
 import time
 
+from remote_agent.agent.context import AgentContext
 from remote_agent.agent.drain import Drain
-from remote_agent.agent.parts import Parts
 from remote_agent.batchsystem import EndUnknown, condor_job_limit, slurm_end, span_until
 
 log = logging.getLogger("remote_agent.agent")
@@ -44,8 +44,8 @@ class Lifetime:
         from there
     """
 
-    def __init__(self, parts: Parts, drain: Drain, started: float) -> None:
-        self._parts = parts
+    def __init__(self, context: AgentContext, drain: Drain, started: float) -> None:
+        self._context = context
         self._drain = drain
         self._started = started
         #: set once the batch system was asked (whatever it said): the gate may open
@@ -59,19 +59,19 @@ class Lifetime:
                 self._move_up(time.monotonic() + span, source)
         finally:
             self.known.set()
-        status = self._parts.status
+        status = self._context.status
         left = status.end_left_s()
         if left is not None:
             log.info(
                 "the drone's batch job ends in %.0fs (%s)",
                 left,
                 status.end_source,
-                extra=self._parts.extra,
+                extra=self._context.extra,
             )
 
     async def _spans(self) -> list[tuple[float, str]]:
         """Seconds from now to the end, by each source that says it"""
-        settings, batch = self._parts.settings, self._parts.settings.batch
+        settings, batch = self._context.settings, self._context.settings.batch
         spans: list[tuple[float, str]] = []
         try:
             if batch.slurm_end_time is not None:
@@ -79,20 +79,20 @@ class Lifetime:
             elif batch.slurm_job_id is not None:
                 spans.append((span_until(await slurm_end(batch.slurm_job_id)), "squeue"))
         except EndUnknown as err:
-            log.warning("Slurm does not tell the job's end: %s", err, extra=self._parts.extra)
+            log.warning("Slurm does not tell the job's end: %s", err, extra=self._context.extra)
         ran = time.monotonic() - self._started
         if batch.condor_job_ad is not None:
             try:
                 spans.append((condor_job_limit(batch.condor_job_ad) - ran, "job ad"))
             except EndUnknown as err:
-                log.debug("no end from the job ad: %s", err, extra=self._parts.extra)
+                log.debug("no end from the job ad: %s", err, extra=self._context.extra)
         if settings.walltime_s is not None:
             spans.append((settings.walltime_s - ran, "walltime"))
         return spans
 
     def _move_up(self, end: float, source: str) -> bool:
         """Take ``end`` (monotonic) for the drone's end if it is sooner than the one known"""
-        status = self._parts.status
+        status = self._context.status
         if status.end_at is not None and end >= status.end_at:
             return False
         status.end_at, status.end_source = end, source
@@ -104,11 +104,11 @@ class Lifetime:
         The batch system announces the end by ``signum``: it is now plus the grace, at the
         latest; the gate shuts at once and the drone drains by the drain point
         """
-        parts, status = self._parts, self._parts.status
+        context, status = self._context, self._context.status
         name = signal.Signals(signum).name
-        settings = parts.settings
+        settings = context.settings
         grace = settings.term_grace_s if signum == signal.SIGTERM else settings.warning_grace_s
-        parts.counters["end_notices"] += 1
+        context.counters["end_notices"] += 1
         self._move_up(time.monotonic() + grace, "notice")
         status.end_notice = name
         left = status.end_left_s()
@@ -118,11 +118,11 @@ class Lifetime:
             " payloads that end %.0fs before it finish, the rest are vacated",
             name,
             left,
-            parts.settings.end_margin_s,
-            extra=parts.extra,
+            context.settings.end_margin_s,
+            extra=context.extra,
         )
         self._drain.end_drain(
-            status.end_at - parts.settings.end_margin_s,
+            status.end_at - context.settings.end_margin_s,
             f"end notice ({name}): the batch system ends the drone in {max(0.0, left):.0f}s",
         )
 
@@ -132,14 +132,14 @@ class Lifetime:
 
     async def keep(self) -> None:
         """Drain the drone in time for its end: at the drain point minus the payload runtime"""
-        parts, status = self._parts, self._parts.status
+        context, status = self._context, self._context.status
         await self.known.wait()
         while not status.winding_down:
             self._changed.clear()
             wait: float | None = None
             if status.end_at is not None:
-                drain_point = status.end_at - parts.settings.end_margin_s
-                wait = drain_point - parts.settings.payload_runtime_s - time.monotonic()
+                drain_point = status.end_at - context.settings.end_margin_s
+                wait = drain_point - context.settings.payload_runtime_s - time.monotonic()
                 if wait <= 0:
                     left = max(0.0, status.end_at - time.monotonic())
                     self._drain.end_drain(

@@ -16,7 +16,7 @@ import time
 from collections.abc import Callable
 
 from remote_agent.agent.bounds import cut
-from remote_agent.agent.parts import Parts
+from remote_agent.agent.context import AgentContext
 from remote_agent.interfaces import (
     END_REFUSED_STATUS,
     GATE_CLOSED_STATUS,
@@ -31,7 +31,7 @@ from remote_agent.protocol.events import (
     PayloadStarted,
     utcnow,
 )
-from remote_agent.protocol.limits import MAX_JOB_ID, MAX_NAME, MAX_PAYLOADS
+from remote_agent.protocol.fields import MAX_JOB_ID, MAX_NAME, MAX_PAYLOADS
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("remote_agent.agent")
@@ -53,12 +53,12 @@ def _remember(table: dict[str, float], job_id: str) -> None:
 class PayloadLedger:
     """The payloads in :attr:`DroneStatus.payloads` and the job ids seen around them"""
 
-    def __init__(self, parts: Parts) -> None:
-        self._parts = parts
+    def __init__(self, context: AgentContext) -> None:
+        self._context = context
         # on the gate's path: kept at hand
-        self._status = parts.status
-        self._emitter = parts.emitter
-        self._counters = parts.counters
+        self._status = context.status
+        self._emitter = context.emitter
+        self._counters = context.counters
         #: set while no payload runs
         self.done = asyncio.Event()
         self.done.set()
@@ -106,7 +106,7 @@ class PayloadLedger:
         requested = job.requested_s
         if requested is not None and not 0 <= requested < math.inf:
             requested = None
-        settings = self._parts.settings
+        settings = self._context.settings
         runtime = settings.payload_runtime_s if requested is None else requested
         why = self._status.end_refusal(runtime, settings.end_margin_s)
         if why is not None:
@@ -143,7 +143,7 @@ class PayloadLedger:
         self._counters["payloads_refused"] += 1
         if counter != "payloads_refused":
             self._counters[counter] += 1
-        extra = {"drone": self._parts.drone, "job_id": job.job_id[:MAX_JOB_ID]}
+        extra = {"drone": self._context.drone, "job_id": job.job_id[:MAX_JOB_ID]}
         if log_level is None:
             log.info("refused payload %s: %s", job.job_id, reason, extra=extra)
         else:
@@ -158,14 +158,14 @@ class PayloadLedger:
         """JOB_EXIT: the payload ended; publish it (only a hint, see ``Agent.job_exited``)"""
         if job_id not in self._status.payloads:
             if job_id in self._finished or job_id in self._refused:
-                log.debug("job exit of %s: known already", job_id, extra=self._parts.extra)
+                log.debug("job exit of %s: known already", job_id, extra=self._context.extra)
                 return
             self._counters["job_exit_unknown"] += 1
             _rejections.warning(
                 "job_exit_unknown",
                 "job exit of %r, which the gate never saw; ignored",
                 job_id,
-                extra=self._parts.extra,
+                extra=self._context.extra,
             )
             _remember(self._finished, job_id)
             return
@@ -190,7 +190,7 @@ class PayloadLedger:
                 self._contradicted.add(job_id)
                 self._counters["job_exits_unconfirmed"] += 1
                 log.debug(
-                    "job exit of %s: the startd still runs it", job_id, extra=self._parts.extra
+                    "job exit of %s: the startd still runs it", job_id, extra=self._context.extra
                 )
 
     def finish(
@@ -268,7 +268,7 @@ class PayloadLedger:
             "payload %s never passed the gate but runs (%s); counting it",
             job_id,
             why,
-            extra={"drone": self._parts.drone, "job_id": job_id},
+            extra={"drone": self._context.drone, "job_id": job_id},
         )
         self._start(job_id, slot)
         self._changed()
@@ -298,14 +298,14 @@ class PayloadLedger:
             if job_id in running:
                 self._missing.pop(job_id, None)
                 continue
-            if now - self._started.get(job_id, 0.0) < self._parts.settings.poll_s:
+            if now - self._started.get(job_id, 0.0) < self._context.settings.poll_s:
                 continue  # too young to be listed yet
             self._missing[job_id] = misses = self._missing.get(job_id, 0) + 1
             if misses >= 2:
                 log.warning(
                     "payload %s vanished without a JOB_EXIT hook",
                     job_id,
-                    extra={"drone": self._parts.drone, "job_id": job_id},
+                    extra={"drone": self._context.drone, "job_id": job_id},
                 )
                 self.finish(job_id, PayloadEnd.UNKNOWN, None, None)
         unknown = self.unknown_jobs(slots)

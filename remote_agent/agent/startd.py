@@ -12,12 +12,12 @@ import logging
 import socket
 
 from remote_agent.agent.bounds import cut
-from remote_agent.agent.parts import Parts
+from remote_agent.agent.context import AgentContext
 from remote_agent.agent.payloads import PayloadLedger
 from remote_agent.errors import StartdError
 from remote_agent.interfaces import SlotInfo, Startd
 from remote_agent.protocol.events import DroneState, StartdReady
-from remote_agent.protocol.limits import MAX_NAME
+from remote_agent.protocol.fields import MAX_NAME
 from remote_agent.protocol.ratelog import RateLimitedLog
 
 log = logging.getLogger("remote_agent.agent")
@@ -41,12 +41,12 @@ class StartdObserver:
 
     def __init__(
         self,
-        parts: Parts,
+        context: AgentContext,
         startd: Startd | None,
         ledger: PayloadLedger,
         claimable: asyncio.Event,
     ) -> None:
-        self._parts = parts
+        self._context = context
         self.startd = startd
         self._ledger = ledger
         self._claimable = claimable
@@ -70,8 +70,8 @@ class StartdObserver:
         failures = polls = 0
         # after the startd came up, ask for readiness now and then too: that is where
         # CondorStartd notices a restarted startd and sets the gate attribute again
-        ready_every = max(1, round(_READY_CHECK_S / self._parts.settings.poll_s))
-        while not self._parts.status.winding_down:
+        ready_every = max(1, round(_READY_CHECK_S / self._context.settings.poll_s))
+        while not self._context.status.winding_down:
             try:
                 if not self.ready:
                     if await self.startd.ready():
@@ -88,18 +88,18 @@ class StartdObserver:
                     logging.WARNING if failures == 3 else logging.DEBUG,
                     "the startd does not answer: %s",
                     err,
-                    extra=self._parts.extra,
+                    extra=self._context.extra,
                 )
-            await asyncio.sleep(self._parts.settings.poll_s)
+            await asyncio.sleep(self._context.settings.poll_s)
 
     def _on_ready(self, slots: list[SlotInfo]) -> None:
         self.ready = True
-        self._parts.status.slots = max(len(slots), self._parts.settings.slots)
-        if self._parts.status.state is S.WORKER_UP:
-            self._parts.status.move(S.STARTD_READY)
+        self._context.status.slots = max(len(slots), self._context.settings.slots)
+        if self._context.status.state is S.WORKER_UP:
+            self._context.status.move(S.STARTD_READY)
         name = slots[0].name if slots else socket.gethostname()
-        self._parts.emitter.emit(
-            StartdReady, slots=self._parts.status.slots, name=cut(name, MAX_NAME)
+        self._context.emitter.emit(
+            StartdReady, slots=self._context.status.slots, name=cut(name, MAX_NAME)
         )
         # The gate has never been open in this incarnation (the claim waits for this
         # moment), so whatever runs now was let in before: an agent that was restarted.
@@ -114,13 +114,13 @@ class StartdObserver:
         meanwhile are confirmed by the next one. A listing that fails leaves the reports
         to the next poll.
         """
-        if self._parts.status.winding_down:
+        if self._context.status.winding_down:
             return  # nothing new starts; the worker's end finishes every payload
         if self._confirming:
             self._confirm_again = True
             return
         self._confirming = True
-        self._parts.tasks.spawn(self._confirm(), "startd-confirm-exits")
+        self._context.tasks.spawn(self._confirm(), "startd-confirm-exits")
 
     async def _confirm(self) -> None:
         assert self.startd is not None
@@ -130,7 +130,7 @@ class StartdObserver:
                 try:
                     slots = await self.startd.slots()
                 except StartdError as err:
-                    log.debug("cannot confirm job exits now: %s", err, extra=self._parts.extra)
+                    log.debug("cannot confirm job exits now: %s", err, extra=self._context.extra)
                     return
                 self._ledger.confirm_exits(slots)
                 if not self._confirm_again:
@@ -140,7 +140,7 @@ class StartdObserver:
             self._confirming = False
 
     def _reconcile(self, slots: list[SlotInfo]) -> None:
-        self._parts.status.slots = max(len(slots), self._parts.settings.slots)
+        self._context.status.slots = max(len(slots), self._context.settings.slots)
         self._ledger.reconcile(slots)
 
     async def busy(self) -> list[SlotInfo] | None:
@@ -155,14 +155,14 @@ class StartdObserver:
         try:
             slots = await self.startd.slots()
         except StartdError as err:
-            if self._parts.status.worker_ended:
+            if self._context.status.worker_ended:
                 return []
             _rejections.log(
                 logging.INFO,
                 "startd_unanswered",
                 "the startd does not answer (%s); not calling the drone idle",
                 err,
-                extra=self._parts.extra,
+                extra=self._context.extra,
             )
             return None
         busy = [slot for slot in slots if slot.busy]
@@ -179,17 +179,17 @@ class StartdObserver:
         """
         busy = await self.busy()
         self.busy_slots = -1 if busy is None else len(busy)
-        return busy is not None and not busy and not self._parts.status.payloads
+        return busy is not None and not busy and not self._context.status.payloads
 
     def sync_accepting(self) -> None:
         """Make the startd's START attribute follow the gate (in order, last wins)"""
         if self.startd is not None:
-            self._parts.tasks.spawn(self._apply_accepting(), "startd-accepting")
+            self._context.tasks.spawn(self._apply_accepting(), "startd-accepting")
 
     async def _apply_accepting(self) -> None:
         assert self.startd is not None
         async with self._accepting_lock:
-            wanted = self._parts.status.gate_open
+            wanted = self._context.status.gate_open
             if wanted == self._accepting:
                 return
             try:
@@ -200,7 +200,7 @@ class StartdObserver:
                     "still refuses payloads",
                     wanted,
                     err,
-                    extra=self._parts.extra,
+                    extra=self._context.extra,
                 )
                 return
             self._accepting = wanted
@@ -218,10 +218,10 @@ class StartdObserver:
         try:
             result = await self.startd.drain(reason or "cobald-remote drain", fast=fast)
         except StartdError as err:
-            log.warning("condor_drain failed: %s", err, extra=self._parts.extra)
+            log.warning("condor_drain failed: %s", err, extra=self._context.extra)
             return False
         if not result.accepted:
-            log.warning("condor_drain refused: %s", result.detail, extra=self._parts.extra)
+            log.warning("condor_drain refused: %s", result.detail, extra=self._context.extra)
             return False
         self.exits_when_empty = True
         return True

@@ -17,10 +17,9 @@ import msgspec
 import nats.errors
 
 from remote_agent.agent.bounds import bounded_intent
-from remote_agent.agent.controls import Controls
+from remote_agent.agent.context import AgentContext
 from remote_agent.agent.drain import Drain
-from remote_agent.agent.parts import Parts
-from remote_agent.protocol.backoff import Backoff
+from remote_agent.agent.steering import Steering
 from remote_agent.protocol.errors import HandshakeError
 from remote_agent.protocol.events import (
     DrainIntent,
@@ -31,7 +30,8 @@ from remote_agent.protocol.events import (
     RecordPhase,
     Released,
 )
-from remote_agent.protocol.phases import CLOSED_PHASES
+from remote_agent.protocol.handshake import CLOSED_PHASES
+from remote_agent.protocol.transient import Backoff
 
 log = logging.getLogger("remote_agent.agent")
 
@@ -53,16 +53,16 @@ class RecordWatch:
 
     def __init__(
         self,
-        parts: Parts,
-        controls: Controls,
+        context: AgentContext,
+        steering: Steering,
         drain: Drain,
         *,
         claimable: asyncio.Event,
         end_known: asyncio.Event,
     ) -> None:
-        self._parts = parts
-        self._record = controls.record
-        self._worker = controls.worker
+        self._context = context
+        self._record = steering.record
+        self._worker = steering.worker
         self._drain = drain
         self._claimable = claimable
         self._end_known = end_known
@@ -74,7 +74,7 @@ class RecordWatch:
         #: reads left to wait for a write that a notice announced
         self._settling = 0
         #: the incarnation of the record this agent claimed (an earlier one's drain)
-        self._claimed_incarnation = parts.incarnation
+        self._claimed_incarnation = context.incarnation
 
     def hint(self) -> None:
         """A write to the record was seen: read it until it shows, a few times at most"""
@@ -91,13 +91,13 @@ class RecordWatch:
         await self._end_known.wait()
         # subscribed first: every write to the record after the claim's read is a hint
         await self.listening.wait()
-        parts = self._parts
+        context = self._context
         backoff = Backoff(first=0.2, most=5.0)
         failures = 0
-        while not parts.status.sealed:
+        while not context.status.sealed:
             store = await self._record.store()
             try:
-                versioned = await store.claim(parts.site, parts.drone, parts.incarnation)
+                versioned = await store.claim(context.site, context.drone, context.incarnation)
             except (HandshakeError, nats.errors.Error, OSError, TimeoutError) as err:
                 failures += 1
                 log.log(
@@ -105,7 +105,7 @@ class RecordWatch:
                     "cannot claim the handshake record yet (bucket %s provisioned?): %r",
                     self._record.bucket,
                     err,
-                    extra=parts.extra,
+                    extra=context.extra,
                 )
                 await asyncio.sleep(backoff.delay())
                 continue
@@ -115,14 +115,14 @@ class RecordWatch:
 
     def _apply_claim(self, record: DroneRecord) -> None:
         phase = record.phase
-        status = self._parts.status
-        if phase is RecordPhase.UP and record.incarnation == self._parts.incarnation:
+        status = self._context.status
+        if phase is RecordPhase.UP and record.incarnation == self._context.incarnation:
             status.claimed = True
             if status.sealed:
-                log.info("claimed, but the gate is shut already", extra=self._parts.extra)
+                log.info("claimed, but the gate is shut already", extra=self._context.extra)
                 return
             status.open_gate()
-            self._parts.emitter.emit(GateOpened, reason="handshake record claimed")
+            self._context.emitter.emit(GateOpened, reason="handshake record claimed")
         elif phase is RecordPhase.RELEASED:
             self._on_released(record)
         elif phase in CLOSED_PHASES:  # not released (above): told to drain
@@ -136,10 +136,10 @@ class RecordWatch:
             )
             self._drain.accept(self._record_intent(intent), command=False, requested=intent)
         else:
-            log.error("unexpected claim result %s", record, extra=self._parts.extra)
+            log.error("unexpected claim result %s", record, extra=self._context.extra)
 
     def _on_released(self, record: DroneRecord) -> None:
-        status = self._parts.status
+        status = self._context.status
         if status.released:
             return
         status.released = True
@@ -147,13 +147,13 @@ class RecordWatch:
         if status.state is not S.EXITING:
             status.move(S.RELEASED)
         reason = record.note or "released by the manager before the agent came up"
-        self._parts.emitter.emit(Released, reason=reason)
-        log.warning("drone released: %s; ending the job", reason, extra=self._parts.extra)
-        self._parts.tasks.spawn(self._worker.end_job("released"), "end-job")
+        self._context.emitter.emit(Released, reason=reason)
+        log.warning("drone released: %s; ending the job", reason, extra=self._context.extra)
+        self._context.tasks.spawn(self._worker.end_job("released"), "end-job")
 
     async def watch(self) -> None:
         """Re-read the record on every hint, reconnect and heartbeat, and act on it"""
-        status = self._parts.status
+        status = self._context.status
         settle = Backoff(first=0.05, most=1.0)
         wait: float | None = None  # for the next hint; else until a settling re-read
         while not status.winding_down:
@@ -165,13 +165,13 @@ class RecordWatch:
                 continue
             try:
                 store = await self._record.store()
-                current = await store.read(self._parts.site, self._parts.drone)
+                current = await store.read(self._context.site, self._context.drone)
             except HandshakeError as err:  # a value that is no valid record
                 self._on_record_lost(f"the record does not decode ({err})")
                 continue
             except (nats.errors.Error, OSError, TimeoutError) as err:
-                log.debug("cannot read the record: %r", err, extra=self._parts.extra)
-                await asyncio.sleep(self._parts.settings.reconnect_wait_s)
+                log.debug("cannot read the record: %r", err, extra=self._context.extra)
+                await asyncio.sleep(self._context.settings.reconnect_wait_s)
                 self._recheck.set()  # the hint is not lost with the failed read
                 continue
             if current is None:
@@ -191,25 +191,25 @@ class RecordWatch:
         phase = record.phase
         if phase is RecordPhase.RELEASED:
             self._on_record_lost(f"the record says released (writer {record.writer})")
-        elif record.incarnation not in (self._parts.incarnation, self._claimed_incarnation):
+        elif record.incarnation not in (self._context.incarnation, self._claimed_incarnation):
             self._on_record_lost(
                 f"the record says {phase} for another incarnation ({record.incarnation!r})"
             )
         elif phase is RecordPhase.DRAINING and record.drain is not None:
-            if self._parts.status.drain is None:
-                log.info("the record asks for a drain", extra=self._parts.extra)
+            if self._context.status.drain is None:
+                log.info("the record asks for a drain", extra=self._context.extra)
                 self._drain.accept(
                     self._record_intent(record.drain), command=False, requested=record.drain
                 )
         elif (
             phase is not RecordPhase.UP
-            and self._parts.status.drain is None
-            and self._parts.status.state not in (S.DRAINED, S.EXITING)
+            and self._context.status.drain is None
+            and self._context.status.state not in (S.DRAINED, S.EXITING)
         ):
             log.warning(
                 "the record says %s although no drain was accepted; draining",
                 phase,
-                extra=self._parts.extra,
+                extra=self._context.extra,
             )
             self._drain.self_drain(f"handshake record is {phase}")
 
@@ -221,19 +221,19 @@ class RecordWatch:
         deadline, ``--self-drain-deadline``) and ends the job as a drain does.
         The agent never writes the record again: it is not the agent's any more.
         """
-        status = self._parts.status
+        status = self._context.status
         if status.record_lost is not None:
             return
         status.record_lost = why
-        self._parts.counters["record_lost"] += 1
+        self._context.counters["record_lost"] += 1
         was_open = status.seal_gate()
         log.warning(
             "handshake record lost while up: %s; gate closed, draining",
             why,
-            extra=self._parts.extra,
+            extra=self._context.extra,
         )
         if was_open:
-            self._parts.emitter.emit(GateClosed, reason=f"record lost: {why}")
+            self._context.emitter.emit(GateClosed, reason=f"record lost: {why}")
         if status.drain is None and status.state not in (S.DRAINED, S.EXITING):
             self._drain.self_drain(f"record lost: {why}")
 
@@ -248,7 +248,7 @@ class RecordWatch:
         in the drone's removal, counts at once only when it comes as a command,
         which only the manager can send.
         """
-        least = self._parts.settings.self_drain_deadline_s
+        least = self._context.settings.self_drain_deadline_s
         if intent.duration_s >= least:
             return bounded_intent(intent)
         deadline = intent.requested_at + dt.timedelta(seconds=least)

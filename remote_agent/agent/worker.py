@@ -9,7 +9,7 @@ import os
 import signal
 from collections.abc import Sequence
 
-from remote_agent.agent.parts import Parts
+from remote_agent.agent.context import AgentContext
 from remote_agent.agent.status import DroneStatus
 from remote_agent.interfaces import SELF_EXIT_STATUSES
 from remote_agent.settings import SECRET_ENV
@@ -29,8 +29,8 @@ class Worker:
     :param env: extra environment of the worker, e.g. where the gate socket is
     """
 
-    def __init__(self, parts: Parts, *, env: dict[str, str]) -> None:
-        self._parts = parts
+    def __init__(self, context: AgentContext, *, env: dict[str, str]) -> None:
+        self._context = context
         self.env = env
 
     async def start(self, command: Sequence[str]) -> asyncio.subprocess.Process:
@@ -48,12 +48,12 @@ class Worker:
             # its own process group: a Ctrl-C reaches it once, through the agent
             start_new_session=True,
         )
-        self._parts.status.worker = worker
+        self._context.status.worker = worker
         return worker
 
     def forward(self, signum: int) -> None:
         """Pass ``signum`` on to the worker, if it runs"""
-        worker = self._parts.status.worker
+        worker = self._context.status.worker
         if worker is not None and worker.returncode is None:
             with contextlib.suppress(ProcessLookupError):
                 worker.send_signal(signum)
@@ -66,7 +66,7 @@ class Worker:
             gets ``end_grace_s`` to follow, but no longer than leaves ``kill_after_s`` before
             the drone's end; otherwise nothing would end it, and it is terminated at once
         """
-        status, settings = self._parts.status, self._parts.settings
+        status, settings = self._context.status, self._context.settings
         status.ending = reason
         worker = status.worker
         if worker is None or worker.returncode is not None:
@@ -79,32 +79,32 @@ class Worker:
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(worker.wait(), grace)
         if worker.returncode is None:
-            log.info("ending the worker (%s)", reason, extra=self._parts.extra)
+            log.info("ending the worker (%s)", reason, extra=self._context.extra)
             await self.terminate()
 
     async def terminate(self) -> None:
         """SIGTERM, then SIGKILL to its process group after ``kill_after_s``"""
-        worker = self._parts.status.worker
+        worker = self._context.status.worker
         if worker is None or worker.returncode is not None:
             return
-        self._parts.status.terminated = True
+        self._context.status.terminated = True
         with contextlib.suppress(ProcessLookupError):
             worker.terminate()
         try:
-            await asyncio.wait_for(worker.wait(), self._parts.settings.kill_after_s)
+            await asyncio.wait_for(worker.wait(), self._context.settings.kill_after_s)
         except TimeoutError:
             log.warning(
                 "worker %d ignored SIGTERM for %.0fs, killing it",
                 worker.pid,
-                self._parts.settings.kill_after_s,
-                extra=self._parts.extra,
+                self._context.settings.kill_after_s,
+                extra=self._context.extra,
             )
             with contextlib.suppress(ProcessLookupError, PermissionError):
                 os.killpg(worker.pid, signal.SIGKILL)
 
     async def kill(self) -> None:
         """The agent itself is failing: do not leave the worker behind"""
-        worker = self._parts.status.worker
+        worker = self._context.status.worker
         if worker is None or worker.returncode is not None:
             return
         with contextlib.suppress(ProcessLookupError):

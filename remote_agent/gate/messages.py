@@ -20,7 +20,7 @@ MAX_REQUEST_BYTES: Final = 4096
 #: the largest reply the hook reads, in bytes
 MAX_REPLY_BYTES: Final = 4096
 #: the longest job id a request may carry, in characters: what the gate reads, not what
-#: the agent keeps (it refuses a job id over :data:`~remote_agent.protocol.limits.MAX_JOB_ID`)
+#: the agent keeps (it refuses a job id over :data:`~remote_agent.protocol.fields.MAX_JOB_ID`)
 MAX_REQUEST_JOB_ID: Final = 128
 #: the longest slot name and owner a request may carry, in characters
 MAX_REQUEST_NAME: Final = 256

@@ -27,8 +27,7 @@ import nkeys
 
 from remote_agent.protocol.codec import Codec
 from remote_agent.protocol.events import AnyMessage, Message
-from remote_agent.protocol.fields import Seconds, Token, UtcTime, check_tokens
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE, Seconds, Token, UtcTime, check_tokens
 
 #: bytes of randomness in a bootstrap token
 TOKEN_BYTES: Final = 32
@@ -61,7 +60,9 @@ class _Request(Message, frozen=True, kw_only=True):
 class EnrollRequest(_Request, frozen=True, kw_only=True, tag="enroll"):
     """The drone's first request: its one-time token and its new public key"""
 
-    token: Annotated[str, msgspec.Meta(min_length=1, max_length=128)]
+    #: as long as a subject token may be; its characters are not checked here: the
+    #: issuer compares it with the hashes it keeps, and a token it never minted is refused
+    token: Token
 
 
 class RenewRequest(_Request, frozen=True, kw_only=True, tag="renew"):

@@ -12,7 +12,7 @@ from typing import Any, Final, Generic, Protocol, TypeVar
 import msgspec
 
 from remote_agent.protocol.errors import SchemaError
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
 
 #: major version of the wire schema written by this code and the only one it reads
 SCHEMA_VERSION: Final = 1

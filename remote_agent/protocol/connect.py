@@ -5,6 +5,8 @@ Connecting to NATS without leaving a socket behind: every connection goes throug
 cancelled never gets the client to close; nats-py leaves the socket open then. A close
 that is cancelled halfway leaves it open too: :func:`close` runs it to the end.
 :func:`credentials_refused` tells a refusal of the credentials from any other failure.
+:func:`bind_bucket` binds a bucket the server was provisioned with; a missing one is a
+:class:`~remote_agent.protocol.errors.HandshakeError` naming the fix.
 """
 
 from __future__ import annotations
@@ -13,7 +15,13 @@ import asyncio
 from typing import Any
 
 import nats.errors
+import nats.js.errors
 from nats.aio.client import Client
+from nats.js import JetStreamContext
+from nats.js.kv import KeyValue
+
+from remote_agent.protocol.errors import HandshakeError
+from remote_agent.protocol.transient import patiently
 
 #: the texts of nats-server's errors that refuse a user's credentials, lower case (the
 #: constants ``AUTHORIZATION_ERR``, ``AUTHENTICATION_REVOKED_ERR`` ... of nats.go); nats-py
@@ -91,3 +99,22 @@ def credentials_refused(err: BaseException | None) -> str | None:
         return None
     text = str(err).lower()
     return next((reason for reason in _REFUSALS if reason in text), None)
+
+
+# --------------------------------------------------------------------------- buckets
+# A provisioned KV bucket is bound, never made: a missing one names the fix
+
+
+async def bind_bucket(js: JetStreamContext, bucket: str, what: str) -> KeyValue:
+    """
+    The KV bucket ``bucket``, which ``cobald-remote broker init`` provisions
+
+    :param what: the bucket's role in the error text, e.g. ``"handshake"``
+    :raises HandshakeError: if the bucket does not exist
+    """
+    try:
+        return await patiently(lambda: js.key_value(bucket))
+    except nats.js.errors.BucketNotFoundError as err:
+        raise HandshakeError(
+            f"{what} bucket {bucket!r} does not exist: run 'cobald-remote broker init'"
+        ) from err

@@ -4,7 +4,8 @@ The wire contract: every message on the bus as a tagged msgspec struct, and its 
 Both sides import this module, and nothing else defines wire messages (their enumerations
 are in :mod:`remote_agent.protocol.states` and exported here); the ``kind`` field
 selects the type, ``v`` is the major schema version. How the schema may change is in
-``docs/protocol.md`` ("Versioning rules").
+``docs/protocol.md`` ("Versioning rules"). An event speaks only for the site, drone and
+kind of its subject: the one sender rule, :func:`sender_mismatch`.
 """
 
 from __future__ import annotations
@@ -15,9 +16,17 @@ from typing import Annotated, Final, Literal
 import msgspec
 
 from remote_agent.protocol.codec import SCHEMA_VERSION, Codec
-from remote_agent.protocol.fields import NonNegative, Seconds, Token, UtcTime, check_tokens
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE, MAX_PAYLOADS
-from remote_agent.protocol.names import TOKEN_CHARS
+from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.fields import (
+    DEFAULT_MAX_SIZE,
+    MAX_PAYLOADS,
+    NonNegative,
+    Seconds,
+    Token,
+    UtcTime,
+    check_tokens,
+)
+from remote_agent.protocol.names import TOKEN_CHARS, Namespace, event_subject
 
 # the wire's enumerations live in their own module; both sides name them through this one
 from remote_agent.protocol.states import DroneState as DroneState
@@ -364,6 +373,8 @@ def kind_of(message_type: type[Message]) -> str:
 
 #: the ``kind`` tag of every event type, looked up once
 EVENT_KINDS: Final[dict[type[Event], str]] = {t: kind_of(t) for t in EVENT_TYPES}
+#: the kind of TARDIS's state note, the last token of its subject
+TARDIS_STATE: Final = kind_of(TardisState)
 
 
 # --------------------------------------------------------------------------- codec
@@ -422,3 +433,41 @@ def decode_note(data: bytes, max_size: int = DEFAULT_MAX_SIZE) -> AnyNote:
 def to_json(message: Message) -> bytes:
     """The message as JSON, timestamps in RFC 3339; for people and tools, not the bus"""
     return msgspec.json.encode(message)
+
+
+# --------------------------------------------------------------------------- the sender rule
+# an event speaks only for the site, drone and kind of its subject
+
+
+def sender_mismatch(event: Event, subject: str, prefix: str) -> str | None:
+    """
+    Why ``event`` does not speak for the site, drone and kind that ``subject`` names,
+    or ``None`` if it does: the one sender rule
+
+    Per-drone NATS permissions bind a drone's credentials to its subjects; this
+    rule binds the message body to the subject, so a drone cannot speak for
+    another even through a mislabelled body. Site and drone are tokens (no dots),
+    so one comparison of the whole subject says the same as comparing its parts;
+    only a mismatch is split.
+
+    :raises SchemaError: if ``subject`` is not an event subject of ``prefix``
+    """
+    kind = EVENT_KINDS[type(event)]
+    if subject == event_subject(prefix, event.site, event.drone, kind):
+        return None
+    site, drone, subject_kind = Namespace(prefix).parse_event_subject(subject)
+    return (
+        f"event {kind!r} for {event.site}/{event.drone} "
+        f"arrived on the subject of {site}/{drone} ({subject_kind!r})"
+    )
+
+
+def check_sender(event: Event, subject: str, namespace: Namespace) -> None:
+    """
+    Ensure that ``event`` speaks for the drone whose subject it came on (:func:`sender_mismatch`)
+
+    :raises SchemaError: if site, drone or kind disagree with ``subject``
+    """
+    mismatch = sender_mismatch(event, subject, namespace.prefix)
+    if mismatch is not None:
+        raise SchemaError(mismatch)

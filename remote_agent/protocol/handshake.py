@@ -1,5 +1,5 @@
 """
-The release handshake: compare-and-set access to each drone's record in the KV bucket
+The release handshake: the phases of each drone's record and compare-and-set access to it
 
 Of "agent: I am up" and "manager: released, it never came up" exactly one wins; both
 sides write the bucket only through :class:`RecordStore` (``docs/handshake.md``).
@@ -12,7 +12,7 @@ import logging
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Literal
+from typing import Final, Literal
 
 import msgspec
 import nats.errors
@@ -20,8 +20,7 @@ import nats.js.errors
 from nats.js import JetStreamContext
 from nats.js.kv import KeyValue
 
-from remote_agent.protocol.backoff import Backoff
-from remote_agent.protocol.buckets import bind_bucket
+from remote_agent.protocol.connect import bind_bucket
 from remote_agent.protocol.errors import HandshakeError, RecordTampered, SchemaError
 from remote_agent.protocol.events import (
     DrainIntent,
@@ -32,10 +31,9 @@ from remote_agent.protocol.events import (
     utcnow,
 )
 from remote_agent.protocol.names import EXPECTED_LAST, Namespace, kv_write_prefix
-from remote_agent.protocol.phases import FINAL_PHASES, allowed
 from remote_agent.protocol.proof import proven, record_proof
 from remote_agent.protocol.ratelog import RateLimitedLog
-from remote_agent.protocol.transient import TRANSIENT_BUDGET_S, is_transient, patiently
+from remote_agent.protocol.transient import TRANSIENT_BUDGET_S, Backoff, is_transient, patiently
 
 log = logging.getLogger("remote_agent.handshake")
 
@@ -44,6 +42,47 @@ _Decide = Callable[["Versioned | None"], DroneRecord | None]
 
 #: JetStream's error codes for "the subject's last sequence is not the expected one"
 _WRONG_LAST_SEQUENCE = frozenset({10071, 10164})
+
+
+# --------------------------------------------------------------------------- phases
+#
+# The phases of a drone's record and the transitions cooperating clients keep to. A drone
+# can still write any value to its own key; :func:`allowed` is what RecordStore refuses
+# to write:
+#
+#     (absent) --agent claim--> UP --drain--> DRAINING --agent--> DRAINED
+#     (absent) --manager release--> RELEASED          \--agent--> DEADLINE_EXPIRED
+#     UP --agent claim (new incarnation)--> UP
+#     UP --agent, idle release--> DRAINED
+
+#: phases in which no payload may start and nothing will ever open the gate again
+CLOSED_PHASES: Final = frozenset(
+    {RecordPhase.RELEASED, RecordPhase.DRAINING, RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED}
+)
+
+_TRANSITIONS = {
+    RecordPhase.UP: {
+        RecordPhase.UP,
+        RecordPhase.DRAINING,
+        RecordPhase.DRAINED,
+        RecordPhase.DEADLINE_EXPIRED,
+    },
+    RecordPhase.DRAINING: {RecordPhase.DRAINED, RecordPhase.DEADLINE_EXPIRED},
+    RecordPhase.DEADLINE_EXPIRED: {RecordPhase.DRAINED},
+    RecordPhase.RELEASED: set(),
+    RecordPhase.DRAINED: set(),
+}
+
+#: phases nothing follows: a record in one of them stays as it is
+FINAL_PHASES: Final = frozenset(phase for phase, following in _TRANSITIONS.items() if not following)
+
+
+def allowed(old: RecordPhase, new: RecordPhase) -> bool:
+    """Whether a cooperating client may write ``new`` over a record in ``old``"""
+    return new in _TRANSITIONS[old]
+
+
+# --------------------------------------------------------------------------- records
 
 
 @dataclass(frozen=True, slots=True)

@@ -9,7 +9,6 @@ nowhere else.
 
 from __future__ import annotations
 
-import re
 import string
 from dataclasses import dataclass
 from typing import Final
@@ -19,9 +18,14 @@ from remote_agent.protocol.errors import SchemaError
 #: the prefix every subject, stream and bucket name derives from unless configured
 DEFAULT_PREFIX: Final = "cobald"
 
-_TOKEN_RE = re.compile(r"^[A-Za-z0-9_-]{1,128}\Z")
 #: the characters of a subject token
 TOKEN_CHARS: Final = string.ascii_letters + string.digits + "_-"
+#: the most characters of a subject token
+MAX_TOKEN: Final = 128
+#: the subject token of a drone's events, of its commands and of the manager's notes on it
+_EVENTS: Final = "evt"
+_COMMANDS: Final = "cmd"
+_NOTES: Final = "mgr"
 
 # --------------------------------------------------------------------------- headers
 
@@ -83,9 +87,13 @@ def direct_get(bucket: str, key: str, domain: str | None = None) -> str:
     return f"{api_prefix(domain)}.DIRECT.GET.{kv_stream(bucket)}.{kv_subjects(bucket)}{key}"
 
 
+#: nats-py's reply-subject prefix, for a connection whose permissions do not confine it
+DEFAULT_INBOX: Final = "_INBOX"
+
+
 def inbox_prefix(drone: str) -> str:
     """The reply-subject prefix of one drone's connections (its subscribe permission)"""
-    return f"_INBOX_{drone}"
+    return f"{DEFAULT_INBOX}_{drone}"
 
 
 def bootstrap_inbox(site: str) -> str:
@@ -101,24 +109,48 @@ def dedupe_id(drone: str, incarnation: str, seq: int) -> str:
 # --------------------------------------------------------------------------- subjects
 
 
+#: what a subject token is, in the words every error about one uses
+TOKEN_RULE: Final = f"1-{MAX_TOKEN} of A-Z a-z 0-9 _ -"
+
+
 def is_token(value: str) -> bool:
-    """Whether ``value`` can be one subject token (see :func:`check_token`)"""
-    return 0 < len(value) <= 128 and not value.strip(TOKEN_CHARS)
+    """
+    Whether ``value`` can be one subject token (and one KV key part): the one token rule
+
+    A token is 1 to :data:`MAX_TOKEN` of :data:`TOKEN_CHARS`: no dots, wildcards or
+    whitespace. The wire schema's ``Token`` fields and :func:`check_token` apply it.
+    """
+    return 0 < len(value) <= MAX_TOKEN and not value.strip(TOKEN_CHARS)
 
 
 def check_token(value: str, what: str = "subject token") -> str:
     """
-    Return ``value`` if it can be one subject token (and one KV key part)
+    Return ``value`` if it can be one subject token (:func:`is_token`)
 
     :raises SchemaError: for empty values, dots, wildcards, whitespace, other
-        characters than ``A-Z a-z 0-9 _ -``, or more than 128 characters
+        characters than ``A-Z a-z 0-9 _ -``, or more than :data:`MAX_TOKEN` characters
     """
-    if not _TOKEN_RE.match(value):
+    if not is_token(value):
         raise SchemaError(
-            f"invalid {what} {value!r}: use 1-128 of A-Z a-z 0-9 _ - "
-            "(no dots, wildcards or whitespace)"
+            f"invalid {what} {value!r}: use {TOKEN_RULE} (no dots, wildcards or whitespace)"
         )
     return value
+
+
+def event_subject(prefix: str, site: str, drone: str, kind: str) -> str:
+    """
+    The subject of a drone's event of ``kind``, spelled without checking its tokens
+
+    For values that are tokens already (a decoded event's); :meth:`Namespace.event`
+    checks them first.
+    """
+    return f"{prefix}.{site}.{drone}.{_EVENTS}.{kind}"
+
+
+def is_note_subject(subject: str) -> bool:
+    """Whether ``subject`` is a manager note's (``<prefix>.<site>.<drone>.mgr.<kind>``)"""
+    parts = subject.split(".")
+    return len(parts) == 5 and parts[3] == _NOTES
 
 
 @dataclass(frozen=True, slots=True)
@@ -173,12 +205,12 @@ class Namespace:
     @property
     def all_events(self) -> str:
         """Wildcard of every drone event"""
-        return f"{self.prefix}.*.*.evt.>"
+        return f"{self.prefix}.*.*.{_EVENTS}.>"
 
     @property
     def all_manager_notes(self) -> str:
         """Wildcard of every manager-side note (TARDIS's view of each drone)"""
-        return f"{self.prefix}.*.*.mgr.>"
+        return f"{self.prefix}.*.*.{_NOTES}.>"
 
     def bootstrap(self, site: str) -> str:
         """Subject of the issuer's requests from one site's drones"""
@@ -195,19 +227,27 @@ class Namespace:
 
     def event(self, site: str, drone: str, kind: str) -> str:
         """Subject of one drone's event of ``kind``"""
-        return self._under(site, drone, "evt", check_token(kind, "event kind"))
+        return self._under(site, drone, _EVENTS, check_token(kind, "event kind"))
 
     def drone_events(self, site: str, drone: str) -> str:
         """Wildcard of one drone's events (its publish permission)"""
-        return self._under(site, drone, "evt", ">")
+        return self._under(site, drone, _EVENTS, ">")
 
     def command(self, site: str, drone: str) -> str:
         """Subject on which one drone's agent answers commands"""
-        return self._under(site, drone, "cmd")
+        return self._under(site, drone, _COMMANDS)
 
     def manager_note(self, site: str, drone: str, kind: str) -> str:
         """Subject of a manager-side note about one drone"""
-        return self._under(site, drone, "mgr", check_token(kind, "note kind"))
+        return self._under(site, drone, _NOTES, check_token(kind, "note kind"))
+
+    def timeline_subjects(self, drone: str, site: str | None = None) -> list[str]:
+        """
+        Wildcards of one drone's events and the manager's notes on it, at ``site`` or
+        at any site; ``drone`` and ``site`` go in as given (a reader's filter)
+        """
+        root = f"{self.prefix}.{site or '*'}.{drone}"
+        return [f"{root}.{_EVENTS}.>", f"{root}.{_NOTES}.>"]
 
     def _under(self, site: str, drone: str, *tokens: str) -> str:
         return ".".join((self.drone_root(site, drone), *tokens))
@@ -223,6 +263,6 @@ class Namespace:
         :raises SchemaError: if ``subject`` is not an event subject of this namespace
         """
         parts = subject.split(".")
-        if len(parts) != 5 or parts[0] != self.prefix or parts[3] != "evt":
+        if len(parts) != 5 or parts[0] != self.prefix or parts[3] != _EVENTS:
             raise SchemaError(f"not an event subject of {self.prefix!r}: {subject!r}")
         return parts[1], parts[2], parts[4]

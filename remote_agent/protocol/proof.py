@@ -18,7 +18,7 @@ import msgspec
 import nats.js.errors
 from nats.js import JetStreamContext
 
-from remote_agent.protocol.buckets import bind_bucket
+from remote_agent.protocol.connect import bind_bucket
 from remote_agent.protocol.errors import HandshakeError
 from remote_agent.protocol.events import DroneRecord, encode
 from remote_agent.protocol.names import Namespace

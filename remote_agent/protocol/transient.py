@@ -1,5 +1,6 @@
 """
-Which failures of a NATS or JetStream call pass: the one classification every retry uses
+Retrying NATS and JetStream calls: which failures pass, the one classification every retry
+uses, and the delays between tries (:class:`Backoff`)
 
 A call that failed with an error :func:`is_transient` accepts may succeed when made again:
 the server is away or busy, or the stream or bucket it asked has no leader for a moment (a
@@ -31,14 +32,14 @@ copy); a compare-and-set re-reads and compares before it writes again
 from __future__ import annotations
 
 import asyncio
+import random
 import time
 from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
 from typing import Final, TypeVar
 
 import nats.errors
 import nats.js.errors
-
-from remote_agent.protocol.backoff import Backoff
 
 T = TypeVar("T")
 
@@ -118,3 +119,39 @@ async def patiently(
             if on_retry is not None:
                 on_retry(err)
             await asyncio.sleep(min(backoff.delay(), remaining))
+
+
+# --------------------------------------------------------------------------- retry delays
+# doubling from a first delay to a cap, with a little jitter
+
+
+@dataclass(slots=True)
+class Backoff:
+    """
+    The delays before each retry: ``first``, then ``factor`` times the last, at most ``most``
+
+    Each delay is shortened by up to ``jitter`` of itself at random, so that
+    clients that failed together do not retry together; a delay is never
+    longer than the undisturbed one. :meth:`reset` after a success.
+    """
+
+    first: float
+    most: float
+    factor: float = 2.0
+    jitter: float = 0.1
+    _next: float = field(init=False, default=0.0)
+
+    def __post_init__(self) -> None:
+        if not 0 < self.first <= self.most or self.factor < 1 or not 0 <= self.jitter < 1:
+            raise ValueError(f"not a backoff: {self!r}")
+        self._next = self.first
+
+    def delay(self) -> float:
+        """The delay before the next retry"""
+        delay = self._next
+        self._next = min(delay * self.factor, self.most)
+        return delay * (1.0 - self.jitter * random.random())
+
+    def reset(self) -> None:
+        """Start again from ``first``"""
+        self._next = self.first

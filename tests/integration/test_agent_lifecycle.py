@@ -29,8 +29,8 @@ from broker.server.embedded import EmbeddedServer
 from remote_agent.agent import Agent
 from remote_agent.interfaces import GATE_CLOSED_STATUS, JobStart, SlotInfo
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
 from remote_agent.protocol.handshake import RecordStore
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
 
 DRONE = "site1-0123456789"
 

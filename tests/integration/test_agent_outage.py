@@ -239,7 +239,7 @@ async def test_cancelled_while_flushing_its_last_events_it_still_ends(
     Cancelled (Ctrl-C, the event loop ending) while it publishes its last events at exit,
     the agent still ends, whatever its publisher was doing when the cancellation came
 
-    Found by the proof (schedule 171): the task group cancels its publisher once, and
+    Found by the schedule test (schedule 171): the task group cancels its publisher once, and
     nats-py can swallow that inside a publish; before the fix a cancellation in the exit
     flush hung the agent for good. Each step cancels at another moment of the flush.
     """

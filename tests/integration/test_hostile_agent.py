@@ -49,8 +49,8 @@ from remote_agent.gate.server import GateServer
 from remote_agent.htcondor import GATE_ATTRIBUTE, CondorStartd
 from remote_agent.interfaces import GATE_CLOSED_STATUS, JobStart, SlotInfo
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.fields import MAX_JOB_ID
 from remote_agent.protocol.handshake import RecordStore
-from remote_agent.protocol.limits import MAX_JOB_ID
 
 DRONE = "site1-0123456789"
 ROOT = Path(__file__).resolve().parents[2]

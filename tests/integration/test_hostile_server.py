@@ -34,7 +34,7 @@ from broker.server.embedded import EmbeddedServer
 from broker.server.provision import Topology, provision
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.connect import connect
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace
 
 pytestmark = pytest.mark.timeout(120)

@@ -18,8 +18,8 @@ from remote_agent.agent import Agent
 from remote_agent.errors import StartdError
 from remote_agent.interfaces import DrainResult, JobStart, SlotInfo
 from remote_agent.protocol import events as ev
+from remote_agent.protocol.events import check_sender
 from remote_agent.protocol.names import Namespace
-from remote_agent.protocol.senders import check_sender
 from remote_agent.settings import Settings
 from support.waiting import wait_until
 

@@ -10,7 +10,7 @@ from typing import Any
 from remote_agent.agent import Agent
 from remote_agent.agent.bounds import bounded_command, bounded_intent
 from remote_agent.protocol import events as ev
-from remote_agent.protocol.limits import (
+from remote_agent.protocol.fields import (
     DEFAULT_MAX_SIZE,
     MAX_COMMAND,
     MAX_JOB_ID,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from remote_agent.protocol.backoff import Backoff
+from remote_agent.protocol.transient import Backoff
 
 
 def test_delays_double_to_the_cap_never_longer_and_start_again_on_reset() -> None:

@@ -24,7 +24,7 @@ from broker.manager.handler import event_handler
 from broker.manager.registry import Applied, Registry
 from broker.tardis.wake import Waker
 from remote_agent.protocol import events as ev
-from remote_agent.protocol.limits import MAX_PAYLOADS
+from remote_agent.protocol.fields import MAX_PAYLOADS
 
 #: three at once, then ten a second: small enough to go over in a test
 SMALL = Budget(per_s=10.0, burst=3)

@@ -13,8 +13,7 @@ from support.drones import FakeDrone
 from support.registry import NS, PROOF_KEY, SITE, apply_event, make_record
 
 from broker.manager.lifecycle import forgotten_at
-from broker.manager.recordmerge import drain_due
-from broker.manager.registry import Registry
+from broker.manager.registry import Registry, drain_due
 from broker.manager.verdict import Removal, removal_verdict
 from broker.manager.views import DroneView, RecordView, elapsed_since
 from broker.tardis.release import Durations, release_choice

@@ -15,9 +15,9 @@ from support.vectors import DRONE, EXAMPLES, SITE, T0, example
 
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE, MAX_PAYLOADS
+from remote_agent.protocol.events import check_sender
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE, MAX_PAYLOADS
 from remote_agent.protocol.names import Namespace, check_token
-from remote_agent.protocol.senders import check_sender
 
 
 def test_every_message_type_has_an_example() -> None:

@@ -11,6 +11,7 @@ stand in for sites and drones and may import anything.
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -147,3 +148,39 @@ def test_the_hook_path_imports_neither_asyncio_nor_nats(module: str) -> None:
         [sys.executable, "-c", code], check=True, capture_output=True, text=True, cwd=ROOT
     ).stdout.split()
     assert loaded == []
+
+
+#: what a NATS name looks like inside a string: a subject's family token (``.evt.``,
+#: ``.cmd``, ``.mgr.``), the KV and JetStream prefixes, inboxes, header names, the
+#: bootstrap subject. ``remote_agent/protocol/names.py`` spells them; nothing else does.
+_NATS_NAME = re.compile(
+    r"\.(evt|cmd|mgr)(\.|\Z)|\A(evt|cmd|mgr)\.|\A(evt|mgr)\Z|\$KV\.|\$JS\.|\AKV_|_INBOX|\ANats-|\AKV-"
+    r"|\.bootstrap(\.|\Z)|\A_BOOTSTRAP|\A_EVENTS\Z"
+)
+
+
+def _spelled_names(path: Path) -> Iterator[str]:
+    """Strings (and pieces of f-strings) in ``path`` that spell a NATS name; docstrings aside"""
+    tree = ast.parse(path.read_text(), str(path))
+    docs = {
+        id(node.value)
+        for node in ast.walk(tree)
+        if isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant)
+    }
+    for node in ast.walk(tree):
+        if (
+            isinstance(node, ast.Constant)
+            and isinstance(node.value, str)
+            and id(node) not in docs
+            and _NATS_NAME.search(node.value)
+        ):
+            yield f"{path.relative_to(ROOT)}:{node.lineno}: {node.value!r}"
+
+
+def test_nats_names_are_built_only_in_names_py() -> None:
+    names = ROOT / "remote_agent" / "protocol" / "names.py"
+    assert [
+        spelled for path in MODULES.values() if path != names for spelled in _spelled_names(path)
+    ] == []
+    # the rule reads what names.py spells
+    assert len(list(_spelled_names(names))) >= 10

@@ -16,7 +16,7 @@ from tardis.agents.siteagent import SiteAgent
 from tardis.interfaces.siteadapter import ResourceStatus
 
 from broker.manager import lifecycle
-from broker.manager.lifecycle import forgotten_at, quiet_since
+from broker.manager.lifecycle import forgotten_at, least_retain_lost_s, quiet_since
 from broker.manager.registry import Applied, Registry
 from broker.manager.verdict import Removal, removal_verdict, up_without_record
 from broker.tardis_adapter import RemoteSiteAdapter
@@ -203,13 +203,13 @@ def test_zero_never_retires_and_no_bound_is_below_lost_after_s() -> None:
     _lost(registry, FakeDrone(SITE, DRONE), 100.0)
     _released(registry, 100.0, drone=OTHER)
     assert _tick(registry, 1e12) == []
-    for wrong in (-1.0, float("inf"), float("nan")):
+    for wrong in (-1.0, float("inf"), float("nan"), 1.0, LOST - 1):
         with pytest.raises(ValueError, match="retain_lost_s must be 0"):
             Registry(NS, lost_after_s=LOST, retain_lost_s=wrong)
-    short = Registry(NS, lost_after_s=LOST, retain_lost_s=1.0)
-    _lost(short, FakeDrone(SITE, DRONE), 100.0)
-    assert _tick(short, 100.0 + LOST - 1) == []  # between two heartbeats: kept
-    assert _tick(short, 100.0 + LOST) == [DRONE]
+    shortest = Registry(NS, lost_after_s=LOST, retain_lost_s=least_retain_lost_s(LOST))
+    _lost(shortest, FakeDrone(SITE, DRONE), 100.0)
+    assert _tick(shortest, 100.0 + LOST - 1) == []  # between two heartbeats: kept
+    assert _tick(shortest, 100.0 + LOST) == [DRONE]
 
 
 def test_a_drone_back_without_its_record_is_never_released() -> None:

@@ -31,8 +31,8 @@ from remote_agent.gate import messages as gate
 from remote_agent.protocol import bootstrap
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.events import check_sender
 from remote_agent.protocol.names import Namespace
-from remote_agent.protocol.senders import check_sender
 
 _EXAMPLE = re.compile(
     r"^\$ echo ([0-9a-f]+) \| xxd -r -p \| cobald-remote protocol decode((?: \S+)*)\n(.+)$",

@@ -22,7 +22,7 @@ from broker.manager.registry import Registry
 from broker.manager.timeline import build, check_message
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace
 
 NS = Namespace()

@@ -16,8 +16,8 @@ from broker.manager.validity import Rejection
 from broker.manager.verdict import Removal, removal_verdict
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.errors import SchemaError
+from remote_agent.protocol.events import check_sender
 from remote_agent.protocol.proof import record_proof
-from remote_agent.protocol.senders import check_sender
 
 
 def test_newest_event_wins_and_older_ones_are_counted() -> None:
@@ -201,7 +201,7 @@ def test_bad_events_are_rejected_counted_and_change_nothing(
 
 
 def test_sender_check_agrees_with_events_check_sender() -> None:
-    """The registry and senders.check_sender apply the one sender rule alike"""
+    """The registry and events.check_sender apply the one sender rule alike"""
     drone = FakeDrone(SITE, "site1-0000000001")
     event = drone.heartbeat()
     subjects = [

@@ -20,7 +20,7 @@ from broker.server.auth.authority import Authority, IssuerKey
 from broker.server.auth.jwt import creds_file, encode_jwt, key_of, new_key, public_of, seed_of
 from remote_agent.protocol.bootstrap import MAX_BOOTSTRAP_MESSAGE
 from remote_agent.protocol.events import EVENT_TYPES, kind_of
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import (
     Namespace,
     bootstrap_inbox,

@@ -10,7 +10,6 @@ events all the same, since a server's answer relayed by a reply subject lands th
 from __future__ import annotations
 
 import sys
-from typing import Final
 
 import msgspec
 
@@ -18,18 +17,9 @@ from broker.errors import Rejected
 from broker.manager.lifecycle import TARDIS_DOWN
 from broker.manager.validity import UNSTORED, Headers, Rejection, check_writer, decoded
 from broker.manager.views import DroneView
-from remote_agent.protocol.events import TardisState, decode_note
-from remote_agent.protocol.limits import DEFAULT_MAX_SIZE
+from remote_agent.protocol.events import TARDIS_STATE, TardisState, decode_note
+from remote_agent.protocol.fields import DEFAULT_MAX_SIZE
 from remote_agent.protocol.names import Namespace
-
-#: the note kind (the last subject token) the registry reads
-TARDIS_STATE: Final = "tardis_state"
-
-
-def is_note_subject(subject: str) -> bool:
-    """Whether ``subject`` is a manager note's (``<prefix>.<site>.<drone>.mgr.<kind>``)"""
-    parts = subject.split(".")
-    return len(parts) == 5 and parts[3] == "mgr"
 
 
 def check_note(

@@ -11,7 +11,7 @@ from remote_agent.agent.worker import Worker
 
 
 @dataclass(frozen=True)
-class Controls:
+class Steering:
     """The jobs that steer the drone: its payloads, its record, its startd, its worker"""
 
     ledger: PayloadLedger

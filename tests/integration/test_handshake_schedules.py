@@ -1,5 +1,5 @@
 """
-The proof of the release handshake
+The schedule test of the release handshake: generated schedules, checked as they run
 
 Drives the real agent (``remote_agent.agent.Agent`` with its real gate socket)
 and the real manager (``broker.manager.service.ManagerService`` and its ``Control``)
@@ -27,7 +27,7 @@ drone run to its end:
 * in the drone's own event stream no ``payload_started`` follows its
   ``drain_accepted`` or ``released``.
 
-``COBALD_REMOTE_PROOF_SCHEDULES`` sets how many schedules are explored (each
+``COBALD_REMOTE_SCHEDULES`` sets how many schedules are explored (each
 seeded by its number, so a failure names a reproducible schedule).
 """
 
@@ -40,10 +40,10 @@ from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
-from support.proof import LONG_DRAIN_S, SITE, Drone, Proxy, World, fresh_world
+from support.schedules import LONG_DRAIN_S, SITE, Drone, Proxy, World, fresh_world
 
-SCHEDULES = int(os.environ.get("COBALD_REMOTE_PROOF_SCHEDULES", "60"))
-FIRST = int(os.environ.get("COBALD_REMOTE_PROOF_FIRST", "0"))  #: to replay one schedule
+SCHEDULES = int(os.environ.get("COBALD_REMOTE_SCHEDULES", "60"))
+FIRST = int(os.environ.get("COBALD_REMOTE_SCHEDULE_FIRST", "0"))  #: to replay one schedule
 STEPS = 8
 SHORT_DRAIN_S = 1.5
 
@@ -111,7 +111,7 @@ async def run_schedule(number: int, tmp_path: Path) -> int:
     async with fresh_world(tmp_path / f"s{number}") as world:
         proxy = Proxy(int(world.server.url.rpartition(":")[2]))
         await proxy.start()
-        drone = Drone(f"{SITE}-proof{number:05d}", proxy)
+        drone = Drone(f"{SITE}-schedule{number:05d}", proxy)
         try:
             for action in schedule:
                 await _step(world, drone, action)

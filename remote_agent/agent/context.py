@@ -13,7 +13,7 @@ from remote_agent.settings import Settings
 
 
 @dataclass(frozen=True)
-class Parts:
+class AgentContext:
     """The context of one agent, built once by the agent and handed to each of its jobs"""
 
     settings: Settings

@@ -1,5 +1,5 @@
 """
-The world the handshake proof runs its schedules in, and the checks made as it goes
+The world the handshake's schedule test runs its schedules in, and the checks made as it goes
 
 A real nats-server, the real manager and one drone's real agent behind a proxy that can
 cut its connection; every operation notes what the test saw happen, and a
@@ -214,7 +214,7 @@ class World:
         control = await self.control()
         try:
             result = await control.release(
-                SITE, drone.name, deadline=_deadline(drone, LONG_DRAIN_S), reason="proof"
+                SITE, drone.name, deadline=_deadline(drone, LONG_DRAIN_S), reason="schedule test"
             )
         except TRANSIENT as err:
             drone.log.append(f"release failed: {err!r}")
@@ -226,7 +226,7 @@ class World:
         control = await self.control()
         try:
             result = await control.drain(
-                SITE, drone.name, deadline=_deadline(drone, seconds), reason="proof"
+                SITE, drone.name, deadline=_deadline(drone, seconds), reason="schedule test"
             )
         except TRANSIENT as err:
             drone.log.append(f"drain failed: {err!r}")
@@ -242,7 +242,7 @@ class World:
         control = await self.control()
         try:
             result = await control.drain_or_release(
-                SITE, drone.name, deadline=_deadline(drone, LONG_DRAIN_S), reason="proof"
+                SITE, drone.name, deadline=_deadline(drone, LONG_DRAIN_S), reason="schedule test"
             )
         except TRANSIENT as err:
             drone.log.append(f"drain or release failed: {err!r}")
