@@ -31,7 +31,7 @@ import json
 import random
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from typing import Any
 
@@ -45,7 +45,14 @@ SITE = "fleet"
 SLOTS = 8
 HEARTBEAT_S = 30.0
 #: kinds whose facts TARDIS reads (every one but the heartbeat)
-FACTS = ("gate_opened", "payload_started", "payload_finished", "draining", "drained", "agent_exiting")
+FACTS = (
+    "gate_opened",
+    "payload_started",
+    "payload_finished",
+    "draining",
+    "drained",
+    "agent_exiting",
+)
 #: a drone's seq of its k-th planned event; the ones between are for resent heartbeats
 SEQ_STEP = 4
 
@@ -149,7 +156,9 @@ class Plan:
     def in_window(self, lo: float, hi: float) -> int:
         """How many fact events (not heartbeats) are planned in ``[lo, hi)``"""
         return sum(
-            1 for life in self.lives.values() for at, _, kind, _ in life.events
+            1
+            for life in self.lives.values()
+            for at, _, kind, _ in life.events
             if lo <= at < hi and kind != "heartbeat"
         )
 
@@ -185,16 +194,18 @@ class Agent:
         self.resent = 0
 
     def event(self, k: int, at: dt.datetime, kind: str | None = None, seq: int = 0) -> ev.Event:
-        _, planned_seq, planned_kind, busy = self.life.events[k]
+        """The ``k``-th planned event (or a ``kind`` of event with ``seq`` in its stead)"""
+        _, planned_seq, planned_kind, _ = self.life.events[k]
         kind = kind or planned_kind
         seq = seq or planned_seq
-        draining = at.timestamp() - self.t0 >= self.life.draining
         job = f"{self.life.drone}.{planned_seq}"
         if kind == "payload_started":
-            self.payloads.append(ev.Payload(job_id=job, slot=f"slot1_{len(self.payloads) + 1}", started_at=at))
+            self.payloads.append(
+                ev.Payload(job_id=job, slot=f"slot1_{len(self.payloads) + 1}", started_at=at)
+            )
         elif kind == "payload_finished" and self.payloads:
             job = self.payloads.pop(0).job_id
-        state = _state(kind, len(self.payloads), draining)
+        state = _state(kind, len(self.payloads), at.timestamp() - self.t0 >= self.life.draining)
         if state is not self.state:
             self.state, self.since = state, at
         snapshot = ev.Snapshot(
@@ -215,113 +226,132 @@ class Agent:
             "id": dedupe_id(self.life.drone, "inc0", seq),
             "snapshot": snapshot,
         }
-        if kind == "heartbeat":
-            return ev.Heartbeat(**head, interval_s=HEARTBEAT_S)
-        if kind == "payload_started":
-            return ev.PayloadStarted(**head, job_id=job, slot="slot1_1")
-        if kind == "payload_finished":
-            return ev.PayloadFinished(**head, job_id=job, how=ev.PayloadEnd.EXIT, exit_code=0)
-        if kind == "agent_started":
-            return ev.AgentStarted(**head, agent_version="bench", pid=4711)
-        if kind == "worker_started":
-            return ev.WorkerStarted(**head, pid=4711, command=["sleep"])
-        if kind == "startd_ready":
-            return ev.StartdReady(**head, slots=SLOTS)
-        if kind == "gate_opened":
-            return ev.GateOpened(**head)
-        if kind == "draining":
-            return ev.Draining(**head, payloads=len(self.payloads), deadline=at + dt.timedelta(minutes=10))
-        if kind == "drained":
-            return ev.Drained(**head)
-        return ev.AgentExiting(**head, exit_code=0)
+        return _BUILD[kind](head, job, len(self.payloads))
+
+
+#: each kind's event from its head, the payload's job id and the payloads running
+_BUILD: dict[str, Callable[[dict[str, Any], str, int], ev.Event]] = {
+    "heartbeat": lambda head, job, n: ev.Heartbeat(**head, interval_s=HEARTBEAT_S),
+    "payload_started": lambda head, job, n: ev.PayloadStarted(**head, job_id=job, slot="slot1_1"),
+    "payload_finished": lambda head, job, n: ev.PayloadFinished(
+        **head, job_id=job, how=ev.PayloadEnd.EXIT, exit_code=0
+    ),
+    "agent_started": lambda head, job, n: ev.AgentStarted(**head, agent_version="bench", pid=4711),
+    "worker_started": lambda head, job, n: ev.WorkerStarted(**head, pid=4711, command=["sleep"]),
+    "startd_ready": lambda head, job, n: ev.StartdReady(**head, slots=SLOTS),
+    "gate_opened": lambda head, job, n: ev.GateOpened(**head),
+    "draining": lambda head, job, n: ev.Draining(
+        **head, payloads=n, deadline=head["at"] + dt.timedelta(minutes=10)
+    ),
+    "drained": lambda head, job, n: ev.Drained(**head),
+    "agent_exiting": lambda head, job, n: ev.AgentExiting(**head, exit_code=0),
+}
+
+
+class Publisher:
+    """
+    The agents' connections: each publishes its drones' events when due, and after a
+    reconnect each of its drones sends its newest event again and a heartbeat
+    """
+
+    def __init__(self, plan: Plan, prefix: str, t0: float, connections: int) -> None:
+        self.ns = Namespace(prefix)
+        self.t0 = t0
+        self.agents = [Agent(life, t0) for life in plan.lives.values()]
+        self.connections = connections
+        self.ncs: list[Any] = []
+        self.outboxes: list[list[tuple[str, bytes, str]]] = [[] for _ in range(connections)]
+        self.counts = dict.fromkeys(
+            ("published", "resent", "reconnects", "refused", "errors", "disconnects"), 0
+        )
+        self.late: list[float] = []
+
+    async def connect(self, url: str) -> None:
+        async def error(err: Exception) -> None:
+            self.counts["errors"] += 1
+
+        async def disconnected() -> None:
+            self.counts["disconnects"] += 1
+
+        for c in range(self.connections):
+            self.ncs.append(
+                await nats.connect(
+                    url,
+                    max_reconnect_attempts=-1,
+                    reconnect_time_wait=2.0,  # the agent's own reconnect_wait_s
+                    pending_size=64 * 1024 * 1024,
+                    reconnected_cb=self._resender(c),
+                    error_cb=error,
+                    disconnected_cb=disconnected,
+                )
+            )
+
+    async def _publish(self, c: int, subject: str, data: bytes, msg_id: str) -> None:
+        try:
+            await self.ncs[c].publish(subject, data, headers={"Nats-Msg-Id": msg_id})
+        except Exception:  # the client's buffer is full while it reconnects
+            self.counts["refused"] += 1
+
+    def _resender(self, c: int) -> Callable[[], Awaitable[None]]:
+        async def reconnected() -> None:
+            self.counts["reconnects"] += 1
+            now = dt.datetime.now(dt.UTC)
+            for agent in self.agents[c :: self.connections]:
+                if agent.last is None or agent.state is ev.DroneState.EXITING:
+                    continue
+                await self._publish(c, *agent.last)
+                k = agent.life.newest(now.timestamp() - self.t0)
+                agent.resent += 1
+                seq = agent.life.events[k][1] + min(agent.resent, SEQ_STEP - 1)
+                beat = agent.event(k, now, "heartbeat", seq)
+                subject = self.ns.event(SITE, agent.life.drone, "heartbeat")
+                await self._publish(c, subject, ev.encode(beat), beat.id)
+                self.counts["resent"] += 2
+
+        return reconnected
+
+    async def run(self) -> None:
+        """Publish every planned event when it is due"""
+        agents, t0 = self.agents, self.t0
+        due = [(a.life.events[0][0], i, 0) for i, a in enumerate(agents) if a.life.events]
+        heapq.heapify(due)
+        while due:
+            await asyncio.sleep(max(0.0, t0 + due[0][0] - time.time()))
+            now = time.time()
+            while due and t0 + due[0][0] <= now:
+                at_rel, i, k = heapq.heappop(due)
+                agent = agents[i]
+                self.late.append(now - (t0 + at_rel))
+                event = agent.event(k, dt.datetime.fromtimestamp(t0 + at_rel, dt.UTC))
+                subject = self.ns.event(SITE, agent.life.drone, ev.kind_of(type(event)))
+                agent.last = (subject, ev.encode(event), event.id)
+                self.outboxes[i % self.connections].append(agent.last)
+                self.counts["published"] += 1
+                if k + 1 < len(agent.life.events):
+                    heapq.heappush(due, (agent.life.events[k + 1][0], i, k + 1))
+            for c, out in enumerate(self.outboxes):
+                self.outboxes[c] = []
+                for message in out:
+                    await self._publish(c, *message)
+
+    async def close(self) -> dict[str, Any]:
+        for nc in self.ncs:
+            await nc.drain()
+        return {**self.counts, "late": _common.percentiles(self.late)}
 
 
 async def publish_plan(
     url: str, prefix: str, params: Params, t0: float, connections: int
 ) -> dict[str, Any]:
     """Publish every planned event when it is due; resend after each reconnect"""
-    plan = Plan(params)
-    ns = Namespace(prefix)
-    agents = [Agent(life, t0) for life in plan.lives.values()]
-    counts = {"published": 0, "resent": 0, "reconnects": 0, "refused": 0, "errors": 0, "disconnects": 0}
-    late: list[float] = []
-    ncs: list[Any] = []
-    groups: list[list[Agent]] = [agents[c::connections] for c in range(connections)]
-
-    outboxes: list[list[tuple[str, bytes, str]]] = [[] for _ in range(connections)]
-
-    def send(c: int, agent: Agent, event: ev.Event) -> None:
-        subject = ns.event(SITE, agent.life.drone, ev.kind_of(type(event)))
-        agent.last = (subject, ev.encode(event), event.id)
-        outboxes[c].append(agent.last)
-
-    async def publish(c: int, subject: str, data: bytes, msg_id: str) -> None:
-        try:
-            await ncs[c].publish(subject, data, headers={"Nats-Msg-Id": msg_id})
-        except Exception:  # the client's buffer is full while it reconnects: an agent's spool
-            counts["refused"] += 1
-
-    def resender(c: int) -> Any:
-        async def reconnected() -> None:
-            counts["reconnects"] += 1
-            now = dt.datetime.now(dt.UTC)
-            for agent in groups[c]:
-                if agent.last is None or agent.state is ev.DroneState.EXITING:
-                    continue
-                await publish(c, *agent.last)
-                k = agent.life.newest(now.timestamp() - t0)
-                agent.resent += 1
-                seq = agent.life.events[k][1] + min(agent.resent, SEQ_STEP - 1)
-                beat = agent.event(k, now, "heartbeat", seq)
-                await publish(c, ns.event(SITE, agent.life.drone, "heartbeat"), ev.encode(beat), beat.id)
-                counts["resent"] += 2
-
-        return reconnected
-
-    async def quiet(err: Exception) -> None:
-        counts["errors"] += 1
-
-    async def disconnected() -> None:
-        counts["disconnects"] += 1
-
-    for c in range(connections):
-        nc = await nats.connect(
-            url,
-            max_reconnect_attempts=-1,
-            reconnect_time_wait=2.0,
-            pending_size=64 * 1024 * 1024,
-            reconnected_cb=resender(c),
-            error_cb=quiet,
-            disconnected_cb=disconnected,
-        )
-        ncs.append(nc)
-    due: list[tuple[float, int, int]] = [(a.life.events[0][0], i, 0) for i, a in enumerate(agents) if a.life.events]
-    heapq.heapify(due)
+    publisher = Publisher(Plan(params), prefix, t0, connections)
+    await publisher.connect(url)
     print(json.dumps({"ready": True}), flush=True)
     try:
-        while due:
-            at_rel = due[0][0]
-            wait = t0 + at_rel - time.time()
-            if wait > 0:
-                await asyncio.sleep(wait)
-            now = time.time()
-            while due and t0 + due[0][0] <= now:
-                at_rel, i, k = heapq.heappop(due)
-                agent = agents[i]
-                late.append(now - (t0 + at_rel))
-                at = dt.datetime.fromtimestamp(t0 + at_rel, dt.UTC)
-                send(i % connections, agent, agent.event(k, at))
-                counts["published"] += 1
-                if k + 1 < len(agent.life.events):
-                    heapq.heappush(due, (agent.life.events[k + 1][0], i, k + 1))
-            for c, out in enumerate(outboxes):
-                outboxes[c] = []
-                for message in out:
-                    await publish(c, *message)
+        await publisher.run()
     finally:
-        for nc in ncs:
-            await nc.drain()
-    return {**counts, "late": _common.percentiles(late)}
+        report = await publisher.close()
+    return report
 
 
 def main(argv: Sequence[str]) -> int:

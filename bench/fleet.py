@@ -50,7 +50,7 @@ import pstats
 import subprocess
 import sys
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import asdict
 from pathlib import Path
 from typing import Any
@@ -63,6 +63,7 @@ from cobald.composite.factory import FactoryPool
 from tardis.configuration.configuration import Configuration
 from tardis.resources.drone import Drone
 
+from broker.jetstream.fastpath import Direct
 from broker.tardis.factory import create_composite_pool
 from remote_agent.protocol.events import RecordPhase
 from remote_agent.protocol.names import Namespace
@@ -166,6 +167,16 @@ class Probe:
     def window(self, lo: float, hi: float, kinds: Sequence[str] = FACTS) -> dict[str, float]:
         return percentiles([lag for at, lag, kind in self.lags if lo <= at < hi and kind in kinds])
 
+    def windows(self, params: Params) -> dict[str, dict[str, float]]:
+        """The lags of the ramp and of the measured window, all and by kind"""
+        lo, hi = params.measure_from_s, params.measure_to_s
+        return {
+            "ramp": self.window(0, lo),
+            "steady": self.window(lo, hi),
+            "steady_payload": self.window(lo, hi, ("payload_started", "payload_finished")),
+            "steady_drain": self.window(lo, hi, ("draining", "drained", "agent_exiting")),
+        }
+
 
 @contextlib.contextmanager
 def profiled(enabled: bool, name: str) -> Iterator[None]:
@@ -190,11 +201,58 @@ async def until(t0: float, at: float) -> None:
     await asyncio.sleep(max(0.0, t0 + at - time.time()))
 
 
+class Monitor:
+    """Every 50 ms: how late the event loop wakes (its stalls), and the notes not yet published"""
+
+    def __init__(self, remote: Any) -> None:
+        self.remote = remote
+        self.stalls: list[tuple[float, float]] = []  # (monotonic, seconds late)
+        self.notes_max = 0
+
+    async def run(self) -> None:
+        loop = asyncio.get_running_loop()
+        while True:
+            due = loop.time() + 0.05
+            await asyncio.sleep(0.05)
+            self.stalls.append((time.monotonic(), loop.time() - due))
+            if self.remote is not None:
+                self.notes_max = max(self.notes_max, len(self.remote._notes))
+
+    def window(self, lo: float, hi: float) -> dict[str, float]:
+        return percentiles([late for at, late in self.stalls if lo <= at < hi])
+
+
+class Liveness:
+    """How long the manager's liveness ticks take (``Registry.mark_ended`` and ``mark_lost``)"""
+
+    def __init__(self, registry: Any) -> None:
+        self.ticks: list[float] = []
+        ended, lost = registry.mark_ended, registry.mark_lost
+
+        def mark_ended(now: float) -> Any:
+            self._started = time.perf_counter()
+            return ended(now)
+
+        def mark_lost(now: float) -> Any:
+            newly = lost(now)
+            self.ticks.append(time.perf_counter() - self._started)
+            return newly
+
+        self._started = 0.0
+        registry.mark_ended, registry.mark_lost = mark_ended, mark_lost
+
+
+def ack_writes() -> int:
+    """Writes of acks on every connection of this process (the manager's)"""
+    return sum(getattr(direct, "writes", 0) for direct in list(Direct._installed.values()))
+
+
 class Sampler:
     """What a window of the run measures: CPU, state runs, adapter calls, wakes"""
 
-    def __init__(self, drones: Sequence[Any]) -> None:
+    def __init__(self, drones: Sequence[Any], liveness: Liveness | None = None) -> None:
         self.drones = drones
+        self.liveness = liveness
 
     def take(self) -> dict[str, Any]:
         return {
@@ -207,6 +265,8 @@ class Sampler:
             ),
             "woken": [getattr(d, "woken", 0) for d in self.drones],
             "rss": rss_bytes(),
+            "ack_writes": ack_writes(),
+            "ticks": len(self.liveness.ticks) if self.liveness is not None else 0,
         }
 
 
@@ -221,7 +281,27 @@ def rates(a: dict[str, Any], b: dict[str, Any], n: int) -> dict[str, float]:
         "state_runs_per_s": (b["runs"] - a["runs"]) / seconds,
         "adapter_calls_per_s": (b["calls"] - a["calls"]) / seconds,
         "batch_calls_per_s": (b["batch_calls"] - a["batch_calls"]) / seconds,
+        "ack_writes_per_s": (b["ack_writes"] - a["ack_writes"]) / seconds,
     }
+
+
+def covered_by(remote: Any, plan: Plan, t0: float) -> Callable[[str], int]:
+    """What a state run reads: the registry's newest event, or the plan at this moment"""
+    if remote is not None:
+        registry = remote.registry
+
+        def from_registry(drone: str) -> int:
+            view = registry.view(SITE, drone)
+            return view.seq if view is not None and view.seq is not None else -1
+
+        return from_registry
+
+    def from_plan(drone: str) -> int:
+        life = plan.lives[drone]
+        k = life.newest(time.time() - t0)
+        return life.events[k][1] if k >= 0 else -1
+
+    return from_plan
 
 
 async def child(
@@ -254,21 +334,7 @@ async def child(
         rss_drones = rss_bytes()
         t0 = time.time() + 3 + n / 1000
         Fleet.plan, Fleet.t0 = plan, t0
-        if remote is not None:
-            registry = remote.registry
-
-            def covered(drone: str) -> int:
-                view = registry.view(SITE, drone)
-                return view.seq if view is not None and view.seq is not None else -1
-
-        else:
-
-            def covered(drone: str) -> int:
-                life = plan.lives[drone]
-                k = life.newest(time.time() - t0)
-                return life.events[k][1] if k >= 0 else -1
-
-        probe = Probe(plan, t0, covered)
+        probe = Probe(plan, t0, covered_by(remote, plan, t0))
         first = drones[0]
         probe.wrap(first.site_agent._site_adapter, first.batch_system_agent._batch_system_adapter)
         agents = None
@@ -295,7 +361,10 @@ async def child(
                 tasks.append(asyncio.create_task(drone.run()))
 
         requesting = asyncio.create_task(request())
-        sampler = Sampler(drones)
+        liveness = Liveness(remote.registry) if remote is not None else None
+        monitor = Monitor(remote)
+        monitoring = asyncio.create_task(monitor.run())
+        sampler = Sampler(drones, liveness)
         report: dict[str, Any] = {"mode": mode, "drones": n}
         try:
             await until(t0, params.measure_from_s)
@@ -310,18 +379,16 @@ async def child(
                 "measured_mb": after["rss"] / 1e6,
                 "per_drone_kb": (after["rss"] - rss0) / n / 1e3,
             }
-            report["lag"] = {
-                "ramp": probe.window(0, params.measure_from_s),
-                "steady": probe.window(params.measure_from_s, params.measure_to_s),
-                "steady_payload": probe.window(
-                    params.measure_from_s, params.measure_to_s, ("payload_started", "payload_finished")
-                ),
-                "steady_drain": probe.window(
-                    params.measure_from_s, params.measure_to_s, ("draining", "drained", "agent_exiting")
-                ),
-            }
-            report["planned_facts_steady"] = plan.in_window(params.measure_from_s, params.measure_to_s)
+            report["lag"] = probe.windows(params)
+            report["planned_facts_steady"] = plan.in_window(
+                params.measure_from_s, params.measure_to_s
+            )
             report["calls"] = dict(CALLS)
+            report["loop_late"] = monitor.window(before["time"], after["time"])
+            report["notes_pending_max_ramp"] = monitor.notes_max
+            if liveness is not None:
+                ticks = liveness.ticks[before["ticks"] : after["ticks"]]
+                report["liveness_tick"] = percentiles(ticks)
             if bus is not None and remote is not None:
                 report["storm"] = await storm(bus, remote, plan, probe, sampler, before, after, t0)
                 report["waker"] = dict(remote.waker.counts)
@@ -329,6 +396,7 @@ async def child(
                 report["notes_pending"] = len(remote.pending_notes)
         finally:
             requesting.cancel()
+            monitoring.cancel()
             for task in tasks:
                 task.cancel()
             await asyncio.gather(*tasks, return_exceptions=True)
@@ -336,9 +404,11 @@ async def child(
                 remote.stop()
                 await asyncio.wait_for(bus_task, 30)
             if agents is not None:
-                with contextlib.suppress(ProcessLookupError):
+                try:  # it ends once its plan is published
+                    out, _ = await asyncio.wait_for(agents.communicate(), 30)
+                except TimeoutError:
                     agents.terminate()
-                out, _ = await agents.communicate()
+                    out, _ = await agents.communicate()
                 lines = out.decode().strip().splitlines()
                 with contextlib.suppress(ValueError, IndexError):
                     report["agents"] = json.loads(lines[-1])
@@ -398,9 +468,9 @@ async def storm(
         "restart_s": restarted - start,
         "window_s": seconds,
         "state_runs_per_s": storm_rates["state_runs_per_s"],
-        "extra_state_runs_per_drone": (
-            storm_rates["state_runs_per_s"] - steady["state_runs_per_s"]
-        ) * seconds / n,
+        "extra_state_runs_per_drone": (storm_rates["state_runs_per_s"] - steady["state_runs_per_s"])
+        * seconds
+        / n,
         "extra_wakes_per_drone_mean": sum(extra_wakes) / n,
         "extra_wakes_per_drone_max": max(extra_wakes, default=0),
         "drones_over_one_extra_wake": sum(1 for w in extra_wakes if w > 1),
@@ -425,7 +495,12 @@ def params_for(
     start = ramp + (3.5 * heartbeat_s if mode == "stock" else fill + 10)
     end = start + measure_s + (after_s if mode == "event" else 0.0)
     return Params(
-        drones=n, ramp_s=ramp, fill_s=fill, measure_from_s=start, measure_to_s=start + measure_s, end_s=end
+        drones=n,
+        ramp_s=ramp,
+        fill_s=fill,
+        measure_from_s=start,
+        measure_to_s=start + measure_s,
+        end_s=end,
     )
 
 
@@ -477,8 +552,10 @@ def print_report(results: Sequence[dict[str, Any]]) -> None:
                 e["cpu_share"] / st["cpu_share"],
                 e["cpu_us_per_drone_s"] / st["cpu_us_per_drone_s"],
                 result["event"]["rss"]["per_drone_kb"] / result["stock"]["rss"]["per_drone_kb"],
-                result["event"]["lag"]["steady"]["p50_ms"] / result["stock"]["lag"]["steady"]["p50_ms"],
-                result["event"]["lag"]["steady"]["p99_ms"] / result["stock"]["lag"]["steady"]["p99_ms"],
+                result["event"]["lag"]["steady"]["p50_ms"]
+                / result["stock"]["lag"]["steady"]["p50_ms"],
+                result["event"]["lag"]["steady"]["p99_ms"]
+                / result["stock"]["lag"]["steady"]["p99_ms"],
                 e["state_runs_per_s"] / st["state_runs_per_s"],
                 "",
             ]
@@ -560,7 +637,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         "--heartbeat", type=int, default=None, help="drone_heartbeat_interval s [60; quick 20]"
     )
     parser.add_argument(
-        "--modes", nargs="+", default=["stock", "event"], choices=["stock", "event"],
+        "--modes",
+        nargs="+",
+        default=["stock", "event"],
+        choices=["stock", "event"],
         help="which processes to run [both]",
     )
     parser.add_argument("--after", type=float, default=None, help="window after the storm s [45]")
