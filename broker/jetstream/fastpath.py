@@ -231,6 +231,8 @@ class Direct:
         self._flush_pending = nc._flush_pending
         self._answers: list[bytes] = []
         self._writers: set[asyncio.Task[None]] = set()
+        #: writes of collected answers (each one system call, for any number of acks)
+        self.writes = 0
 
     @classmethod
     def install(cls, nc: Client) -> Direct | None:
@@ -282,8 +284,9 @@ class Direct:
         """
         Publish an ack (``command_tail`` = `` <size>\\r\\n<body>\\r\\n``) to ``reply``
 
-        Collected, and written with the others of the same read of the
-        socket once the parser is done with it (a task started by the first).
+        Collected, and written with the others of the reads within :data:`ACK_WINDOW_S`
+        (a task started by the first): a fleet's events trickle in one socket read
+        each, and one write per read would cost a system call per event.
         """
         answers = self._answers
         answers.append(b"PUB " + reply + command_tail)
@@ -293,12 +296,14 @@ class Direct:
             writer.add_done_callback(self._writers.discard)
 
     async def _write_answers(self) -> None:
+        await asyncio.sleep(ACK_WINDOW_S)
         answers, self._answers = self._answers, []
         nc = self.nc
         if not answers or nc.is_closed:
             return  # never acknowledged: the server redelivers them
         command = b"".join(answers)
         stats = self._stats
+        self.writes += 1
         stats["out_msgs"] += len(answers)
         # the bodies, without "PUB <reply> N\r\n" and "\r\n" around each
         stats["out_bytes"] += len(answers) * 4
@@ -332,6 +337,11 @@ def route(nc: Client, sub: Subscription, callback: RawCallback) -> Direct | None
         direct.routes[sid] = callback
     return direct
 
+
+#: how long the acks of one socket read wait for those of the next reads, to be written
+#: together: at most one write per window, however many events trickle in (their
+#: ``ack_wait`` is 30 s; an ack a connection loss drops means one redelivery, a duplicate)
+ACK_WINDOW_S: Final = 0.02
 
 #: the rest of an ack's ``PUB <reply>`` command: size and body
 ACK_TAIL: Final = b" 4\r\n+ACK\r\n"

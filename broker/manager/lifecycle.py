@@ -178,8 +178,11 @@ def _kind(kind: str, view: DroneView) -> str:
 class EndTracker:
     """
     Which views to look at when: those changed since the last tick, drained drones whose
-    silence is due, ended drones whose retention is over, and drones silent for
-    ``retain_lost_s`` (``0``: never)
+    silence is due, drones whose silence reaches ``lost_after_s``, ended drones whose
+    retention is over, and drones silent for ``retain_lost_s`` (``0``: never)
+
+    Each tick looks at these alone, never at every view: its cost follows what changed
+    and what fell due, not the size of the fleet.
 
     :param views: the registry's views, changed in place
     """
@@ -199,6 +202,11 @@ class EndTracker:
         self._silence = Schedule()
         self._retire = Schedule()
         self._forget = Schedule()
+        #: when each drone not lost and not ended is due to be lost (it moves later with
+        #: every sign of life: looked at then, and held again at its new time)
+        self._lost = Schedule()
+        #: lost drones whose view changed, for the next :meth:`mark_lost`
+        self._relost: set[tuple[str, str]] = set()
         #: the very views :meth:`due` offered for retirement by silence
         self._forgotten: dict[tuple[str, str], DroneView] = {}
         #: drones that started a payload since their agent started (for one line each)
@@ -236,6 +244,7 @@ class EndTracker:
             at = forgotten_at(self._views[key], self.retain_lost_s)
             if at is not None:
                 self._forget.add(key, at)
+            self._lost_at(key, self._views[key])
         return newly
 
     def _derive(self, key: tuple[str, str], view: DroneView, now: float) -> bool:
@@ -279,16 +288,28 @@ class EndTracker:
         return not view.ended
 
     def mark_lost(self, now: float) -> list[DroneView]:
-        """Mark every drone silent for ``lost_after_s`` and not ended as lost (all views)"""
+        """
+        Mark every drone silent for ``lost_after_s`` and not ended as lost, and a lost one
+        that spoke again as not lost: the views changed since the last :meth:`mark_ended`
+        or this call, and those whose silence fell due (never a scan of every view)
+        """
         newly: list[DroneView] = []
         limit = self.lost_after_s
-        for key, view in list(self._views.items()):
+        keys = set(self._changed)
+        keys.update(self._relost)
+        self._relost = set()
+        while (due := self._lost.pop_due(now)) is not None:
+            keys.add(due)
+        for key in keys:
+            view = self._views.get(key)
+            if view is None:
+                continue
             lost = view.counts_lost(now, limit)
             if lost != view.lost:
-                updated = msgspec.structs.replace(view, lost=lost)
-                self._views[key] = updated
+                view = msgspec.structs.replace(view, lost=lost)
+                self._views[key] = view
                 if lost:
-                    newly.append(updated)
+                    newly.append(view)
                     log.warning(
                         "drone %s/%s lost: no sign of life for %.0fs",
                         view.site,
@@ -296,7 +317,20 @@ class EndTracker:
                         now - (view.last_seen or now),
                         extra=_extra(view),
                     )
+            if not view.lost:
+                self._lost_at(key, view)
         return newly
+
+    def _lost_at(self, key: tuple[str, str], view: DroneView) -> None:
+        """
+        Hold ``key`` for :meth:`mark_lost` until its silence reaches ``lost_after_s``;
+        a lost drone's changed view is looked at by the next one (it may have spoken)
+        """
+        seen = view.last_seen
+        if view.lost:
+            self._relost.add(key)
+        elif seen is not None and not view.ended:
+            self._lost.add(key, seen + self.lost_after_s)
 
     def due(self, now: float, limit: int) -> list[DroneView]:
         """
@@ -345,6 +379,8 @@ class EndTracker:
         self._silence.discard(key)
         self._retire.discard(key)
         self._forget.discard(key)
+        self._lost.discard(key)
+        self._relost.discard(key)
         self._served.discard(key)
         if self._forgotten.pop(key, None) is None or view.ended:
             return

@@ -65,6 +65,40 @@ async def test_consumer_applies_then_acks(nc: Client, stream: JetStreamContext) 
     assert registry.metrics().applied == last
 
 
+async def test_acks_of_events_that_trickle_in_are_written_together(
+    nc: Client, stream: JetStreamContext
+) -> None:
+    """Events arriving one socket read each are acknowledged in fewer writes than events"""
+    await ensure_consumer(stream, NS.event_stream, durable_config(NS.all_events, "trickle"))
+    registry = Registry(NS)
+    pull = PullConsumer(
+        nc, NS.event_stream, "trickle", event_handler(registry), settings=FAST, headers=True
+    )
+    drone = FakeDrone(SITE, f"{SITE}-00000000a1")
+    async with _running(pull):
+        await publish(stream, NS, drone.started())
+        await wait_until(lambda: registry.view(SITE, drone.drone) is not None, what="applied")
+        direct = pull._direct
+        assert direct is not None
+        before = direct.writes
+        for _ in range(50):  # each awaits its PubAck: one at a time at the consumer
+            await publish(stream, NS, drone.heartbeat())
+        last = (await stream.stream_info(NS.event_stream)).state.last_seq
+
+        async def acked() -> bool:
+            info = await stream.consumer_info(NS.event_stream, "trickle")
+            return info.ack_floor is not None and info.ack_floor.stream_seq == last
+
+        for _ in range(1000):  # polled: the server's word that every ack arrived
+            if await acked():
+                break
+            await asyncio.sleep(0.02)
+        else:
+            raise AssertionError("not every event was acknowledged")
+    assert registry.view(SITE, drone.drone).heartbeat_seq == drone.seq  # type: ignore[union-attr]
+    assert 1 <= direct.writes - before < 25  # one write per event without the window
+
+
 async def test_portable_path_works_too(nc: Client, stream: JetStreamContext) -> None:
     """The nats-py Msg path, used when direct dispatch is unavailable, gives the same state"""
     await ensure_consumer(stream, NS.event_stream, durable_config(NS.all_events, "portable"))

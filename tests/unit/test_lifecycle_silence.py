@@ -19,6 +19,7 @@ from broker.manager import lifecycle
 from broker.manager.lifecycle import forgotten_at, least_retain_lost_s, quiet_since
 from broker.manager.registry import Applied, Registry
 from broker.manager.verdict import Removal, removal_verdict, up_without_record
+from broker.manager.views import DroneView
 from broker.tardis_adapter import RemoteSiteAdapter
 from remote_agent.protocol import events as ev
 from remote_agent.protocol.names import MSG_ID, Namespace
@@ -268,3 +269,60 @@ def test_never_before_the_deadline_of_a_drain_its_record_holds() -> None:
     assert registry.apply_record(record, 1, 100.0) is Applied.APPLIED
     assert _tick(registry, 100.0 + 2 * RETAIN_LOST) == []
     assert _tick(registry, 100.0 + 3 * RETAIN_LOST) == [DRONE]
+
+
+def test_the_liveness_tick_looks_at_due_and_changed_drones_only(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """A fleet whose drones all speak costs a tick nothing per drone; each is lost on time"""
+    registry = _registry()
+    drones = [FakeDrone(SITE, f"{SITE}-{i:010x}") for i in range(200)]
+    for i, drone in enumerate(drones):
+        _event(registry, drone.started(), 100.0 + i / 100, 1)
+    _tick(registry, 102.0)  # every view changed: each is looked at once
+    looked: list[str] = []
+    counts_lost = DroneView.counts_lost
+
+    def counted(view: DroneView, now: float, lost_after_s: float) -> bool:
+        looked.append(view.drone)
+        return counts_lost(view, now, lost_after_s)
+
+    monkeypatch.setattr(DroneView, "counts_lost", counted)
+    _tick(registry, 100.0 + LOST - 1)
+    assert looked == []  # nothing changed, nothing due
+    _event(registry, drones[5].heartbeat(), 150.0, 2)  # one speaks: its silence moves
+    _tick(registry, 100.0 + LOST - 0.5)
+    assert looked == []
+    _tick(registry, 100.0 + LOST + 0.095)  # the first ten fall silent for LOST, on time
+    lost = {v.drone for v in registry.views().values() if v.lost}
+    assert lost == {d.drone for d in drones[:10] if d is not drones[5]}
+    assert sorted(looked) == sorted(d.drone for d in drones[:10])  # drone 5's old time too
+
+
+def test_a_lost_drone_that_speaks_is_not_lost_and_is_lost_again_after_its_new_silence() -> None:
+    registry = _registry()
+    drone = FakeDrone(SITE, DRONE)
+    _lost(registry, drone, 100.0)
+    _tick(registry, 100.0 + LOST)
+    assert registry.view(SITE, DRONE).lost  # type: ignore[union-attr]
+    _event(registry, drone.heartbeat(), 500.0, 3)
+    _tick(registry, 501.0)
+    assert not registry.view(SITE, DRONE).lost  # type: ignore[union-attr]
+    _tick(registry, 500.0 + LOST - 1)
+    assert not registry.view(SITE, DRONE).lost  # type: ignore[union-attr]
+    _tick(registry, 500.0 + LOST)
+    assert registry.view(SITE, DRONE).lost  # type: ignore[union-attr]
+
+
+def test_a_late_heartbeat_of_a_lost_drone_brings_it_back() -> None:
+    """A heartbeat older by seq but newer by receipt replaces the heartbeat facts only"""
+    registry = _registry()
+    drone = FakeDrone(SITE, DRONE)
+    _event(registry, drone.started(), 100.0, 5)
+    _tick(registry, 100.0 + LOST)
+    assert registry.view(SITE, DRONE).lost  # type: ignore[union-attr]
+    assert _event(registry, drone.heartbeat(), 400.0, 3) is Applied.STALE
+    _tick(registry, 401.0)
+    assert not registry.view(SITE, DRONE).lost  # type: ignore[union-attr]
+    _tick(registry, 400.0 + LOST)
+    assert registry.view(SITE, DRONE).lost  # type: ignore[union-attr]
