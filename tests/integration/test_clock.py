@@ -14,7 +14,6 @@ import dataclasses
 import datetime as dt
 import logging
 import os
-import shutil
 import signal
 import sys
 import time
@@ -38,9 +37,12 @@ from remote_agent.gate.paths import GATE_ENV, PYTHON_ENV
 from remote_agent.protocol import events as ev
 from remote_agent.settings import SETTINGS_ENV
 
-pytestmark = pytest.mark.skipif(
-    shutil.which("faketime") is None, reason="Debian's faketime is not installed"
-)
+#: Debian's libfaketime (package ``faketime``), preloaded into the agent: the ``faketime``
+#: wrapper would name a semaphore after its PID and leave it behind when the test stops it,
+#: and a later wrapper given the same PID fails ("sem_open: File exists")
+LIBFAKETIME = next(iter(sorted(Path("/usr/lib").glob("*/faketime/libfaketime.so.1"))), None)
+
+pytestmark = pytest.mark.skipif(LIBFAKETIME is None, reason="Debian's faketime is not installed")
 
 SITE = "site1"
 #: a day and an hour ahead (TARDIS's 24 h drain looks expired), ten days behind, ten years ahead
@@ -73,14 +75,13 @@ async def skewed_agent(
     env: dict[str, str] | None = None,
 ) -> AsyncIterator[Path]:
     """
-    ``cobald-remote agent run`` for ``drone`` under ``faketime -f offset`` (no startd: its
-    payloads pass the gate hooks alone); yields its gate socket; stopped (SIGTERM) at the end
+    ``cobald-remote agent run`` for ``drone`` with libfaketime's clock ``offset`` (as
+    ``faketime -f offset`` runs it; no startd: its payloads pass the gate hooks alone); yields
+    its gate socket; stopped (SIGTERM) at the end
     """
     spool = tmp_path / drone
+    faked = {"LD_PRELOAD": str(LIBFAKETIME), "FAKETIME": offset}
     proc = await start_process(
-        "faketime",
-        "-f",
-        offset,
         *CLI,
         "agent",
         "run",
@@ -99,8 +100,8 @@ async def skewed_agent(
         "--",
         "sleep",
         "1000",
-        env={**os.environ, "COBALD_REMOTE_RECONNECT_WAIT_S": "0.1", **(env or {})},
-        start_new_session=True,  # faketime runs the agent as its child: stop them as a group
+        env={**os.environ, "COBALD_REMOTE_RECONNECT_WAIT_S": "0.1", **faked, **(env or {})},
+        start_new_session=True,  # the agent and its worker: stop them as a group
     )
     try:
         yield spool / "gate.sock"
