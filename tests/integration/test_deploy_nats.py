@@ -22,7 +22,7 @@ from support.agent import settings as agent_settings
 from support.manager import running_manager
 from support.processes import CLI, free_ports, run_process
 from support.servers import ROUTE_USER, cluster_config, hub_and_leaf, uncomment
-from support.waiting import wait_until
+from support.waiting import wait_until, wait_until_async
 
 from broker.errors import ProvisioningError
 from broker.manager.service import ManagerSettings
@@ -150,9 +150,18 @@ async def test_cluster_routes_need_the_route_credentials(
             seen, delivered = await spy.subscribe(">"), await member.subscribe("cobald.>")
             await spy.flush()
             await member.flush()
-            await publisher.publish("cobald.site1.d1.evt.heartbeat", b"secret")
-            await publisher.flush()
-            assert (await delivered.next_msg(timeout=10)).data == b"secret"
+
+            async def reaches_n3() -> bool:
+                # n1 learns n3's interest over the route a moment after n3 has it: until
+                # then what is published on n1 goes nowhere, so publish until it arrives
+                await publisher.publish("cobald.site1.d1.evt.heartbeat", b"secret")
+                await publisher.flush()
+                try:
+                    return (await delivered.next_msg(timeout=0.5)).data == b"secret"
+                except nats.errors.TimeoutError:
+                    return False
+
+            await wait_until_async(reaches_n3, what="n1's message at n3's subscriber")
             with pytest.raises(nats.errors.TimeoutError):
                 await seen.next_msg(timeout=0.5)
         finally:
